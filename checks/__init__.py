@@ -1,0 +1,1 @@
+"""Host probes, the facts snapshot, pure checks over it, and `zerod harden`."""

@@ -1,0 +1,1 @@
+"""The zero-layer inference engine (`zerod serve`). Imports nothing of the daemon."""

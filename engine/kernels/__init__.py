@@ -1,0 +1,1 @@
+"""Kernels of the engine (Triton on CUDA, torch references for CPU)."""

@@ -1,0 +1,1 @@
+"""`zerod top`: the Textual dashboard, a client of the daemon control API."""

@@ -1,0 +1,3 @@
+from zerod.cli import main
+
+main()
