@@ -1,0 +1,537 @@
+"""The OpenAI-compatible HTTP server (aiohttp) in front of an `Engine`.
+
+Endpoints: GET /v1/models, POST /v1/completions, POST /v1/chat/completions (stream
+true/false), GET /health, GET /metrics. See docs/engine-server.md.
+
+Hand-off from the engine: `on_output` runs on the engine's poller thread. It appends
+(request state, output) to one shared inbox and, only when no wake-up is pending yet,
+schedules a drain on the event loop with `call_soon_threadsafe`. So a poller burst of
+outputs for 200 streams costs one self-pipe write, not 200; the drain hands each output
+to its request and resolves that request's waiter. A stream handler writes everything
+that piled up since its last wake-up in one `write()`.
+
+Client gone: the app runs with handler cancellation, so a disconnect cancels the
+handler (stream or not) and its `finally` calls `engine.abort(rid)`; a failed write does
+the same.
+
+SIGTERM / SIGINT: `/health` and new requests answer 503 at once; in-flight requests get
+`drain_timeout` seconds to finish; the rest are aborted and their streams end with
+finish_reason "abort" and `[DONE]`; then the listener closes, the engine shuts down and
+the process exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import hmac
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from typing import Any, Callable
+
+from aiohttp import web
+
+from zerod.engine import protocol as P
+from zerod.engine.config import RequestRejected, SamplingParams
+
+log = logging.getLogger("zerod.engine.server")
+
+# Long text prompts are tokenized off the event loop.
+_TOKENIZE_INLINE_CHARS = 8192
+CLIENT_MAX_SIZE = 32 * 1024 * 1024
+
+_ABORTED = object()  # pushed into a stream by the server itself when draining ends it
+
+
+class _Req:
+    """One request's hand-off state (touched only on the event loop)."""
+
+    __slots__ = ("items", "waiter", "finished", "rid")
+
+    def __init__(self) -> None:
+        self.items: list[Any] = []
+        self.waiter: asyncio.Future | None = None
+        self.finished = False
+        self.rid: Any = None
+
+
+class OutputRouter:
+    """Poller thread -> event loop, batched: one wake-up per burst, not per token."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.inbox: collections.deque = collections.deque()
+        self.scheduled = False
+        self.wakeups = 0  # drains run (for tests / tuning)
+        self.delivered = 0
+
+    def callback(self, st: _Req) -> Callable[[Any], None]:
+        inbox = self.inbox
+
+        def on_output(out: Any) -> None:  # poller thread
+            inbox.append((st, out))
+            if not self.scheduled:
+                self.scheduled = True
+                try:
+                    self.loop.call_soon_threadsafe(self._drain)
+                except RuntimeError:  # loop closed at shutdown
+                    pass
+
+        return on_output
+
+    def _drain(self) -> None:
+        self.scheduled = False  # before popping: a later append schedules a new drain
+        self.wakeups += 1
+        inbox = self.inbox
+        popleft = inbox.popleft
+        n = len(inbox)
+        self.delivered += n
+        for _ in range(n):
+            st, out = popleft()
+            st.items.append(out)
+            w = st.waiter
+            if w is not None:
+                st.waiter = None
+                if not w.done():
+                    w.set_result(None)
+
+
+async def _next_items(st: _Req, loop: asyncio.AbstractEventLoop) -> list[Any]:
+    if not st.items:
+        st.waiter = loop.create_future()
+        await st.waiter
+    items = st.items
+    st.items = []
+    return items
+
+
+def _json(obj: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(body=json.dumps(obj, ensure_ascii=False).encode(), status=status,
+                        content_type="application/json", headers=headers)
+
+
+def _error_response(err: P.APIError) -> web.Response:
+    return _json(err.body(), err.status, err.headers or None)
+
+
+class OpenAIServer:
+    def __init__(self, engine: Any, *, served_model_names: list[str] | None = None,
+                 api_key: str | None = None, drain_timeout: float = 30.0) -> None:
+        self.engine = engine
+        name = getattr(engine, "model_name", None) or "model"
+        self.model_names = list(served_model_names or [name])
+        self.default_model = self.model_names[0]
+        self.api_key = api_key.encode() if api_key else None
+        self.drain_timeout = drain_timeout
+        self.max_model_len = int(engine.max_model_len)
+        self.vocab_size = _vocab_size(engine)
+        self.created = P.now()
+        self.draining = False
+        self.inflight: set[_Req] = set()
+        self.router: OutputRouter | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.requests_rejected = collections.Counter()
+        self._sp_names = P._field_names(SamplingParams)
+
+    # ----------------------------------------------------------------- app
+
+    def make_app(self) -> web.Application:
+        app = web.Application(client_max_size=CLIENT_MAX_SIZE,
+                              middlewares=[self._middleware])
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/metrics", self.metrics)
+        app.on_startup.append(self._on_startup)
+        return app
+
+    async def _on_startup(self, app: web.Application) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.router = OutputRouter(self.loop)
+
+    @web.middleware
+    async def _middleware(self, request: web.Request, handler: Callable) -> web.StreamResponse:
+        try:
+            if request.path.startswith("/v1/"):
+                if self.api_key is not None:
+                    self._check_auth(request)
+                if self.draining:
+                    raise P.APIError(503, "the server is shutting down and takes no new "
+                                     "requests", headers={"Retry-After": "5"})
+            return await handler(request)
+        except P.APIError as err:
+            if err.status == 429:
+                self.requests_rejected["429"] += 1
+            return _error_response(err)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            msg = {404: f"no route {request.path}",
+                   405: f"method {request.method} is not allowed on {request.path}",
+                   413: f"the request body is larger than {CLIENT_MAX_SIZE} bytes"}.get(
+                       exc.status, exc.reason)
+            return _error_response(P.APIError(exc.status, msg))
+        except (asyncio.CancelledError, ConnectionResetError):
+            raise
+        except Exception as exc:  # a bug: answer 500 in the error shape, keep serving
+            log.exception("internal error on %s", request.path)
+            return _error_response(P.APIError(500, f"internal server error: {exc}"))
+
+    def _check_auth(self, request: web.Request) -> None:
+        auth = request.headers.get("Authorization", "")
+        scheme, _, token = auth.partition(" ")
+        ok = scheme.lower() == "bearer" and hmac.compare_digest(
+            token.strip().encode(), self.api_key)
+        if not ok:
+            raise P.APIError(401, "invalid or missing API key: send 'Authorization: Bearer "
+                             "<key>'", code="invalid_api_key",
+                             headers={"WWW-Authenticate": "Bearer"})
+
+    # ----------------------------------------------------------------- simple endpoints
+
+    async def models(self, request: web.Request) -> web.Response:
+        root = str(getattr(getattr(self.engine, "config", None), "model", self.default_model))
+        return _json(P.models_response(self.model_names, self.max_model_len, root,
+                                       self.created))
+
+    def _stats(self) -> dict[str, Any]:
+        try:
+            s = self.engine.stats()
+        except Exception as exc:  # a broken engine is unhealthy, not a 500
+            return {"healthy": False, "error": str(exc)}
+        if isinstance(s, dict):
+            return dict(s)
+        import dataclasses
+        if dataclasses.is_dataclass(s):
+            return dataclasses.asdict(s)
+        return {k: v for k, v in vars(s).items() if not k.startswith("_")}
+
+    async def health(self, request: web.Request) -> web.Response:
+        stats = self._stats()
+        healthy = bool(stats.get("healthy", False))
+        status = "draining" if self.draining else ("ok" if healthy else "unhealthy")
+        body = {"status": status, "pid": os.getpid(), "model": self.default_model,
+                "max_model_len": self.max_model_len, "vocab_size": self.vocab_size,
+                "inflight": len(self.inflight)}
+        for k, v in stats.items():
+            if isinstance(v, (int, float, str, bool)) or v is None:
+                body.setdefault(k, v)
+        return _json(body, 200 if status == "ok" else 503)
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        data = generate_latest(self.engine.metrics.registry)
+        return web.Response(body=data, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    # ----------------------------------------------------------------- generation
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        body = P.parse_body(await request.read())
+        return await self._generate(request, P.parse_completion(body))
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        body = P.parse_body(await request.read())
+        return await self._generate(request, P.parse_chat(body))
+
+    def _model(self, name: str | None) -> str:
+        if name is None or name in self.model_names:
+            return name or self.default_model
+        raise P.APIError(404, f"The model `{name}` does not exist. This server serves: "
+                         f"{', '.join(self.model_names)}", param="model",
+                         code="model_not_found")
+
+    async def _prompt_ids(self, req: P.CompletionRequest) -> list[int]:
+        tok = self.engine.tokenizer
+        if req.prompt_ids is not None:
+            ids = req.prompt_ids
+            if self.vocab_size is not None:
+                big = next((t for t in ids if t >= self.vocab_size), None)
+                if big is not None:
+                    raise P.bad(f"prompt token id {big} is out of range (vocab size "
+                                f"{self.vocab_size})", "prompt")
+            return ids
+        if req.kind == "chat":
+            def work() -> list[int]:
+                out = tok.apply_chat_template(req.messages,
+                                              add_generation_prompt=req.add_generation_prompt)
+                if isinstance(out, str):
+                    return _encode(tok, out, add_special_tokens=False)
+                return list(out)
+            n = sum(len(m["content"]) for m in req.messages)
+        else:
+            text = req.prompt_text
+
+            def work() -> list[int]:
+                return _encode(tok, text, add_special_tokens=True)
+            n = len(text)
+        try:
+            if n > _TOKENIZE_INLINE_CHARS:
+                ids = await asyncio.get_running_loop().run_in_executor(None, work)
+            else:
+                ids = work()
+        except P.APIError:
+            raise
+        except Exception as exc:  # a template error is the request's fault
+            raise P.bad(f"could not tokenize the {'messages' if req.kind == 'chat' else 'prompt'}"
+                        f": {exc}") from None
+        if not ids:
+            raise P.bad("the prompt is empty after tokenization", "prompt")
+        return ids
+
+    async def _generate(self, request: web.Request, req: P.CompletionRequest
+                        ) -> web.StreamResponse:
+        model = self._model(req.model)
+        prompt_ids = await self._prompt_ids(req)
+        max_tokens = P.check_context(req, len(prompt_ids), self.max_model_len)
+        params = P.build_sampling_params(SamplingParams, req, max_tokens)
+        st = _Req()
+        try:
+            st.rid = self.engine.submit(prompt_ids, params, self.router.callback(st))
+        except RequestRejected as exc:
+            headers = {}
+            if exc.status == 429:
+                ra = exc.retry_after if exc.retry_after is not None else 1
+                headers["Retry-After"] = str(max(1, int(-(-float(ra) // 1))))
+            raise P.APIError(int(exc.status), exc.message, headers=headers,
+                             code="rate_limit_exceeded" if exc.status == 429 else None
+                             ) from None
+        self.inflight.add(st)
+        try:
+            if req.stream:
+                return await self._stream(request, req, st, model, len(prompt_ids))
+            return await self._collect(req, st, model, len(prompt_ids))
+        finally:
+            self.inflight.discard(st)
+            if not st.finished:
+                try:
+                    self.engine.abort(st.rid)
+                except Exception:  # abort is idempotent; never mask the real outcome
+                    log.exception("abort(%s) failed", st.rid)
+
+    async def _collect(self, req: P.CompletionRequest, st: _Req, model: str,
+                       prompt_len: int) -> web.Response:
+        loop = self.loop
+        texts: list[str] = []
+        completion_tokens = 0
+        finish_reason = None
+        while not st.finished:
+            for out in await _next_items(st, loop):
+                if out is _ABORTED:
+                    st.finished = True
+                    finish_reason = "abort"
+                    break
+                if out.text:
+                    texts.append(out.text)
+                completion_tokens = out.completion_tokens
+                if out.finished:
+                    st.finished = True
+                    finish_reason = out.finish_reason
+                    prompt_len = out.prompt_tokens or prompt_len
+                    break
+        if finish_reason == "error":
+            raise P.APIError(500, "the engine failed while generating this request",
+                             code="engine_error")
+        rid = P.new_id(req.kind)
+        make = P.chat_response if req.kind == "chat" else P.completion_response
+        return _json(make(rid, P.now(), model, "".join(texts), finish_reason, prompt_len,
+                          completion_tokens))
+
+    async def _stream(self, request: web.Request, req: P.CompletionRequest, st: _Req,
+                      model: str, prompt_len: int) -> web.StreamResponse:
+        loop = self.loop
+        enc = P.ChunkEncoder(req.kind, P.new_id(req.kind), P.now(), model, req.include_usage)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        content = enc.content
+        first: list[bytes] | None = [enc.role()] if req.kind == "chat" else None
+        completion_tokens = 0
+        try:
+            while not st.finished:
+                items = await _next_items(st, loop)
+                parts = first or []
+                first = None
+                for out in items:
+                    if out is _ABORTED:
+                        st.finished = True
+                        parts.append(enc.finish("abort"))
+                        break
+                    completion_tokens = out.completion_tokens
+                    if out.finished:
+                        st.finished = True
+                        fr = out.finish_reason
+                        prompt_len = out.prompt_tokens or prompt_len
+                        if fr == "error":
+                            if out.text:
+                                parts.append(content(out.text))
+                            parts.append(P.sse(P.error_body(
+                                "the engine failed while generating this request",
+                                "server_error", None, "engine_error")))
+                        elif out.text:
+                            parts.append(content(out.text, fr))
+                        else:
+                            parts.append(enc.finish(fr))
+                        break
+                    if out.text or out.token_ids:
+                        parts.append(content(out.text))
+                if st.finished:
+                    if req.include_usage:
+                        parts.append(enc.usage(prompt_len, completion_tokens))
+                    parts.append(P.DONE)
+                if parts:
+                    await resp.write(b"".join(parts))
+            await resp.write_eof()
+        except ConnectionError:
+            pass  # the client went away; the finally of _generate aborts the request
+        return resp
+
+    # ----------------------------------------------------------------- drain
+
+    async def drain(self, timeout: float | None = None) -> None:
+        """Stop admitting; let in-flight requests end within `timeout`; end the rest."""
+        self.draining = True
+        timeout = self.drain_timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        while self.inflight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        left = list(self.inflight)
+        if left:
+            log.warning("drain timeout: ending %d in-flight request(s)", len(left))
+        for st in left:
+            try:
+                self.engine.abort(st.rid)
+            except Exception:
+                log.exception("abort(%s) failed", st.rid)
+            # the marker ends the stream after any items still queued before it
+            _push_end(st)
+        t_end = time.monotonic() + 2.0
+        while self.inflight and time.monotonic() < t_end:
+            await asyncio.sleep(0.02)
+
+
+def _push_end(st: _Req) -> None:
+    st.items.append(_ABORTED)
+    w = st.waiter
+    if w is not None:
+        st.waiter = None
+        if not w.done():
+            w.set_result(None)
+
+
+def _encode(tok: Any, text: str, add_special_tokens: bool) -> list[int]:
+    try:
+        return list(tok.encode(text, add_special_tokens=add_special_tokens))
+    except TypeError:
+        return list(tok.encode(text))
+
+
+def _vocab_size(engine: Any) -> int | None:
+    for obj, attr in ((engine, "vocab_size"),
+                      (getattr(engine, "model_config", None), "vocab_size"),
+                      (getattr(engine, "tokenizer", None), "vocab_size")):
+        v = getattr(obj, attr, None) if obj is not None else None
+        if callable(v):
+            try:
+                v = v()
+            except Exception:
+                v = None
+        if isinstance(v, int) and v > 0:
+            return v
+    return None
+
+
+# --------------------------------------------------------------------------- running it
+
+
+async def _start(server: OpenAIServer, host: str, port: int) -> tuple[web.AppRunner, int]:
+    app = server.make_app()
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, backlog=2048, reuse_address=True)
+    await site.start()
+    sockets = getattr(site._server, "sockets", None) or []
+    bound = sockets[0].getsockname()[1] if sockets else port
+    return runner, bound
+
+
+async def serve_async(engine: Any, host: str, port: int, *, served_model_names=None,
+                      api_key: str | None = None, drain_timeout: float = 30.0,
+                      on_ready: Callable[[int], None] | None = None,
+                      stop_event: asyncio.Event | None = None,
+                      handle_signals: bool = True) -> None:
+    server = OpenAIServer(engine, served_model_names=served_model_names, api_key=api_key,
+                          drain_timeout=drain_timeout)
+    loop = asyncio.get_running_loop()
+    stop = stop_event or asyncio.Event()
+    if handle_signals:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+    runner, bound = await _start(server, host, port)
+    if on_ready:
+        on_ready(bound)
+    try:
+        await stop.wait()
+        log.info("stopping: draining up to %.1fs", drain_timeout)
+        await server.drain(drain_timeout)
+    finally:
+        await runner.cleanup()
+
+
+class ServerThread:
+    """The server on its own event loop in a thread (tests, embedding)."""
+
+    def __init__(self, engine: Any, host: str = "127.0.0.1", port: int = 0, **kw: Any) -> None:
+        self.engine = engine
+        self.host = host
+        self.kw = kw
+        self.port = port
+        self.server: OpenAIServer | None = None
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="zerod-http", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> "ServerThread":
+        self._thread.start()
+        self._ready.wait(30)
+        if self._error:
+            raise self._error
+        return self
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        try:
+            loop.run_until_complete(self._main())
+        except BaseException as exc:  # surfaced by start()
+            self._error = exc
+            self._ready.set()
+        finally:
+            loop.close()
+
+    async def _main(self) -> None:
+        self._stop = asyncio.Event()
+        self.server = OpenAIServer(self.engine, **self.kw)
+        runner, self.port = await _start(self.server, self.host, self.port)
+        self._ready.set()
+        try:
+            await self._stop.wait()
+            await self.server.drain()
+        finally:
+            await runner.cleanup()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self._loop and self._stop and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(timeout)
