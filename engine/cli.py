@@ -1,0 +1,214 @@
+"""`zerod serve`: the engine alone behind its OpenAI-compatible HTTP server.
+
+Flags take vLLM's names wherever the meaning is the same, so an existing `vllm serve`
+command line mostly carries over. Errors a user can cause (a missing model directory, a
+bad flag value, an engine that cannot start with this model) are printed as one plain
+line and exit non-zero, never as a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import ipaddress
+import logging
+import os
+import re
+import sys
+from pathlib import Path
+
+import click
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.I)
+
+
+class ByteSize(click.ParamType):
+    """An integer of bytes, or with a suffix: 512M, 2G, 2GiB (powers of 1024)."""
+
+    name = "bytes"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        m = _SIZE.match(str(value))
+        if not m:
+            self.fail(f"{value!r} is not a size (e.g. 4000000000, 512M, 2GiB)", param, ctx)
+        mult = 1024 ** " kmgt".index(m.group(2).lower() or " ")
+        n = int(float(m.group(1)) * mult)
+        if n <= 0:
+            self.fail("must be > 0", param, ctx)
+        return n
+
+
+class Device(click.ParamType):
+    name = "cpu|cuda|cuda:N|auto"
+
+    def convert(self, value, param, ctx):
+        v = str(value).strip().lower()
+        if v in ("cpu", "cuda", "auto") or re.fullmatch(r"cuda:\d+", v):
+            return v
+        self.fail(f"{value!r} is not cpu, cuda, cuda:N or auto", param, ctx)
+
+
+def _check_model(ctx, param, value):
+    if value == "demo":
+        return value
+    p = Path(value).expanduser()
+    if not p.exists():
+        raise click.BadParameter(
+            f"no such directory: {value} (give a Hugging Face checkpoint directory with "
+            "config.json, or 'demo' for the built-in tiny model)")
+    if not p.is_dir():
+        raise click.BadParameter(f"{value} is not a directory (give the checkpoint "
+                                 "directory that holds config.json)")
+    if not (p / "config.json").is_file():
+        raise click.BadParameter(f"{value} has no config.json: not a Hugging Face "
+                                 "checkpoint directory")
+    return str(p)
+
+
+@click.command("serve", context_settings={"help_option_names": ["-h", "--help"],
+                                          "max_content_width": 100})
+@click.option("--model", required=True, callback=_check_model,
+              help="Checkpoint directory (HF layout: config.json, *.safetensors, "
+                   "tokenizer.json), or 'demo' for the built-in tiny random model.")
+@click.option("--served-model-name", multiple=True,
+              help="Name clients pass as `model` (repeat for aliases). "
+                   "Default: the model's name.")
+@click.option("--tokenizer", default=None, type=click.Path(exists=True, file_okay=False),
+              help="Directory with tokenizer.json (default: the model directory).")
+@click.option("--dtype", default="auto", show_default=True,
+              type=click.Choice(["auto", "bfloat16", "float16", "half", "float32", "float"]),
+              help="Weights and KV cache dtype; auto = config.json's (float32 on CPU).")
+@click.option("--load-format", default="auto", show_default=True,
+              type=click.Choice(["auto", "safetensors", "dummy"]),
+              help="dummy: random weights from config.json alone (benchmarks).")
+@click.option("--max-model-len", type=click.IntRange(min=2), default=None,
+              help="Context length (prompt + output). Default: the model's, capped by the "
+                   "KV pool.")
+@click.option("--max-num-seqs", type=click.IntRange(min=1), default=256, show_default=True,
+              help="Most requests running at once.")
+@click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=2048,
+              show_default=True, help="Prompt tokens per step (chunked prefill budget).")
+@click.option("--max-waiting", type=click.IntRange(min=0), default=1024, show_default=True,
+              help="Wait line bound; beyond it requests get 429 with Retry-After.")
+@click.option("--gpu-memory-utilization", type=click.FloatRange(0.05, 1.0), default=0.90,
+              show_default=True, help="CUDA: fraction of the GPU the engine may hold "
+                                      "(weights + KV pool + activations).")
+@click.option("--kv-pages", type=click.IntRange(min=2), default=None,
+              help="KV pool size in pages of --block-size tokens (CPU budget; on CUDA it "
+                   "overrides --gpu-memory-utilization's sizing).")
+@click.option("--kv-cache-memory-bytes", type=ByteSize(), default=None,
+              help="KV pool budget in bytes when --kv-pages is not given (e.g. 2GiB).")
+@click.option("--block-size", type=click.IntRange(min=1), default=16, show_default=True,
+              help="KV page size in tokens (a power of two).")
+@click.option("--device", type=Device(), default="auto", show_default=True,
+              help="cpu, cuda, cuda:N; auto = cuda if available.")
+@click.option("--enforce-eager", is_flag=True, help="CUDA: no CUDA graphs.")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seeds dummy weights and requests that carry no seed.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Bind address.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
+@click.option("--api-key", envvar="ZEROD_API_KEY", default=None,
+              help="Require 'Authorization: Bearer KEY' on /v1/* (env ZEROD_API_KEY).")
+@click.option("--drain-timeout", type=click.FloatRange(min=0), default=30.0,
+              show_default=True,
+              help="On SIGTERM: seconds in-flight requests get to finish before they are "
+                   "ended.")
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"]))
+def serve(model, served_model_name, tokenizer, dtype, load_format, max_model_len,
+          max_num_seqs, max_num_batched_tokens, max_waiting, gpu_memory_utilization, kv_pages,
+          kv_cache_memory_bytes, block_size, device, enforce_eager, seed, host, port, api_key,
+          drain_timeout, log_level):
+    """Serve MODEL over an OpenAI-compatible HTTP API (/v1/completions,
+    /v1/chat/completions, /v1/models, /health, /metrics)."""
+    logging.basicConfig(level=getattr(logging, log_level.upper()), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        from zerod.engine.config import EngineConfig, EngineError
+    except ImportError as exc:  # pragma: no cover - broken install
+        raise click.ClickException(f"the engine is not importable here: {exc}")
+
+    if block_size & (block_size - 1):
+        raise click.BadParameter("must be a power of two", param_hint="--block-size")
+    names = list(served_model_name)
+    wanted = {
+        "model": model, "served_model_name": names[0] if names else None,
+        "tokenizer": tokenizer, "dtype": dtype, "load_format": load_format,
+        "max_model_len": max_model_len, "max_num_seqs": max_num_seqs,
+        "max_num_batched_tokens": max_num_batched_tokens, "max_waiting": max_waiting,
+        "gpu_memory_utilization": gpu_memory_utilization, "kv_pages": kv_pages,
+        "kv_cache_memory_bytes": kv_cache_memory_bytes, "block_size": block_size,
+        "device": device, "enforce_eager": enforce_eager, "seed": seed,
+    }
+    fields = {f.name for f in dataclasses.fields(EngineConfig)}
+    defaults = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
+    for k in list(wanted):
+        if k not in fields:
+            v = wanted.pop(k)
+            if v not in (None, False):
+                raise click.UsageError(f"--{k.replace('_', '-')} is not supported by this "
+                                       "engine build")
+    # Keep the engine's own defaults for what the user left unset.
+    kwargs = {k: v for k, v in wanted.items() if v is not None or defaults.get(k) is None}
+
+    _warn_exposure(host, api_key)
+    try:
+        from zerod.engine.engine import Engine
+
+        config = EngineConfig(**kwargs)
+        click.echo(f"zerod serve: loading {model} ...", err=True)
+        engine = Engine(config)
+    except EngineError as exc:
+        click.echo(f"zerod serve: error: {exc}", err=True)
+        sys.exit(1)
+    except (ValueError, OSError) as exc:
+        click.echo(f"zerod serve: error: {exc}", err=True)
+        sys.exit(1)
+
+    from zerod.engine.server import serve_async
+
+    def ready(bound: int) -> None:
+        st = engine.stats()
+        pages = getattr(st, "kv_pages_total", "?")
+        click.echo(f"zerod serve: {engine.model_name} ready on http://{host}:{bound} "
+                   f"(pid {os.getpid()}, max_model_len {engine.max_model_len}, "
+                   f"{pages} KV pages)", err=True)
+        if model == "demo":
+            click.echo("zerod serve: the demo model has random weights: its text is "
+                       "meaningless", err=True)
+
+    code = 0
+    try:
+        engine.start()
+        asyncio.run(serve_async(engine, host, port,
+                                served_model_names=names or None, api_key=api_key,
+                                drain_timeout=drain_timeout, on_ready=ready))
+    except EngineError as exc:
+        click.echo(f"zerod serve: error: {exc}", err=True)
+        code = 1
+    except OSError as exc:  # e.g. the port is taken
+        click.echo(f"zerod serve: error: cannot listen on {host}:{port}: {exc.strerror or exc}",
+                   err=True)
+        code = 1
+    finally:
+        try:
+            engine.shutdown(0)
+        except Exception as exc:  # shutting down must not hide the exit status
+            click.echo(f"zerod serve: warning: engine shutdown: {exc}", err=True)
+    if code:
+        sys.exit(code)
+    click.echo("zerod serve: stopped", err=True)
+
+
+def _warn_exposure(host: str, api_key: str | None) -> None:
+    if api_key:
+        return
+    try:
+        loopback = host in ("localhost",) or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        click.echo(f"zerod serve: warning: listening on {host} without --api-key: anyone who "
+                   "can reach this address can use the model", err=True)
