@@ -1,0 +1,304 @@
+"""`zerod top`: the live dashboard, a client of the daemon's control API.
+
+Polling runs in thread workers (the client is blocking http.client over the Unix
+socket) that hand each result back to the UI thread with `call_from_thread`; the UI
+thread never waits on the daemon. A poll that fails shows a banner and the next tick
+retries; the last good data stays on screen, marked stale.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from textual import on, work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.widgets import DataTable, Footer, Input
+
+from zerod.tui.client import DEFAULT_SOCKET, ControlClient, ControlError, Snapshot
+from zerod.tui.screens.confirm import ConfirmSignalScreen
+from zerod.tui.screens.details import ALERT_FIELDS, PROCESS_FIELDS, DetailsScreen
+from zerod.tui.screens.help import HelpScreen, help_text
+from zerod.tui.widgets.alerts import AlertTable
+from zerod.tui.widgets.banner import Banner, banner_text
+from zerod.tui.widgets.engine import EnginePanel
+from zerod.tui.widgets.gpu import GpuList
+from zerod.tui.widgets.preflight import PreflightPanel
+from zerod.tui.widgets.processes import FilterInput, ProcessTable
+from zerod.tui.widgets.statusbar import StatusBar, status_line
+
+NARROW_BELOW = 100  # columns
+
+
+class ZerodTop(App[None]):
+    CSS_PATH = "app.tcss"
+    TITLE = "zerod top"
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (NARROW_BELOW, "-wide")]
+    VERTICAL_BREAKPOINTS = [(0, "-short"), (32, "-tall")]
+    ENABLE_COMMAND_PALETTE = False
+
+    BINDINGS = [
+        Binding("q", "quit", "Quit"),
+        Binding("question_mark", "help", "Help", key_display="?"),
+        Binding("p", "toggle_pause", "Pause"),
+        Binding("slash", "filter", "Filter", key_display="/"),
+        Binding("k", "signal", "Signal"),
+    ]
+
+    def __init__(self, socket_path: str = DEFAULT_SOCKET, *, interval: float = 1.0,
+                 timeout: float = 2.0, clock: Callable[[], float] = time.time) -> None:
+        super().__init__()
+        self.socket_path = socket_path
+        self.interval = interval
+        self.clock = clock
+        self.client = ControlClient(socket_path, timeout=timeout)
+        self.snapshot: Snapshot | None = None
+        self.last_ok: float | None = None
+        self.error: str | None = None
+        self.down_since: float | None = None
+        self.paused = False
+        self.polls = 0          # answered polls (ok or failed), for tests and the screenshot script
+        self._in_flight = False
+
+    # ---------------------------------------------------------------- layout
+    def compose(self) -> ComposeResult:
+        yield StatusBar(id="statusbar")
+        yield Banner(id="banner")
+        with Vertical(id="main"):
+            with Horizontal(id="top"):
+                yield PreflightPanel(id="preflight", classes="panel")
+                yield EnginePanel(id="engine", classes="panel")
+            yield GpuList(id="gpus")
+            with Horizontal(id="bottom"):
+                with Vertical(id="processes", classes="panel"):
+                    yield FilterInput(placeholder="filter processes (Esc clears)", id="filter")
+                    yield ProcessTable(id="process-table")
+                with Vertical(id="alerts", classes="panel"):
+                    yield AlertTable(id="alert-table")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#preflight").border_title = "Host · preflight"
+        self.query_one("#engine").border_title = "Engine"
+        self.query_one("#processes").border_title = "GPU processes"
+        self.query_one("#alerts").border_title = "Alerts"
+        self.query_one("#filter").display = False
+        self.query_one("#banner").display = False
+        self.query_one(ProcessTable).focus()
+        self._render_status()
+        self.set_interval(self.interval, self._tick)
+        self._tick()
+
+    @property
+    def narrow(self) -> bool:
+        return self.size.width < NARROW_BELOW
+
+    def on_resize(self) -> None:
+        if self.snapshot is not None:
+            self._render(self.snapshot)
+        self._render_status()
+
+    # ---------------------------------------------------------------- polling
+    def _tick(self) -> None:
+        self._render_status()
+        if self.paused or self._in_flight:
+            return
+        self._in_flight = True
+        self._poll()
+
+    def poll_now(self) -> None:
+        """Poll at once (after a signal, on resume) unless a poll is under way."""
+        if not self._in_flight:
+            self._in_flight = True
+            self._poll()
+
+    @work(thread=True, exit_on_error=False, group="poll")
+    def _poll(self) -> None:
+        try:
+            snap = self.client.snapshot(now=self.clock())
+        except ControlError as exc:
+            self._hand_back(self._poll_failed, str(exc))
+        except Exception as exc:  # anything else the daemon's answer provoked
+            self._hand_back(self._poll_failed, f"{type(exc).__name__}: {exc}")
+        else:
+            self._hand_back(self._poll_ok, snap)
+
+    def _hand_back(self, fn: Callable[[Any], None], arg: Any) -> None:
+        try:
+            self.call_from_thread(fn, arg)
+        except Exception:  # the app is closing: nothing to show it on
+            self._in_flight = False
+
+    def _poll_ok(self, snap: Snapshot) -> None:
+        self._in_flight = False
+        self.polls += 1
+        if self.paused:
+            return
+        self.snapshot = snap
+        try:
+            self._render(snap)
+        except Exception as exc:  # an answer in a shape the panels cannot show
+            self._poll_failed(f"cannot show the daemon's answer: {type(exc).__name__}: {exc}", counted=True)
+            return
+        self.last_ok = snap.taken_at
+        self.error = None
+        self.down_since = None
+        self.query_one("#banner").display = False
+        self.query_one("#main").remove_class("-stale")
+        self._render_status()
+        self._bindings_changed()
+
+    def _poll_failed(self, message: str, counted: bool = False) -> None:
+        self._in_flight = False
+        if not counted:
+            self.polls += 1
+        now = self.clock()
+        if self.error is None or self.down_since is None:
+            self.down_since = now
+        self.error = message
+        banner = self.query_one(Banner)
+        banner.update(banner_text(self.socket_path, message, now=now, down_since=self.down_since,
+                                  last_ok=self.last_ok, interval=self.interval))
+        banner.display = True
+        self.query_one("#main").set_class(self.snapshot is not None, "-stale")
+        self._render_status()
+        self._bindings_changed()
+
+    def _bindings_changed(self) -> None:
+        """Refresh the footer only when what it shows changes (k comes and goes)."""
+        if self.write_actions != getattr(self, "_shown_write_actions", None):
+            self._shown_write_actions = self.write_actions
+            self.refresh_bindings()
+
+    # ---------------------------------------------------------------- rendering
+    def _render(self, snap: Snapshot) -> None:
+        now = self.clock()
+        narrow = self.narrow
+        self.query_one(PreflightPanel).show(snap.status, snap.checks, snap.gpus, now=now, narrow=narrow)
+        self.query_one(EnginePanel).show(snap.status, snap.engine, snap.alerts, narrow)
+        self.query_one(GpuList).show(snap.gpus, narrow)
+        procs = [p for p in (snap.processes.get("processes") or []) if isinstance(p, dict)]
+        table = self.query_one(ProcessTable)
+        shown = table.show(procs, narrow)
+        foreign = sum(1 for p in procs if p.get("role") == "foreign")
+        title = f"GPU processes ({len(procs)})"
+        if foreign:
+            title += f" · [bold red]{foreign} foreign[/]"
+        if table.filter:
+            title += f" · filter '{table.filter}': {len(shown)} shown"
+        self.query_one("#processes").border_title = title
+        alerts = [a for a in (snap.alerts.get("alerts") or []) if isinstance(a, dict)]
+        self.query_one(AlertTable).show(alerts, now, narrow)
+        firing = sum(1 for a in alerts if a.get("state") == "firing")
+        self.query_one("#alerts").border_title = (
+            f"Alerts · [bold red]{firing} firing[/] · {len(alerts) - firing} resolved" if firing
+            else f"Alerts · none firing · {len(alerts)} resolved")
+        if snap.errors:
+            self.notify("; ".join(f"{k}: {v}" for k, v in snap.errors.items()),
+                        title="The daemon answered with errors", severity="warning", timeout=4)
+
+    def _render_status(self) -> None:
+        snap = self.snapshot
+        self.query_one(StatusBar).update(status_line(
+            snap.status if snap else {}, snap.alerts if snap else {}, now=self.clock(),
+            taken_at=self.last_ok, paused=self.paused, unreachable=self.error is not None,
+            narrow=self.narrow))
+
+    # ---------------------------------------------------------------- actions
+    @property
+    def write_actions(self) -> bool:
+        return bool(self.snapshot and self.error is None and self.snapshot.status.get("write_actions"))
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "signal":
+            return self.write_actions  # hidden from the footer and inert unless the daemon allows it
+        return True
+
+    def action_help(self) -> None:
+        wa = None if self.snapshot is None else bool(self.snapshot.status.get("write_actions"))
+        self.push_screen(HelpScreen(help_text(self.socket_path, self.interval, wa)))
+
+    def action_toggle_pause(self) -> None:
+        self.paused = not self.paused
+        self._render_status()
+        if not self.paused:
+            self.poll_now()
+
+    def action_filter(self) -> None:
+        box = self.query_one("#filter", Input)
+        box.display = True
+        box.focus()
+
+    def action_close_filter(self) -> None:
+        box = self.query_one("#filter", Input)
+        box.display = bool(box.value)
+        self.query_one(ProcessTable).focus()
+
+    @on(Input.Changed, "#filter")
+    def _filter_changed(self, event: Input.Changed) -> None:
+        self.query_one(ProcessTable).filter = event.value
+        if self.snapshot is not None:
+            self._render(self.snapshot)
+
+    @on(Input.Submitted, "#filter")
+    def _filter_submitted(self, event: Input.Submitted) -> None:
+        self.action_close_filter()
+
+    @on(DataTable.RowSelected)
+    def _row_selected(self, event: DataTable.RowSelected) -> None:
+        now = self.clock()
+        key = event.row_key.value
+        if isinstance(event.data_table, ProcessTable):
+            proc = event.data_table.process(key)
+            if proc is not None:
+                self.push_screen(DetailsScreen(f"Process {proc.get('name') or '?'} (pid {proc.get('pid')})",
+                                               proc, PROCESS_FIELDS, now))
+        elif isinstance(event.data_table, AlertTable):
+            alert = event.data_table.alert(key)
+            if alert is not None:
+                self.push_screen(DetailsScreen(f"Alert {alert.get('alertname') or '?'} ({alert.get('state')})",
+                                               alert, ALERT_FIELDS, now))
+
+    def action_signal(self) -> None:
+        if not self.write_actions:
+            return
+        proc = self.query_one(ProcessTable).selected()
+        if proc is None:
+            self.notify("Select a process in the GPU processes table first.", severity="warning")
+            return
+        if proc.get("role") != "foreign":
+            self.notify(f"{proc.get('name')} (pid {proc.get('pid')}) is {proc.get('role')}, not foreign: "
+                        "zerod top signals foreign processes only.", severity="warning")
+            return
+
+        def confirmed(sig: str | None) -> None:
+            if sig:
+                self._send_signal(proc, sig)
+
+        self.push_screen(ConfirmSignalScreen(proc), confirmed)
+
+    @work(thread=True, exit_on_error=False, group="signal")
+    def _send_signal(self, proc: dict[str, Any], sig: str) -> None:
+        what = f"{proc.get('name')} (pid {proc.get('pid')})"
+        try:
+            self.client.signal(int(proc["pid"]), sig)
+        except (ControlError, ValueError, KeyError, TypeError) as exc:
+            self._hand_back_notify(f"SIG{sig} to {what} failed: {exc}", "error")
+        else:
+            self._hand_back_notify(f"Sent SIG{sig} to {what}.", "information")
+        try:
+            self.call_from_thread(self.poll_now)
+        except Exception:
+            pass
+
+    def _hand_back_notify(self, message: str, severity: str) -> None:
+        try:
+            self.call_from_thread(self.notify, message, severity=severity, timeout=6)
+        except Exception:
+            pass
+
+
+def run(socket_path: str = DEFAULT_SOCKET, interval: float = 1.0) -> None:
+    ZerodTop(socket_path, interval=interval).run()

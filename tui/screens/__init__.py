@@ -1,0 +1,1 @@
+"""Modal screens of `zerod top`: help, details, the signal confirmation."""

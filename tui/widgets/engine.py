@@ -1,0 +1,82 @@
+"""The engine: requests running/waiting, KV pages, output tokens/s, TTFT and ITL."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import Static
+
+from zerod.tui import format as fmt
+from zerod.tui.widgets.metric import MetricRow
+from zerod.tui.widgets.statusbar import ENGINE_STYLE
+
+
+def _lat(p50: Any, p99: Any, regressed: bool) -> Text:
+    t = Text(no_wrap=True)
+    t.append(f"{fmt.ms(p50)} ", "")
+    t.append("p99 ", "dim")
+    t.append(fmt.ms(p99), "bold red" if regressed else "bold")
+    return t
+
+
+class EnginePanel(Vertical):
+    def compose(self) -> ComposeResult:
+        yield MetricRow("reqs", 0.0, None, classes="m-reqs")
+        yield MetricRow("KV", 0.0, None, classes="m-kv")
+        yield MetricRow("tok/s", 0.0, None, classes="m-tps")
+        yield MetricRow("TTFT", 0.0, None, classes="m-ttft")
+        yield MetricRow("ITL", 0.0, None, classes="m-itl")
+        yield Static("", classes="engine-counters")
+
+    def show(self, status: dict[str, Any], engine: dict[str, Any], alerts: dict[str, Any],
+             narrow: bool) -> None:
+        st = status.get("engine") or {}
+        state = st.get("state") or ("healthy" if engine.get("up") else "stopped" if engine else "?")
+        title = Text("Engine ")
+        title.append(f"● {state}", ENGINE_STYLE.get(state, "bold"))
+        if st.get("model"):
+            title.append(f" · {st.get('model')}")
+        if not narrow and st.get("pid"):
+            title.append(f" · pid {st.get('pid')}")
+        if st.get("restarts"):
+            title.append(f" · {st.get('restarts')} restarts", "bold yellow")
+        self.border_title = title
+        firing = {str((a.get("labels") or {}).get("slo", "")) for a in (alerts.get("alerts") or [])
+                  if isinstance(a, dict) and a.get("state") == "firing" and a.get("alertname") == "LatencyRegression"}
+        h = engine.get("history") or {}
+        run, wait = engine.get("running"), engine.get("waiting")
+        reqs = Text(no_wrap=True)
+        reqs.append(f"{run if run is not None else fmt.NA}", "bold")
+        reqs.append(" run ", "dim")
+        reqs.append(f"{wait if wait is not None else fmt.NA}", "bold yellow" if wait else "bold")
+        reqs.append(" wait", "dim")
+        self.query_one(".m-reqs", MetricRow).set(reqs, fmt.series(h.get("running")))
+        total, free = fmt.num(engine.get("kv_pages_total")), fmt.num(engine.get("kv_pages_free"))
+        if total and free is not None:
+            used = total - free
+            kv = Text(f"{used:.0f}/{total:.0f} ", no_wrap=True)
+            kv.append(f"{used / total * 100:.0f}%", "bold red" if used / total > 0.95 else "bold")
+        else:
+            kv = Text(fmt.NA)
+        self.query_one(".m-kv", MetricRow).set(kv, fmt.series(h.get("kv_pages_used")), hi=total)
+        self.query_one(".m-tps", MetricRow).set(
+            Text(fmt.rate(engine.get("output_tokens_per_s")), "bold"), fmt.series(h.get("output_tokens_per_s")))
+        ttft_bad = any("ttft" in s for s in firing)
+        itl_bad = any("itl" in s for s in firing)
+        self.query_one(".m-ttft", MetricRow).set(
+            _lat(engine.get("ttft_p50_s"), engine.get("ttft_p99_s"), ttft_bad), fmt.series(h.get("ttft_p99_s")))
+        self.query_one(".m-itl", MetricRow).set(
+            _lat(engine.get("itl_p50_s"), engine.get("itl_p99_s"), itl_bad), fmt.series(h.get("itl_p99_s")))
+        c = Text(no_wrap=True, overflow="ellipsis")
+        for label, key in (("alloc retries", "allocator_retries_total"), ("OOMs", "allocator_ooms_total"),
+                           ("stream errors", "stream_errors_total")):
+            v = engine.get(key)
+            c.append(f"{label} ", "dim")
+            c.append(f"{v if v is not None else fmt.NA}  ", "bold red" if v else "green")
+        if not narrow:
+            c.append("(sparklines: p99 over time)", "dim")
+        self.query_one(".engine-counters", Static).update(c)
+        self.set_class(bool(firing), "-alarm")

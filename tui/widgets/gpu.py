@@ -1,0 +1,123 @@
+"""Per GPU: utilization, memory, temperature, power with sparklines; clocks, active
+throttle reasons, PCIe replays, ECC, XIDs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Grid, Vertical, VerticalScroll
+from textual.widgets import Static
+
+from zerod.tui import format as fmt
+from zerod.tui.widgets.metric import MetricRow
+
+# Reasons that cost speed and are not the normal state of a busy GPU.
+BAD_REASONS = {"hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"}
+INFO_REASONS = {"gpu_idle", "applications_clocks_setting", "sync_boost", "display_clock_setting"}
+
+
+def clocks_text(g: dict[str, Any], narrow: bool) -> Text:
+    t = Text(no_wrap=True, overflow="ellipsis")
+    t.append("clk ", "dim")
+    t.append(f"SM {g.get('sm_clock_mhz') if g.get('sm_clock_mhz') is not None else fmt.NA}"
+             f"/mem {g.get('mem_clock_mhz') if g.get('mem_clock_mhz') is not None else fmt.NA} MHz")
+    t.append("  throttle ", "dim")
+    reasons = [r for r in (g.get("clock_events_active") or []) if isinstance(r, str)]
+    if not reasons:
+        t.append("none", "green")
+    for i, r in enumerate(reasons):
+        if i:
+            t.append(",")
+        t.append(r, "bold red" if r in BAD_REASONS else ("dim" if r in INFO_REASONS else "yellow"))
+    replays = g.get("pcie_replays_total")
+    ecc = g.get("ecc_volatile_uncorrected")
+    xids = g.get("xid_events_total") or {}
+    t.append("  PCIe replays " if not narrow else "  replays ", "dim")
+    t.append(str(replays if replays is not None else fmt.NA), "bold red" if replays else "")
+    t.append("  ECC ", "dim")
+    t.append(str(ecc if ecc is not None else fmt.NA), "bold red" if ecc else "")
+    t.append("  XID ", "dim")
+    if isinstance(xids, dict) and xids:
+        t.append(" ".join(f"{k}×{v}" for k, v in sorted(xids.items())), "bold red")
+    else:
+        t.append("none", "green")
+    return t
+
+
+class GpuPanel(Vertical):
+    def __init__(self, index: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.index = index
+
+    def compose(self) -> ComposeResult:
+        with Grid(classes="gpu-metrics"):
+            yield MetricRow("util", 0.0, 1.0, classes="m-util")
+            yield MetricRow("temp", classes="m-temp")
+            yield MetricRow("mem", 0.0, None, classes="m-mem")
+            yield MetricRow("power", 0.0, None, classes="m-power")
+        yield Static("", classes="gpu-clocks")
+
+    def show(self, g: dict[str, Any], narrow: bool) -> None:
+        uuid = str(g.get("uuid") or "")
+        self.border_title = f"GPU {g.get('index', '?')} · {g.get('name') or '?'}" + (
+            f" · {uuid[:12]}…" if uuid and not narrow else "")
+        h = g.get("history") or {}
+        util = fmt.num(g.get("utilization_ratio"))
+        self.query_one(".m-util", MetricRow).set(
+            Text(fmt.pct(util), "bold" if util is not None and util > 0.9 else ""),
+            fmt.series(h.get("utilization_ratio")))
+        temp = fmt.num(g.get("temperature_celsius"))
+        self.query_one(".m-temp", MetricRow).set(
+            Text(f"{temp:.0f} °C" if temp is not None else fmt.NA, "bold red" if (temp or 0) >= 85 else ""),
+            fmt.series(h.get("temperature_celsius")))
+        total = fmt.num(g.get("memory_total_bytes"))
+        self.query_one(".m-mem", MetricRow).set(
+            f"{fmt.gib(g.get('memory_used_bytes'))}/{fmt.gib(total)} GiB",
+            fmt.series(h.get("memory_used_bytes")), hi=total)
+        limit = fmt.num(g.get("power_limit_watts"))
+        power = fmt.num(g.get("power_watts"))
+        self.query_one(".m-power", MetricRow).set(
+            f"{power:.0f}/{limit:.0f} W" if power is not None and limit else
+            (f"{power:.0f} W" if power is not None else fmt.NA),
+            fmt.series(h.get("power_watts")), hi=limit)
+        self.query_one(".gpu-clocks", Static).update(clocks_text(g, narrow))
+        bad = any(r in BAD_REASONS for r in (g.get("clock_events_active") or []))
+        self.set_class(bad or bool(g.get("ecc_volatile_uncorrected")), "-alarm")
+
+
+class GpuList(VerticalScroll):
+    """One GpuPanel per GPU; a line of its own when NVML is unavailable."""
+
+    def compose(self) -> ComposeResult:
+        yield Static("waiting for the daemon…", classes="gpu-note")
+
+    def show(self, gpus: dict[str, Any], narrow: bool) -> None:
+        items = [g for g in (gpus.get("gpus") or []) if isinstance(g, dict)]
+        nvml = gpus.get("nvml") or {}
+        note = self.query_one(".gpu-note", Static)
+        if nvml and not nvml.get("ok"):
+            note.update(Text(f"NVML unavailable: {nvml.get('error') or 'unknown error'}", "bold red"))
+            note.display = True
+        elif not items:
+            note.update(Text("no GPUs reported", "dim"))
+            note.display = True
+        else:
+            note.display = False
+        panels = list(self.query(GpuPanel))
+        if [p.index for p in panels] != [g.get("index") for g in items]:
+            for p in panels:
+                p.remove()
+            panels = [GpuPanel(g.get("index"), classes="gpu-panel") for g in items]
+            if panels:
+                self.mount_all(panels)
+            # Freshly mounted panels compose on the next tick; fill them then.
+            self.call_after_refresh(self._fill, items, narrow)
+            return
+        self._fill(items, narrow)
+
+    def _fill(self, items, narrow) -> None:
+        for panel, g in zip(self.query(GpuPanel), items):
+            panel.show(g, narrow)
+        self.set_class(len(items) > 1, "-multi")
