@@ -1,0 +1,87 @@
+"""zerod bench: statistics, /proc CPU reading, and a run against a live (fake-engine) server.
+
+The run against the real tiny engine lives in tests/test_openai_server.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from click.testing import CliRunner
+
+from zerod.engine import bench as B
+from zerod.engine.server import ServerThread
+
+
+def test_percentile_matches_numpy_linear():
+    v = [1.0, 2.0, 3.0, 4.0, 10.0]
+    assert B.percentile(v, 50) == 3.0
+    assert B.percentile(v, 0) == 1.0 and B.percentile(v, 100) == 10.0
+    assert B.percentile(v, 95) == pytest.approx(8.8)  # numpy.percentile(v, 95)
+    assert B.percentile(v, 99) == pytest.approx(9.76)
+    assert B.percentile([5.0], 99) == 5.0
+    s = B.summary_ms([0.001, 0.003])
+    assert s["n"] == 2 and s["mean"] == pytest.approx(2.0) and s["p50"] == pytest.approx(2.0)
+    assert B.summary_ms([])["p50"] is None
+
+
+def test_cpu_window_reads_own_process():
+    w = B.CpuWindow(os.getpid())
+    w.start()
+    x = 0
+    for i in range(2_000_000):
+        x += i
+    info = w.stop()
+    assert info["cpu_s"] > 0 and 0 < info["cores"] <= os.cpu_count() + 0.5
+    assert info["threads_cores"]
+    assert B.CpuWindow(None).stop() is None
+
+
+@pytest.fixture(scope="module")
+def fake_server():
+    from test_server_fake import FakeEngine
+
+    eng = FakeEngine(tick=0.002)
+    srv = ServerThread(eng).start()
+    yield eng, srv
+    srv.stop()
+    eng.shutdown()
+
+
+def test_bench_random_and_named_scenarios(fake_server, tmp_path):
+    eng, srv = fake_server
+    out = tmp_path / "b.json"
+    r = CliRunner().invoke(B.bench, [
+        "--base-url", srv.url, "--scenario", "streams-200", "--scenario", "long-context",
+        "--scenario", "hello-ttft", "--num-prompts", "12", "--max-concurrency", "4",
+        "--input-len", "20", "--short-input-len", "5", "--output-len", "9", "--warmup", "2",
+        "--out", str(out), "--no-progress"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(out.read_text())
+    assert doc["model"] == "fake" and doc["server"]["status"] == "ok"
+    s = doc["scenarios"]["streams-200"]
+    assert s["completed"] == 12 and s["failed"] == 0
+    assert s["total_output_tokens"] == 12 * 9 and s["total_input_tokens"] == 12 * 20
+    assert s["ttft_ms"]["n"] == 12 and s["itl_ms"]["n"] == 12 * 8
+    assert 0 < s["ttft_ms"]["p50"] <= s["ttft_ms"]["p99"] < 5000
+    assert s["output_throughput"] > 0 and s["tpot_ms"]["p50"] > 0
+    assert s["engine_cpu"]["pid"] == os.getpid() and s["engine_cpu"]["cores"] > 0
+    lc = doc["scenarios"]["long-context"]
+    assert lc["phases"]["short"]["total_input_tokens"] == 12 * 5
+    assert lc["phases"]["long"]["total_input_tokens"] == 12 * 20
+    assert lc["itl_p99_over_p50"]["long"] >= 1.0
+    h = doc["scenarios"]["hello-ttft"]
+    assert h["completed"] == 12 and h["total_output_tokens"] == 12
+    assert h["total_input_tokens"] == 12 * 6  # the fake's tokenizer: BOS + 5 chars
+    # the submitted requests carried ignore_eos and max_tokens = output len
+    _, ids, params = eng.submitted[-30]
+    assert params.ignore_eos and params.max_tokens == 9 and len(ids) in (5, 20)
+    assert "TTFT" in r.output and "streams-200" in r.output
+
+
+def test_bench_unreachable_server_is_a_plain_error():
+    r = CliRunner().invoke(B.bench, ["--base-url", "http://127.0.0.1:9", "--no-progress"])
+    assert r.exit_code != 0 and "cannot reach" in r.output
+    assert "Traceback" not in r.output
