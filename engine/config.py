@@ -1,0 +1,122 @@
+"""EngineConfig (the `zerod serve` flags, vLLM names), SamplingParams, the engine's errors.
+
+Dataclasses validated when built: a bad value raises EngineError / ValueError at once,
+never half-way through loading a model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+
+class EngineError(Exception):
+    """The engine cannot start or run with this model / configuration; the message says why."""
+
+
+class RequestRejected(Exception):
+    """A request refused at submit: status 400 (can never fit) or 429 (wait line full)."""
+
+    def __init__(self, status: int, message: str, retry_after: float | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.retry_after = retry_after
+
+
+_DTYPES = ("auto", "bfloat16", "bf16", "float16", "fp16", "half", "float32", "fp32", "float")
+_LOAD_FORMATS = ("auto", "safetensors", "dummy")
+
+
+@dataclass
+class EngineConfig:
+    model: str = "demo"                    # HF checkpoint dir, or "demo" (built-in tiny model)
+    served_model_name: str | None = None
+    tokenizer: str | None = None           # dir with tokenizer.json; default: the model dir
+    dtype: str = "auto"                    # auto = config.json's torch_dtype (fp32 on CPU)
+    device: str = "auto"                   # auto | cpu | cuda | cuda:N
+    load_format: str = "auto"              # auto | safetensors | dummy (random weights from config.json)
+    max_model_len: int | None = None       # default: config's max_position_embeddings (capped by the pool)
+    max_num_seqs: int = 256                # most requests running at once
+    max_num_batched_tokens: int = 2048     # prompt tokens per step (chunked prefill budget)
+    max_waiting: int = 1024                # wait line bound; beyond it submit answers 429
+    block_size: int = 16                   # KV page size in tokens
+    gpu_memory_utilization: float = 0.90   # CUDA: fraction of the GPU the engine may hold
+    kv_pages: int | None = None            # CPU (or CUDA override): number of KV pages
+    kv_cache_memory_bytes: int | None = None  # CPU: KV budget in bytes when kv_pages is None
+    enforce_eager: bool = False            # CUDA: no CUDA graphs
+    cuda_graph_max_bs: int = 256           # largest decode batch captured; larger run eager
+    seed: int = 0                          # seeds dummy weights and requests without a seed
+    ring_depth: int = 4                    # steps in flight between the step loop and the poller
+
+    def __post_init__(self) -> None:
+        def bad(msg: str) -> None:
+            raise EngineError(f"invalid engine config: {msg}")
+
+        if not isinstance(self.model, str) or not self.model:
+            bad("model must be a path or 'demo'")
+        if self.dtype not in _DTYPES:
+            bad(f"dtype {self.dtype!r} is not one of {', '.join(_DTYPES)}")
+        if self.load_format not in _LOAD_FORMATS:
+            bad(f"load_format {self.load_format!r} is not one of {', '.join(_LOAD_FORMATS)}")
+        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
+            bad(f"device {self.device!r} is not auto, cpu, cuda or cuda:N")
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "ring_depth",
+                     "cuda_graph_max_bs"):
+            if int(getattr(self, name)) < 1:
+                bad(f"{name} must be >= 1")
+        if self.max_waiting < 0:
+            bad("max_waiting must be >= 0")
+        if self.block_size & (self.block_size - 1):
+            bad("block_size must be a power of two")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            bad("max_model_len must be >= 2")
+        if not 0.05 <= self.gpu_memory_utilization <= 1.0:
+            bad("gpu_memory_utilization must be in [0.05, 1.0]")
+        if self.kv_pages is not None and self.kv_pages < 2:
+            bad("kv_pages must be >= 2 (page 0 is a scratch page)")
+        if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
+            bad("kv_cache_memory_bytes must be > 0")
+
+    def replace(self, **kw) -> "EngineConfig":
+        return dataclasses.replace(self, **kw)
+
+
+@dataclass
+class SamplingParams:
+    """vLLM / OpenAI names. temperature 0 = greedy. top_k 0 or -1 = off.
+    max_tokens None = up to max_model_len."""
+
+    max_tokens: int | None = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    min_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = [s for s in (self.stop or []) if s]
+        self.stop_token_ids = [int(t) for t in (self.stop_token_ids or [])]
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1")
+        if not self.temperature >= 0.0:
+            raise ValueError("temperature must be >= 0")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError("top_p must be in (0, 1]")
+        if self.top_k is None:
+            self.top_k = -1
+        if self.top_k < -1:
+            raise ValueError("top_k must be -1, 0 (off) or >= 1")
+        if self.min_tokens < 0:
+            raise ValueError("min_tokens must be >= 0")
+        if self.seed is not None:
+            self.seed = int(self.seed) & 0x7FFFFFFF_FFFFFFFF
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1

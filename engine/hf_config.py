@@ -1,0 +1,204 @@
+"""Read a Hugging Face `config.json` into ModelConfig; refuse what the engine cannot run."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .config import EngineError
+
+SUPPORTED = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+}
+
+_DTYPE = {
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+}
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    try:
+        return _DTYPE[name]
+    except KeyError:
+        raise EngineError(f"unsupported dtype {name!r}; use bfloat16, float16 or float32") from None
+
+
+@dataclass
+class ModelConfig:
+    architecture: str
+    family: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    torch_dtype: str | None
+    bos_token_id: int | None
+    eos_token_ids: list[int] = field(default_factory=list)
+    sliding_window: int | None = None
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+
+def _ids(v) -> list[int]:
+    if v is None:
+        return []
+    if isinstance(v, (list, tuple)):
+        return [int(x) for x in v]
+    return [int(v)]
+
+
+def parse_model_config(raw: dict[str, Any], where: str = "config.json") -> ModelConfig:
+    archs = raw.get("architectures") or []
+    arch = archs[0] if archs else None
+    if arch not in SUPPORTED:
+        mt = raw.get("model_type")
+        raise EngineError(
+            f"{where}: unsupported architecture {arch or mt or '(none given)'!r}; "
+            f"zerod's engine runs {', '.join(sorted(SUPPORTED))}"
+        )
+    family = SUPPORTED[arch]
+    try:
+        hidden = int(raw["hidden_size"])
+        heads = int(raw["num_attention_heads"])
+        kv_heads = int(raw.get("num_key_value_heads") or heads)
+        head_dim = int(raw.get("head_dim") or hidden // heads)
+        layers = int(raw["num_hidden_layers"])
+        inter = int(raw["intermediate_size"])
+        vocab = int(raw["vocab_size"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise EngineError(f"{where}: missing or invalid field {exc} for {arch}") from None
+    if min(hidden, heads, kv_heads, head_dim, layers, inter, vocab) < 1:
+        raise EngineError(f"{where}: sizes must be positive")
+    if heads % kv_heads:
+        raise EngineError(f"{where}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
+    if head_dim % 2:
+        raise EngineError(f"{where}: head_dim {head_dim} must be even for RoPE")
+    act = raw.get("hidden_act", "silu")
+    if act not in ("silu", "swish"):
+        raise EngineError(f"{where}: hidden_act {act!r} is not supported (silu only)")
+
+    # transformers >= 5 writes rope_parameters; older configs rope_theta + rope_scaling.
+    rp = raw.get("rope_parameters") or {}
+    theta = float(raw.get("rope_theta") or rp.get("rope_theta") or 10000.0)
+    scaling = raw.get("rope_scaling")
+    if scaling is None and rp and rp.get("rope_type", "default") != "default":
+        scaling = dict(rp)
+    if scaling is not None:
+        rtype = scaling.get("rope_type") or scaling.get("type") or "default"
+        if rtype not in ("default", "llama3", "linear"):
+            raise EngineError(f"{where}: rope scaling {rtype!r} is not supported (llama3, linear)")
+        if rtype == "default":
+            scaling = None
+        else:
+            scaling = dict(scaling, rope_type=rtype)
+
+    qkv_bias = family == "qwen2" or bool(raw.get("attention_bias", False))
+    o_bias = family != "qwen2" and bool(raw.get("attention_bias", False))
+    sw = None
+    if family == "mistral":
+        sw = raw.get("sliding_window")
+    elif family == "qwen2" and raw.get("use_sliding_window"):
+        sw = raw.get("sliding_window")
+    return ModelConfig(
+        architecture=arch,
+        family=family,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        max_position_embeddings=int(raw.get("max_position_embeddings") or 4096),
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        qkv_bias=qkv_bias,
+        o_bias=o_bias,
+        mlp_bias=bool(raw.get("mlp_bias", False)),
+        torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
+        bos_token_id=raw.get("bos_token_id") if isinstance(raw.get("bos_token_id"), int) else None,
+        eos_token_ids=_ids(raw.get("eos_token_id")),
+        sliding_window=int(sw) if sw else None,
+    )
+
+
+def load_model_config(model_dir: Path) -> ModelConfig:
+    p = Path(model_dir) / "config.json"
+    try:
+        raw = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise EngineError(f"{model_dir}: no config.json (is this a Hugging Face checkpoint directory?)") from None
+    except (OSError, ValueError) as exc:
+        raise EngineError(f"{p}: cannot read: {exc}") from None
+    if not isinstance(raw, dict):
+        raise EngineError(f"{p}: not a JSON object")
+    mc = parse_model_config(raw, str(p))
+    gp = Path(model_dir) / "generation_config.json"
+    if gp.exists():
+        try:
+            g = json.loads(gp.read_text())
+            for t in _ids(g.get("eos_token_id")):
+                if t not in mc.eos_token_ids:
+                    mc.eos_token_ids.append(t)
+        except (OSError, ValueError):
+            pass
+    return mc
+
+
+def rope_inv_freq(mc: ModelConfig) -> torch.Tensor:
+    """inv_freq as HF computes it (float32), with Llama-3 / linear scaling applied."""
+    d = mc.head_dim
+    inv = 1.0 / (mc.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    s = mc.rope_scaling
+    if not s:
+        return inv
+    if s["rope_type"] == "linear":
+        return inv / float(s["factor"])
+    factor = float(s["factor"])
+    low = float(s.get("low_freq_factor", 1.0))
+    high = float(s.get("high_freq_factor", 4.0))
+    old_len = float(s.get("original_max_position_embeddings", 8192))
+    low_wl = old_len / low
+    high_wl = old_len / high
+    wavelen = 2 * math.pi / inv
+    inv_l = torch.where(wavelen > low_wl, inv / factor, inv)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * inv_l / factor + smooth * inv_l
+    is_medium = ~(wavelen < high_wl) * ~(wavelen > low_wl)
+    return torch.where(is_medium, smoothed, inv_l)
+
+
+def cos_sin_cache(mc: ModelConfig, max_pos: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """[max_pos, head_dim]: cos in the first half, sin in the second (HF values, cast to dtype)."""
+    inv = rope_inv_freq(mc)
+    t = torch.arange(max_pos, dtype=torch.float32)
+    freqs = torch.outer(t, inv)
+    return torch.cat([freqs.cos(), freqs.sin()], dim=-1).to(dtype).to(device)

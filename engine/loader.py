@@ -1,0 +1,145 @@
+"""Safetensors (single or sharded with model.safetensors.index.json) into LlamaModel;
+`load_format="dummy"` fills random weights directly on the device.
+
+A broken checkpoint (unreadable file, missing or misshapen tensor, unknown tensor name,
+index naming a missing shard) raises EngineError naming the file and the tensor.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+
+from .config import EngineError
+from .hf_config import ModelConfig
+from .model import LlamaModel
+
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+_IGNORED = re.compile(r"(rotary_emb\.inv_freq|\.rotary_emb\.)")
+
+
+def checkpoint_files(model_dir: Path) -> list[Path]:
+    d = Path(model_dir)
+    index = d / "model.safetensors.index.json"
+    if index.exists():
+        try:
+            wm = json.loads(index.read_text())["weight_map"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise EngineError(f"{index}: broken index file ({exc})") from None
+        files = sorted(set(wm.values()))
+        missing = [f for f in files if not (d / f).exists()]
+        if missing:
+            raise EngineError(f"{index}: names shard(s) that do not exist: {', '.join(missing)}")
+        return [d / f for f in files]
+    single = d / "model.safetensors"
+    if single.exists():
+        return [single]
+    found = sorted(d.glob("*.safetensors"))
+    if found:
+        return found
+    if list(d.glob("*.bin")) or list(d.glob("*.pt")):
+        raise EngineError(f"{d}: only PyTorch .bin/.pt weights found; zerod loads safetensors only")
+    raise EngineError(f"{d}: no model.safetensors or sharded safetensors index found "
+                      f"(use load_format='dummy' for random weights)")
+
+
+def _targets(model: LlamaModel, mc: ModelConfig) -> dict[str, tuple[torch.Tensor, int, int]]:
+    """HF tensor name -> (parameter, row offset, rows) in the fused layout."""
+    t: dict[str, tuple[torch.Tensor, int, int]] = {}
+    t["model.embed_tokens.weight"] = (model.embed, 0, mc.vocab_size)
+    t["model.norm.weight"] = (model.norm, 0, mc.hidden_size)
+    if not mc.tie_word_embeddings:
+        t["lm_head.weight"] = (model.lm_head, 0, mc.vocab_size)
+    q, kv, i = mc.q_size, mc.kv_size, mc.intermediate_size
+    for n, L in enumerate(model.layers):
+        p = f"model.layers.{n}."
+        t[p + "input_layernorm.weight"] = (L.input_norm, 0, mc.hidden_size)
+        t[p + "post_attention_layernorm.weight"] = (L.post_norm, 0, mc.hidden_size)
+        for name, off, rows in (("q_proj", 0, q), ("k_proj", q, kv), ("v_proj", q + kv, kv)):
+            t[p + f"self_attn.{name}.weight"] = (L.qkv, off, rows)
+            if L.qkv_bias is not None:
+                t[p + f"self_attn.{name}.bias"] = (L.qkv_bias, off, rows)
+        t[p + "self_attn.o_proj.weight"] = (L.o, 0, mc.hidden_size)
+        if L.o_bias is not None:
+            t[p + "self_attn.o_proj.bias"] = (L.o_bias, 0, mc.hidden_size)
+        t[p + "mlp.gate_proj.weight"] = (L.gate_up, 0, i)
+        t[p + "mlp.up_proj.weight"] = (L.gate_up, i, i)
+        t[p + "mlp.down_proj.weight"] = (L.down, 0, mc.hidden_size)
+        if L.gate_up_bias is not None:
+            t[p + "mlp.gate_proj.bias"] = (L.gate_up_bias, 0, i)
+            t[p + "mlp.up_proj.bias"] = (L.gate_up_bias, i, i)
+            t[p + "mlp.down_proj.bias"] = (L.down_bias, 0, mc.hidden_size)
+    return t
+
+
+@torch.inference_mode()
+def load_safetensors(model: LlamaModel, mc: ModelConfig, model_dir: Path) -> None:
+    from safetensors import safe_open
+
+    targets = _targets(model, mc)
+    seen: set[str] = set()
+    unknown: list[str] = []
+    for f in checkpoint_files(model_dir):
+        try:
+            with safe_open(str(f), framework="pt", device="cpu") as sf:
+                for name in sf.keys():
+                    if _IGNORED.search(name):
+                        continue
+                    if name == "lm_head.weight" and mc.tie_word_embeddings:
+                        continue
+                    tgt = targets.get(name)
+                    if tgt is None:
+                        unknown.append(name)
+                        continue
+                    param, off, rows = tgt
+                    src = sf.get_tensor(name)
+                    want = (rows,) + tuple(param.shape[1:])
+                    if tuple(src.shape) != want:
+                        raise EngineError(f"{f.name}: tensor {name} has shape {tuple(src.shape)}, "
+                                          f"config.json implies {want}")
+                    param.data[off:off + rows].copy_(src.to(param.dtype), non_blocking=False)
+                    seen.add(name)
+        except EngineError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - safetensors raises several types
+            raise EngineError(f"{f}: cannot read safetensors file ({type(exc).__name__}: {exc})") from None
+    if unknown:
+        raise EngineError(f"{model_dir}: checkpoint holds tensors this {mc.architecture} does not have "
+                          f"(wrong architecture in config.json?): {', '.join(sorted(unknown)[:5])}"
+                          + (" …" if len(unknown) > 5 else ""))
+    missing = sorted(set(targets) - seen)
+    if missing:
+        raise EngineError(f"{model_dir}: checkpoint is missing {len(missing)} tensor(s): "
+                          f"{', '.join(missing[:5])}" + (" …" if len(missing) > 5 else ""))
+
+
+@torch.inference_mode()
+def init_dummy(model: LlamaModel, seed: int) -> None:
+    """Random weights on the model's device: N(0, 0.02) matrices, unit norms, zero biases."""
+    g = torch.Generator(device=model.embed.device)
+    g.manual_seed(seed)
+    for name, p in model.named_parameters():
+        if p.dim() == 1:
+            if "bias" in name:
+                p.zero_()
+            else:
+                p.fill_(1.0)
+        else:
+            p.normal_(0.0, 0.02, generator=g)
+
+
+def build_model(mc: ModelConfig, model_dir: Path, load_format: str, dtype: torch.dtype,
+                device: torch.device, seed: int = 0) -> LlamaModel:
+    try:
+        model = LlamaModel(mc, dtype, device)
+    except torch.OutOfMemoryError:
+        raise EngineError(f"the model's weights do not fit on {device}") from None
+    model.eval()
+    if load_format == "dummy":
+        init_dummy(model, seed)
+    else:
+        load_safetensors(model, mc, Path(model_dir))
+    return model

@@ -1,0 +1,137 @@
+"""Llama-family decoder (Llama 2/3, Mistral, Qwen2) over flat token batches.
+
+Weights are fused at load time: q/k/v into one `qkv` matrix, gate/up into `gate_up`.
+The forward takes a flat batch of tokens ([T]) with their positions and the attention
+metadata of the step (prefill chunks or one decode token per sequence).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import ops
+from .hf_config import ModelConfig
+
+
+@dataclass
+class AttnMeta:
+    slot_mapping: torch.Tensor            # int64 [T]
+    block_tables: torch.Tensor            # int32 [B, W]
+    context_lens: torch.Tensor            # int32 [B]
+    cu_seqlens_q: torch.Tensor | None     # int32 [B+1]; None = decode (one token per row)
+    no_prefix: bool = False               # prefill: every chunk starts at position 0
+    seqlens_q: list[int] | None = None    # prefill: host copy of the chunk lengths
+
+
+def _p(*shape, dtype, device) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), requires_grad=False)
+
+
+class Layer(nn.Module):
+    def __init__(self, mc: ModelConfig, dtype, device):
+        super().__init__()
+        h, q, kv, i = mc.hidden_size, mc.q_size, mc.kv_size, mc.intermediate_size
+        self.input_norm = _p(h, dtype=dtype, device=device)
+        self.post_norm = _p(h, dtype=dtype, device=device)
+        self.qkv = _p(q + 2 * kv, h, dtype=dtype, device=device)
+        self.qkv_bias = _p(q + 2 * kv, dtype=dtype, device=device) if mc.qkv_bias else None
+        self.o = _p(h, q, dtype=dtype, device=device)
+        self.o_bias = _p(h, dtype=dtype, device=device) if mc.o_bias else None
+        self.gate_up = _p(2 * i, h, dtype=dtype, device=device)
+        self.down = _p(h, i, dtype=dtype, device=device)
+        if mc.mlp_bias:
+            self.gate_up_bias = _p(2 * i, dtype=dtype, device=device)
+            self.down_bias = _p(h, dtype=dtype, device=device)
+        else:
+            self.gate_up_bias = None
+            self.down_bias = None
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, mc: ModelConfig, dtype: torch.dtype, device: torch.device):
+        super().__init__()
+        self.mc = mc
+        self.dtype = dtype
+        self.embed = _p(mc.vocab_size, mc.hidden_size, dtype=dtype, device=device)
+        self.layers = nn.ModuleList(Layer(mc, dtype, device) for _ in range(mc.num_layers))
+        self.norm = _p(mc.hidden_size, dtype=dtype, device=device)
+        self.lm_head = self.embed if mc.tie_word_embeddings else _p(
+            mc.vocab_size, mc.hidden_size, dtype=dtype, device=device)
+        self.scale = mc.head_dim ** -0.5
+        self.cos_sin: torch.Tensor | None = None  # set by the runner (ops.apply_rope layout)
+
+    # ------------------------------------------------------------------ attention
+    def _attention(self, L: Layer, x: torch.Tensor, positions: torch.Tensor,
+                   kv: torch.Tensor, meta: AttnMeta) -> torch.Tensor:
+        mc = self.mc
+        t = x.shape[0]
+        qkv = F.linear(x, L.qkv, L.qkv_bias)
+        q, k, v = qkv.split([mc.q_size, mc.kv_size, mc.kv_size], dim=-1)
+        q = q.reshape(t, mc.num_heads, mc.head_dim)
+        k = k.reshape(t, mc.num_kv_heads, mc.head_dim)
+        v = v.reshape(t, mc.num_kv_heads, mc.head_dim)
+        q, k = ops.apply_rope(q, k, positions, self.cos_sin)
+        k_cache, v_cache = kv[0], kv[1]
+        ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        if meta.cu_seqlens_q is None:
+            o = ops.decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, self.scale)
+        elif meta.no_prefix and q.is_cuda and meta.seqlens_q is not None:
+            o = _sdpa_varlen(q, k, v, meta.seqlens_q, self.scale)
+        else:
+            o = ops.prefill_attention(q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q,
+                                      meta.context_lens, self.scale)
+        return F.linear(o.reshape(t, mc.q_size), L.o, L.o_bias)
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv: torch.Tensor,
+                meta: AttnMeta) -> torch.Tensor:
+        """hidden states after the final norm, [T, hidden]. kv: [layers, 2, pages, page, Hk, D]."""
+        eps = self.mc.rms_norm_eps
+        h = F.embedding(input_ids, self.embed)
+        residual = None
+        for i, L in enumerate(self.layers):
+            if residual is None:
+                residual = h
+                x = ops.rms_norm(h, L.input_norm, eps)
+            else:
+                x, residual = ops.fused_add_rms_norm(h, residual, L.input_norm, eps)
+            h = self._attention(L, x, positions, kv[i], meta)
+            x, residual = ops.fused_add_rms_norm(h, residual, L.post_norm, eps)
+            gu = F.linear(x, L.gate_up, L.gate_up_bias)
+            h = F.linear(ops.silu_and_mul(gu), L.down, L.down_bias)
+        x, _ = ops.fused_add_rms_norm(h, residual, self.norm, eps)
+        return x
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden, self.lm_head).float()
+
+
+def _sdpa_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqlens: list[int],
+                 scale: float) -> torch.Tensor:
+    """Causal attention over the step's own contiguous q/k/v (no cached prefix), CUDA."""
+    hq, hk = q.shape[1], k.shape[1]
+    gqa = hq != hk
+    if len(seqlens) <= 8:
+        out = []
+        s0 = 0
+        for n in seqlens:
+            qb = q[s0:s0 + n].transpose(0, 1)
+            kb = k[s0:s0 + n].transpose(0, 1)
+            vb = v[s0:s0 + n].transpose(0, 1)
+            o = F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, scale=scale, enable_gqa=gqa)
+            out.append(o.transpose(0, 1))
+            s0 += n
+        return torch.cat(out, 0) if len(out) > 1 else out[0]
+    # many short prompts: one call with a block-diagonal causal mask
+    t = q.shape[0]
+    seg = torch.repeat_interleave(torch.arange(len(seqlens), device=q.device),
+                                  torch.tensor(seqlens, device=q.device))
+    idx = torch.arange(t, device=q.device)
+    mask = (seg[:, None] == seg[None, :]) & (idx[None, :] <= idx[:, None])
+    o = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+                                       attn_mask=mask, scale=scale, enable_gqa=gqa)
+    return o.transpose(0, 1)

@@ -1,0 +1,273 @@
+"""Device side of a step: input staging, the prefill and decode forwards, sampling,
+decode CUDA graphs per batch-size bucket, and the copy of sampled ids into the host ring.
+
+Everything a request needs on the device is written once, when it is admitted (its
+block-table row and sampling parameters live in per-slot device tables), so a decode step
+only ships two int64 numbers per request (slot, position) in one pinned, non-blocking
+copy. The sampled token of each request stays on the device (`last_tokens[slot]`) and is
+the next decode input: the CPU never needs a token back to schedule the next step, so it
+prepares and launches step N+1 while step N runs. No host sync inside a step (CUDA), the
+same code path on the CPU.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from . import ops
+from .config import EngineConfig
+from .hf_config import ModelConfig, cos_sin_cache
+from .kv_pool import KVPool
+from .model import AttnMeta, LlamaModel
+from .output import HostRing, Request
+from .sampler import sample
+
+log = logging.getLogger("zerod.engine")
+
+
+@dataclass
+class Chunk:
+    req: Request
+    start: int   # first prompt position of the chunk
+    n: int       # tokens in the chunk
+
+    @property
+    def completes(self) -> bool:
+        return self.start + self.n == self.req.prompt_len
+
+
+def graph_buckets(max_bs: int) -> list[int]:
+    out = [b for b in (1, 2, 4, 8) if b <= max_bs]
+    b = 16
+    while b <= max_bs:
+        out.append(b)
+        b += 16 if b < 128 else 32
+    if out[-1] != max_bs:
+        out.append(max_bs)
+    return out
+
+
+class ModelRunner:
+    def __init__(self, cfg: EngineConfig, mc: ModelConfig, model: LlamaModel, pool: KVPool,
+                 device: torch.device, max_model_len: int, eos_ids: list[int]):
+        self.cfg, self.mc, self.model, self.pool, self.device = cfg, mc, model, pool, device
+        self.cuda = device.type == "cuda"
+        self.ps = pool.page_size
+        self.max_model_len = max_model_len
+        self.W = (max_model_len + self.ps - 1) // self.ps
+        S = cfg.max_num_seqs
+        self.pad_slot = S           # row S of the slot tables: zeros -> scratch page 0
+        dev = device
+        model.cos_sin = cos_sin_cache(mc, max_model_len + 1, model.dtype, dev)
+        # per-slot device tables (written at admission)
+        self.block_table = torch.zeros(S + 1, self.W, dtype=torch.int32, device=dev)
+        self.prompt_len = torch.zeros(S + 1, dtype=torch.int64, device=dev)
+        self.top_k = torch.zeros(S + 1, dtype=torch.int64, device=dev)
+        self.seed = torch.zeros(S + 1, dtype=torch.int64, device=dev)
+        self.min_tokens = torch.zeros(S + 1, dtype=torch.int64, device=dev)
+        self.temperature = torch.zeros(S + 1, dtype=torch.float32, device=dev)
+        self.top_p = torch.ones(S + 1, dtype=torch.float32, device=dev)
+        self.last_tokens = torch.zeros(S + 1, dtype=torch.int64, device=dev)
+        self.eos = torch.tensor(eos_ids or [0], dtype=torch.int64, device=dev)
+        # host ring of sampled ids + pinned input staging, one per ring slot
+        self.ring = HostRing(cfg.ring_depth, S, device)
+        T = cfg.max_num_batched_tokens
+        self.int_cap = 3 * pool.num_pages + 5 * S + 4 * T + 2 * S + 16
+        self.flt_cap = 2 * S
+        pin = self.cuda
+        self.stage_i = [torch.zeros(self.int_cap, dtype=torch.int64, pin_memory=pin) for _ in range(cfg.ring_depth)]
+        self.stage_f = [torch.zeros(self.flt_cap, dtype=torch.float32, pin_memory=pin) for _ in range(cfg.ring_depth)]
+        self.dev_i = torch.zeros(self.int_cap, dtype=torch.int64, device=dev)
+        self.dev_f = torch.zeros(self.flt_cap, dtype=torch.float32, device=dev)
+        # decode graph buffers
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.g_slots = torch.full((S,), self.pad_slot, dtype=torch.int64, device=dev)
+        self.g_pos = torch.zeros(S, dtype=torch.int64, device=dev)
+        self.buckets: list[int] = []
+
+    # ------------------------------------------------------------------ staging
+    def _ship(self, ring_idx: int, ints: list[np.ndarray], flts: list[np.ndarray]):
+        """One pinned, non-blocking H2D copy for the ints and one for the floats;
+        returns device views in the same order."""
+        sizes = [a.size for a in ints]
+        n = sum(sizes)
+        out_i: list[torch.Tensor] = []
+        if n:
+            si = self.stage_i[ring_idx]
+            np.concatenate(ints, out=si.numpy()[:n])
+            self.dev_i[:n].copy_(si[:n], non_blocking=True)
+            off = 0
+            for s in sizes:
+                out_i.append(self.dev_i[off:off + s])
+                off += s
+        fsz = [a.size for a in flts]
+        m = sum(fsz)
+        out_f: list[torch.Tensor] = []
+        if m:
+            sf = self.stage_f[ring_idx]
+            np.concatenate(flts, out=sf.numpy()[:m])
+            self.dev_f[:m].copy_(sf[:m], non_blocking=True)
+            off = 0
+            for s in fsz:
+                out_f.append(self.dev_f[off:off + s])
+                off += s
+        return out_i, out_f
+
+    # ------------------------------------------------------------------ one step
+    @torch.inference_mode()
+    def step(self, ring_idx: int, admitted: list[Request], chunks: list[Chunk],
+             decodes: list[Request]) -> list[Request]:
+        """Launch admissions, prefill chunks and one decode; sampled ids land in
+        ring.tokens[ring_idx]. Returns the requests in ring-row order."""
+        ints: list[np.ndarray] = []
+        flts: list[np.ndarray] = []
+        # admissions: block-table rows (ragged) + per-slot params
+        A = len(admitted)
+        if A:
+            npg = np.fromiter((len(r.pages) for r in admitted), dtype=np.int64, count=A)
+            a_slots = np.fromiter((r.slot for r in admitted), dtype=np.int64, count=A)
+            rows = np.repeat(a_slots, npg)
+            starts = np.repeat(np.cumsum(npg) - npg, npg)
+            cols = np.arange(int(npg.sum()), dtype=np.int64) - starts
+            vals = np.fromiter((p for r in admitted for p in r.pages), dtype=np.int64, count=int(npg.sum()))
+            par = np.array([(r.prompt_len, r.params.top_k, r.seed, r.params.min_tokens) for r in admitted],
+                           dtype=np.int64).T.reshape(-1)
+            ints += [a_slots, rows, cols, vals, par]
+            flts += [np.array([r.params.temperature for r in admitted], dtype=np.float32),
+                     np.array([r.params.top_p for r in admitted], dtype=np.float32)]
+        # prefill chunks
+        C = len(chunks)
+        if C:
+            toks = np.concatenate([np.asarray(c.req.prompt_ids[c.start:c.start + c.n], dtype=np.int64) for c in chunks])
+            pos = np.concatenate([np.arange(c.start, c.start + c.n, dtype=np.int64) for c in chunks])
+            pages = np.concatenate([np.asarray(c.req.pages, dtype=np.int64)[
+                np.arange(c.start, c.start + c.n) // self.ps] for c in chunks])
+            smap = pages * self.ps + pos % self.ps
+            lens = np.fromiter((c.n for c in chunks), dtype=np.int64, count=C)
+            cu = np.zeros(C + 1, dtype=np.int64)
+            np.cumsum(lens, out=cu[1:])
+            ctx = np.fromiter((c.start + c.n for c in chunks), dtype=np.int64, count=C)
+            p_slots = np.fromiter((c.req.slot for c in chunks), dtype=np.int64, count=C)
+            done = [i for i, c in enumerate(chunks) if c.completes]
+            s_idx = cu[1:][done] - 1
+            s_slots = p_slots[done]
+            ints += [toks, pos, smap, cu, ctx, p_slots, s_idx, s_slots]
+        B = len(decodes)
+        if B:
+            d_slots = np.fromiter((r.slot for r in decodes), dtype=np.int64, count=B)
+            d_pos = np.fromiter((r.prompt_len + r.num_scheduled - 1 for r in decodes), dtype=np.int64, count=B)
+            ints += [d_slots, d_pos]
+        di, df = self._ship(ring_idx, ints, flts)
+        k = 0
+        if A:
+            a_slots_d, rows_d, cols_d, vals_d, par_d = di[0:5]
+            k = 5
+            self.block_table.index_put_((rows_d, cols_d), vals_d.to(torch.int32))
+            par_d = par_d.view(4, A)
+            self.prompt_len.index_copy_(0, a_slots_d, par_d[0])
+            self.top_k.index_copy_(0, a_slots_d, par_d[1])
+            self.seed.index_copy_(0, a_slots_d, par_d[2])
+            self.min_tokens.index_copy_(0, a_slots_d, par_d[3])
+            self.temperature.index_copy_(0, a_slots_d, df[0])
+            self.top_p.index_copy_(0, a_slots_d, df[1])
+        out_rows: list[Request] = []
+        n_out = 0
+        tokens_ring = self.ring.tokens[ring_idx]
+        if C:
+            toks_d, pos_d, smap_d, cu_d, ctx_d, pslots_d, sidx_d, sslots_d = di[k:k + 8]
+            k += 8
+            w = max((c.start + c.n + self.ps - 1) // self.ps for c in chunks)
+            meta = AttnMeta(slot_mapping=smap_d, block_tables=self.block_table[pslots_d, :w],
+                            context_lens=ctx_d.to(torch.int32), cu_seqlens_q=cu_d.to(torch.int32),
+                            no_prefix=all(c.start == 0 for c in chunks),
+                            seqlens_q=[c.n for c in chunks])
+            hidden = self.model(toks_d, pos_d, self.pool.kv, meta)
+            if done:
+                logits = self.model.logits(hidden.index_select(0, sidx_d))
+                tok = self._sample(logits, sslots_d, torch.zeros_like(sslots_d), [chunks[i].req for i in done])
+                self.last_tokens.index_copy_(0, sslots_d, tok)
+                tokens_ring[:len(done)].copy_(tok, non_blocking=True)
+                n_out = len(done)
+                out_rows += [chunks[i].req for i in done]
+        if B:
+            slots_d, pos_d = di[k:k + 2]
+            logits = self._decode_logits(B, slots_d, pos_d, decodes)
+            gen = pos_d - self.prompt_len.index_select(0, slots_d) + 1
+            tok = self._sample(logits, slots_d, gen, decodes)
+            self.last_tokens.index_copy_(0, slots_d, tok)
+            tokens_ring[n_out:n_out + B].copy_(tok, non_blocking=True)
+            out_rows += decodes
+        return out_rows
+
+    def _sample(self, logits: torch.Tensor, slots: torch.Tensor, gen: torch.Tensor,
+                reqs: list[Request]) -> torch.Tensor:
+        all_greedy = all(r.params.temperature == 0.0 for r in reqs)
+        need_filter = any(r.params.top_k > 0 or r.params.top_p < 1.0 for r in reqs)
+        need_min = any(r.params.min_tokens > 0 for r in reqs)
+        return sample(logits, self.temperature.index_select(0, slots), self.top_p.index_select(0, slots),
+                      self.top_k.index_select(0, slots), self.seed.index_select(0, slots), gen,
+                      all_greedy=all_greedy, need_filter=need_filter,
+                      suppress_ids=self.eos if need_min else None,
+                      suppress_rows=(gen < self.min_tokens.index_select(0, slots)) if need_min else None)
+
+    # ------------------------------------------------------------------ decode
+    def _decode_forward(self, slots: torch.Tensor, pos: torch.Tensor, w: int) -> torch.Tensor:
+        ids = self.last_tokens.index_select(0, slots)
+        bt = self.block_table.index_select(0, slots)[:, :w]
+        pg = self.block_table.index_select(0, slots).gather(1, (pos // self.ps).unsqueeze(1)).squeeze(1)
+        smap = pg.long() * self.ps + pos % self.ps
+        meta = AttnMeta(slot_mapping=smap, block_tables=bt, context_lens=(pos + 1).to(torch.int32),
+                        cu_seqlens_q=None)
+        hidden = self.model(ids, pos, self.pool.kv, meta)
+        return self.model.logits(hidden)
+
+    def _decode_logits(self, B: int, slots: torch.Tensor, pos: torch.Tensor,
+                       reqs: list[Request]) -> torch.Tensor:
+        bucket = next((b for b in self.buckets if b >= B), None)
+        if bucket is not None and bucket in self.graphs:
+            g, out = self.graphs[bucket]
+            self.g_slots[:B].copy_(slots)
+            self.g_pos[:B].copy_(pos)
+            if bucket > B:
+                self.g_slots[B:bucket].fill_(self.pad_slot)
+                self.g_pos[B:bucket].zero_()
+            g.replay()
+            return out[:B]
+        w = max((r.prompt_len + r.num_scheduled - 1) // self.ps + 1 for r in reqs)
+        return self._decode_forward(slots, pos, w)
+
+    @torch.inference_mode()
+    def capture_graphs(self) -> None:
+        """Capture decode (embedding -> logits) per batch bucket; on failure stay eager."""
+        if not self.cuda or self.cfg.enforce_eager:
+            return
+        if not ops.has_kernel("decode_attention") and self.W * self.ps > 8192:
+            log.warning("no paged decode kernel and max_model_len %d > 8192: decode runs eager",
+                        self.max_model_len)
+            return
+        buckets = graph_buckets(min(self.cfg.cuda_graph_max_bs, self.cfg.max_num_seqs))
+        pool = None
+        try:
+            self.g_slots.fill_(self.pad_slot)
+            self.g_pos.zero_()
+            for _ in range(2):  # warm up (cuBLAS handles, Triton autotune)
+                self._decode_forward(self.g_slots[:buckets[-1]], self.g_pos[:buckets[-1]], self.W)
+            torch.cuda.synchronize()
+            for bs in reversed(buckets):
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, pool=pool):
+                    out = self._decode_forward(self.g_slots[:bs], self.g_pos[:bs], self.W)
+                pool = g.pool()
+                self.graphs[bs] = (g, out)
+            torch.cuda.synchronize()
+            self.buckets = buckets
+            log.info("captured decode CUDA graphs for batch sizes %s", buckets)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("CUDA graph capture failed (%s); decode runs eager", exc)
+            self.graphs.clear()
+            self.buckets = []
+            torch.cuda.synchronize()

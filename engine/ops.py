@@ -1,0 +1,156 @@
+"""The hot ops: torch references (run everywhere) and dispatch to Triton on CUDA.
+
+Exact names and signatures are a contract with `kernels/` (docs/engine-interface.md).
+When a tensor is on CUDA and `zerod.engine.kernels.CUDA_KERNELS` holds the op's name,
+that function is called with the same arguments instead of the reference.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+try:  # the kernels helper's table; may be missing or empty
+    from .kernels import CUDA_KERNELS as _K  # type: ignore[attr-defined]
+    if not isinstance(_K, dict):
+        _K = {}
+except Exception:  # noqa: BLE001 - a broken kernels package must not break the engine
+    _K = {}
+
+# Ops that callers may turn off (tests compare kernel against reference this way).
+DISABLED: set[str] = set()
+
+
+def _kernel(name: str, t: torch.Tensor):
+    if t.is_cuda and name not in DISABLED:
+        return _K.get(name)
+    return None
+
+
+def has_kernel(name: str) -> bool:
+    return name in _K and name not in DISABLED
+
+
+# ---------------------------------------------------------------- norms / activations
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    k = _kernel("rms_norm", x)
+    if k is not None:
+        return k(x, weight, eps)
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    k = _kernel("fused_add_rms_norm", x)
+    if k is not None:
+        return k(x, residual, weight, eps)
+    new_residual = x + residual
+    xf = new_residual.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype), new_residual
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    k = _kernel("silu_and_mul", x)
+    if k is not None:
+        return k(x)
+    i = x.shape[-1] // 2
+    return F.silu(x[..., :i]) * x[..., i:]
+
+
+# ---------------------------------------------------------------- rope
+
+def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
+               cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    kern = _kernel("apply_rope", q)
+    if kern is not None:
+        return kern(q, k, positions, cos_sin_cache)
+    cs = cos_sin_cache.index_select(0, positions)
+    half = cs.shape[-1] // 2
+    cos = cs[:, :half].unsqueeze(1)
+    sin = cs[:, half:].unsqueeze(1)
+
+    def rot(x: torch.Tensor) -> torch.Tensor:
+        x1, x2 = x[..., :half], x[..., half:]
+        # HF: x * cat(cos,cos) + rotate_half(x) * cat(sin,sin), in x.dtype
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+    return rot(q), rot(k)
+
+
+# ---------------------------------------------------------------- KV cache + attention
+
+def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    kern = _kernel("write_kv", k)
+    if kern is not None:
+        kern(k, v, k_cache, v_cache, slot_mapping)
+        return
+    hk, d = k.shape[-2], k.shape[-1]
+    k_cache.view(-1, hk, d).index_copy_(0, slot_mapping, k)
+    v_cache.view(-1, hk, d).index_copy_(0, slot_mapping, v)
+
+
+def _gather(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
+    """[B, W*page, Hk, D] of the pages named by block_tables."""
+    b, w = block_tables.shape
+    g = cache.index_select(0, block_tables.reshape(-1).long())  # [B*W, page, Hk, D]
+    return g.view(b, w * cache.shape[1], cache.shape[2], cache.shape[3])
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     block_tables: torch.Tensor, context_lens: torch.Tensor,
+                     scale: float) -> torch.Tensor:
+    kern = _kernel("decode_attention", q)
+    if kern is not None:
+        return kern(q, k_cache, v_cache, block_tables, context_lens, scale)
+    b, hq, d = q.shape
+    hk = k_cache.shape[2]
+    k = _gather(k_cache, block_tables)  # [B, L, Hk, D]
+    v = _gather(v_cache, block_tables)
+    L = k.shape[1]
+    valid = torch.arange(L, device=q.device).unsqueeze(0) < context_lens.unsqueeze(1).long()  # [B, L]
+    qg = q.view(b, hk, hq // hk, d).float()
+    s = torch.einsum("bhgd,blhd->bhgl", qg, k.float()) * scale
+    s = s.masked_fill(~valid[:, None, None, :], float("-inf"))
+    p = torch.softmax(s, dim=-1)
+    o = torch.einsum("bhgl,blhd->bhgd", p, v.float())
+    return o.reshape(b, hq, d).to(q.dtype)
+
+
+def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                      block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                      context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    kern = _kernel("prefill_attention", q)
+    if kern is not None:
+        return kern(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale)
+    t, hq, d = q.shape
+    hk = k_cache.shape[2]
+    g = hq // hk
+    page = k_cache.shape[1]
+    cu = cu_seqlens_q.tolist()
+    ctx = context_lens.tolist()
+    out = torch.empty_like(q)
+    for b in range(len(ctx)):
+        s0, s1 = cu[b], cu[b + 1]
+        n, c = s1 - s0, ctx[b]
+        if n == 0:
+            continue
+        npages = (c + page - 1) // page
+        bt = block_tables[b, :npages].long()
+        k = k_cache.index_select(0, bt).reshape(-1, hk, d)[:c]  # [C, Hk, D]
+        v = v_cache.index_select(0, bt).reshape(-1, hk, d)[:c]
+        qb = q[s0:s1].view(n, hk, g, d).permute(1, 2, 0, 3)  # [Hk, G, N, D]
+        kb = k.permute(1, 0, 2).unsqueeze(1)  # [Hk, 1, C, D]
+        vb = v.permute(1, 0, 2).unsqueeze(1)
+        # query i (absolute position c-n+i) sees keys 0..c-n+i
+        qpos = torch.arange(c - n, c, device=q.device).unsqueeze(1)
+        kpos = torch.arange(c, device=q.device).unsqueeze(0)
+        mask = kpos <= qpos  # [N, C]
+        o = F.scaled_dot_product_attention(qb, kb.expand(hk, g, c, d), vb.expand(hk, g, c, d),
+                                           attn_mask=mask, scale=scale)
+        out[s0:s1] = o.permute(2, 0, 1, 3).reshape(n, hq, d)
+    return out

@@ -1,0 +1,224 @@
+"""The output side: RequestOutput, the per-request state, the pinned host ring and the
+output poller thread.
+
+The step loop copies each step's sampled token ids into one slot of a pinned host ring
+(non_blocking) and records a CUDA event; it then hands the poller a StepRecord. The
+poller waits on the event (a blocking-sync event: it sleeps, it does not spin), reads the
+ids, detokenizes, applies stop ids / stop strings / max_tokens, observes the metrics and
+calls each request's on_output. On the CPU the same code runs with no-op events.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from .config import SamplingParams
+from .tokenizer import IncrementalDetokenizer, Tokenizer
+
+log = logging.getLogger("zerod.engine")
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    token_ids: list[int]          # new ids since the last output
+    text: str                     # new text since the last output (valid UTF-8, no stop string)
+    finished: bool
+    finish_reason: str | None     # "stop" | "length" | "abort" | "error" | None
+    prompt_tokens: int
+    completion_tokens: int
+    error: str | None = None
+
+
+@dataclass(eq=False)
+class Request:
+    id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    on_output: Callable[[RequestOutput], None]
+    max_tokens: int
+    seed: int
+    arrival: float = field(default_factory=time.monotonic)
+    # step-loop side
+    pages: list[int] = field(default_factory=list)
+    slot: int = -1
+    num_prefilled: int = 0        # prompt tokens whose KV is in the cache
+    num_scheduled: int = 0        # output tokens scheduled on the device
+    released: bool = False
+    # poller side
+    out_ids: list[int] = field(default_factory=list)
+    detok: IncrementalDetokenizer | None = None
+    pending: str = ""             # text held back (possible stop-string prefix)
+    finished: bool = False
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_ids)
+
+
+class HostRing:
+    """depth slots of pinned int64 token ids, plus a free-slot queue for backpressure."""
+
+    def __init__(self, depth: int, rows: int, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.tokens = torch.zeros(depth, rows, dtype=torch.int64, pin_memory=self.cuda)
+        self.free: queue.SimpleQueue[int] = queue.SimpleQueue()
+        for i in range(depth):
+            self.free.put(i)
+
+    def event(self):
+        if self.cuda:
+            return torch.cuda.Event(blocking=True, enable_timing=True)
+        return None
+
+
+@dataclass
+class StepRecord:
+    ring_idx: int
+    rows: list[Request]
+    start: object            # CUDA event or perf_counter() float
+    end: object              # CUDA event or perf_counter() float
+
+
+@dataclass
+class FinishRecord:
+    req: Request
+    reason: str              # abort | error
+    error: str | None = None
+
+
+class OutputPoller(threading.Thread):
+    def __init__(self, tokenizer: Tokenizer, ring: HostRing, metrics, notify_stop: Callable[[Request], None],
+                 on_stream_error: Callable[[BaseException], None]):
+        super().__init__(name="zerod-poller", daemon=True)
+        self.tok = tokenizer
+        self.ring = ring
+        self.metrics = metrics
+        self.notify_stop = notify_stop
+        self.on_stream_error = on_stream_error
+        self.q: queue.SimpleQueue = queue.SimpleQueue()
+        self.eos = set(tokenizer.eos_token_ids)
+        self.inflight = 0           # records queued and not yet handled
+        self._lock = threading.Lock()
+
+    def put(self, rec) -> None:
+        with self._lock:
+            self.inflight += 1
+        self.q.put(rec)
+
+    def stop(self) -> None:
+        self.q.put(None)
+
+    # ------------------------------------------------------------------ thread
+    def run(self) -> None:
+        while True:
+            rec = self.q.get()
+            if rec is None:
+                return
+            try:
+                if isinstance(rec, StepRecord):
+                    self._step(rec)
+                else:
+                    self._finish(rec.req, rec.reason, error=rec.error)
+            except Exception:  # noqa: BLE001 - the poller must survive anything
+                log.exception("output poller: unexpected error")
+            finally:
+                with self._lock:
+                    self.inflight -= 1
+
+    def _step(self, rec: StepRecord) -> None:
+        n = len(rec.rows)
+        if self.ring.cuda:
+            try:
+                rec.end.synchronize()
+                step_s = rec.start.elapsed_time(rec.end) / 1000.0
+            except Exception as exc:  # noqa: BLE001 - a CUDA error surfaced by the event
+                self.ring.free.put(rec.ring_idx)
+                self.on_stream_error(exc)
+                for r in rec.rows:
+                    self._finish(r, "error", error=f"CUDA error: {exc}")
+                return
+        else:
+            step_s = rec.end - rec.start
+        toks = self.ring.tokens[rec.ring_idx, :n].tolist()
+        self.ring.free.put(rec.ring_idx)
+        self.metrics.step_seconds.observe(step_s)
+        now = time.monotonic()
+        gen = 0
+        for r, t in zip(rec.rows, toks):
+            if not r.finished:
+                gen += 1
+                self._token(r, t, now)
+        if gen:
+            self.metrics.generation_tokens.inc(gen)
+
+    # ------------------------------------------------------------------ per token
+    def _token(self, r: Request, tok: int, now: float) -> None:
+        p = r.params
+        m = self.metrics
+        if r.first_token_at is None:
+            r.first_token_at = now
+            m.ttft.observe(now - r.arrival)
+            m.prompt_tokens.inc(r.prompt_len)
+            r.detok = IncrementalDetokenizer(self.tok, r.prompt_ids)
+        else:
+            m.itl.observe(now - r.last_token_at)
+        r.last_token_at = now
+        r.out_ids.append(tok)
+        n = len(r.out_ids)
+        is_stop_tok = n > p.min_tokens and ((not p.ignore_eos and tok in self.eos) or tok in p.stop_token_ids)
+        if is_stop_tok:
+            text = r.pending + r.detok.flush()
+            r.pending = ""
+            self._emit(r, [tok], text, "stop")
+            self.notify_stop(r)
+            return
+        piece = r.detok.add(tok)
+        text = r.pending + piece
+        reason = None
+        if p.stop and n > p.min_tokens:
+            hit = -1
+            for s in p.stop:
+                i = text.find(s)
+                if i >= 0 and (hit < 0 or i < hit):
+                    hit = i
+            if hit >= 0:
+                r.pending = ""
+                self._emit(r, [tok], text[:hit], "stop")
+                self.notify_stop(r)
+                return
+        if n >= r.max_tokens:
+            text += r.detok.flush()
+            r.pending = ""
+            reason = "length"
+        elif p.stop:
+            hold = max(len(s) for s in p.stop) - 1
+            cut = max(len(text) - hold, 0)
+            r.pending = text[cut:]
+            text = text[:cut]
+        self._emit(r, [tok], text, reason)
+
+    def _emit(self, r: Request, ids: list[int], text: str, reason: str | None, error: str | None = None) -> None:
+        if reason is not None:
+            r.finished = True
+            self.metrics.requests_total.labels(finished_reason=reason).inc()
+            self.metrics.e2e.observe(time.monotonic() - r.arrival)
+        out = RequestOutput(r.id, ids, text, reason is not None, reason, r.prompt_len, len(r.out_ids), error)
+        try:
+            r.on_output(out)
+        except Exception:  # noqa: BLE001 - a client callback must not kill the poller
+            log.exception("on_output callback of request %s raised", r.id)
+
+    def _finish(self, r: Request, reason: str, error: str | None = None) -> None:
+        if r.finished:
+            return
+        self._emit(r, [], "", reason, error)

@@ -1,0 +1,156 @@
+"""Tokenizer from tokenizer.json (`tokenizers`), chat template from tokenizer_config.json
+(jinja2, HF globals), and an incremental detokenizer that never emits broken UTF-8."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from .config import EngineError
+
+
+def _tok_str(v) -> str | None:
+    if isinstance(v, dict):
+        return v.get("content")
+    return v if isinstance(v, str) else None
+
+
+class Tokenizer:
+    def __init__(self, path: str | Path, extra_eos_ids: list[int] | None = None):
+        from tokenizers import Tokenizer as HFTokenizer
+
+        d = Path(path)
+        tj = d / "tokenizer.json"
+        if not tj.exists():
+            raise EngineError(f"{d}: no tokenizer.json (zerod reads fast-tokenizer files only)")
+        try:
+            self._tok = HFTokenizer.from_file(str(tj))
+        except Exception as exc:  # noqa: BLE001
+            raise EngineError(f"{tj}: cannot load tokenizer ({exc})") from None
+        cfg: dict[str, Any] = {}
+        tc = d / "tokenizer_config.json"
+        if tc.exists():
+            try:
+                cfg = json.loads(tc.read_text())
+            except (OSError, ValueError) as exc:
+                raise EngineError(f"{tc}: cannot read ({exc})") from None
+        self.bos_token = _tok_str(cfg.get("bos_token"))
+        self.eos_token = _tok_str(cfg.get("eos_token"))
+        self.pad_token = _tok_str(cfg.get("pad_token"))
+        tmpl = cfg.get("chat_template")
+        if isinstance(tmpl, list):  # [{"name": "default", "template": ...}, ...]
+            named = {t.get("name"): t.get("template") for t in tmpl if isinstance(t, dict)}
+            tmpl = named.get("default") or next(iter(named.values()), None)
+        jf = d / "chat_template.jinja"
+        if tmpl is None and jf.exists():
+            tmpl = jf.read_text()
+        self.chat_template: str | None = tmpl
+        self._compiled = None
+        eos: list[int] = []
+        if self.eos_token is not None:
+            i = self._tok.token_to_id(self.eos_token)
+            if i is not None:
+                eos.append(i)
+        for i in extra_eos_ids or []:
+            if i not in eos:
+                eos.append(i)
+        self.eos_token_ids = eos
+        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        self._special = self._special_ids()
+
+    def _special_ids(self) -> set[int]:
+        if not hasattr(self, "_sp"):
+            sp = set()
+            for tok in self._tok.get_added_tokens_decoder().values():
+                if tok.special:
+                    sp.add(self._tok.token_to_id(tok.content))
+            self._sp = sp
+        return self._sp
+
+    # ------------------------------------------------------------------ encode / decode
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        ids = [i for i in ids if 0 <= i < self.vocab_size]
+        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def is_special(self, token_id: int) -> bool:
+        return token_id in self._special
+
+    # ------------------------------------------------------------------ chat template
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            **kwargs: Any) -> str:
+        """The rendered prompt text; encode it with add_special_tokens=False."""
+        if self.chat_template is None:
+            raise EngineError("this model has no chat template (tokenizer_config.json has no chat_template)")
+        if self._compiled is None:
+            from jinja2.exceptions import TemplateError
+            from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+            def raise_exception(message):
+                raise TemplateError(message)
+
+            def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+                return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent,
+                                  separators=separators, sort_keys=sort_keys)
+
+            def strftime_now(fmt):
+                return datetime.now().strftime(fmt)
+
+            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                extensions=["jinja2.ext.loopcontrols"])
+            env.filters["tojson"] = tojson
+            env.globals["raise_exception"] = raise_exception
+            env.globals["strftime_now"] = strftime_now
+            try:
+                self._compiled = env.from_string(self.chat_template)
+            except Exception as exc:  # noqa: BLE001
+                raise EngineError(f"chat template does not compile: {exc}") from None
+        ctx = dict(bos_token=self.bos_token or "", eos_token=self.eos_token or "",
+                   pad_token=self.pad_token or "", tools=None, documents=None)
+        ctx.update(kwargs)
+        return self._compiled.render(messages=messages, add_generation_prompt=add_generation_prompt, **ctx)
+
+
+class IncrementalDetokenizer:
+    """Text of a growing token sequence, emitted in pieces that are always valid UTF-8.
+
+    vLLM's scheme: decode a small window before and after the new tokens and emit the
+    difference; when the new text ends in U+FFFD (an incomplete byte sequence) hold it
+    back until the next token completes it. Ids outside the vocabulary decode to "".
+    """
+
+    def __init__(self, tok: Tokenizer, prompt_ids: list[int] | None = None):
+        self.tok = tok
+        self.ids: list[int] = list(prompt_ids[-6:]) if prompt_ids else []
+        self.prefix_offset = max(len(self.ids) - 5, 0) if self.ids else 0
+        self.read_offset = len(self.ids)
+
+    def add(self, token_id: int) -> str:
+        if not (0 <= token_id < self.tok.vocab_size):
+            return ""
+        self.ids.append(token_id)
+        prefix = self.tok.decode(self.ids[self.prefix_offset:self.read_offset])
+        full = self.tok.decode(self.ids[self.prefix_offset:])
+        if len(full) > len(prefix) and not full.endswith("\ufffd"):
+            new = full[len(prefix):]
+            self.prefix_offset = self.read_offset
+            self.read_offset = len(self.ids)
+            # keep the window small
+            if self.prefix_offset > 64:
+                cut = self.prefix_offset
+                self.ids = self.ids[cut:]
+                self.prefix_offset -= cut
+                self.read_offset -= cut
+            return new
+        return ""
+
+    def flush(self) -> str:
+        """At the end: whatever complete text is still held (a trailing broken sequence is dropped)."""
+        prefix = self.tok.decode(self.ids[self.prefix_offset:self.read_offset])
+        full = self.tok.decode(self.ids[self.prefix_offset:])
+        full = full.rstrip("\ufffd")
+        return full[len(prefix):] if len(full) > len(prefix) else ""
