@@ -50,13 +50,14 @@ _ABORTED = object()  # pushed into a stream by the server itself when draining e
 class _Req:
     """One request's hand-off state (touched only on the event loop)."""
 
-    __slots__ = ("items", "waiter", "finished", "rid")
+    __slots__ = ("items", "waiter", "finished", "rid", "error")
 
     def __init__(self) -> None:
         self.items: list[Any] = []
         self.waiter: asyncio.Future | None = None
         self.finished = False
         self.rid: Any = None
+        self.error: str | None = None
 
 
 class OutputRouter:
@@ -332,11 +333,12 @@ class OpenAIServer:
                 if out.finished:
                     st.finished = True
                     finish_reason = out.finish_reason
+                    st.error = getattr(out, "error", None)
                     prompt_len = out.prompt_tokens or prompt_len
                     break
         if finish_reason == "error":
-            raise P.APIError(500, "the engine failed while generating this request",
-                             code="engine_error")
+            raise P.APIError(500, st.error or "the engine failed while generating this "
+                             "request", code="engine_error")
         rid = P.new_id(req.kind)
         make = P.chat_response if req.kind == "chat" else P.completion_response
         return _json(make(rid, P.now(), model, "".join(texts), finish_reason, prompt_len,
@@ -371,7 +373,8 @@ class OpenAIServer:
                             if out.text:
                                 parts.append(content(out.text))
                             parts.append(P.sse(P.error_body(
-                                "the engine failed while generating this request",
+                                getattr(out, "error", None)
+                                or "the engine failed while generating this request",
                                 "server_error", None, "engine_error")))
                         elif out.text:
                             parts.append(content(out.text, fr))

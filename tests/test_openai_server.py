@@ -1,0 +1,181 @@
+"""The real engine (demo-sized tiny model on the CPU) behind the real HTTP server, driven
+by the official `openai` client and by `zerod bench`. One server for the module."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import re
+import time
+import urllib.request
+
+import aiohttp
+import pytest
+
+openai = pytest.importorskip("openai")
+
+from zerod.engine.server import ServerThread  # noqa: E402
+
+MAX_LEN = 256
+
+
+@pytest.fixture(scope="session")
+def live():
+    from zerod.engine.engine import Engine, EngineConfig
+
+    eng = Engine(EngineConfig(model="demo", device="cpu", max_model_len=MAX_LEN, kv_pages=512,
+                              max_num_seqs=64, seed=0))
+    eng.start()
+    srv = ServerThread(eng).start()
+    yield eng, srv
+    srv.stop()
+    eng.shutdown(0)
+
+
+def _metric(url: str, name: str) -> float:
+    text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+    m = re.search(rf"^{name} ([0-9.e+-]+)$", text, re.M)
+    assert m, f"{name} not in /metrics"
+    return float(m.group(1))
+
+
+def test_openai_client_sync_all_four(live):
+    eng, srv = live
+    c = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+    assert [m.id for m in c.models.list().data] == [eng.model_name]
+    r = c.completions.create(model=eng.model_name, prompt="hello there", max_tokens=5,
+                             temperature=0, extra_body={"ignore_eos": True})
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 5
+    assert r.usage.prompt_tokens == len(eng.tokenizer.encode("hello there"))
+    assert r.usage.total_tokens == r.usage.prompt_tokens + 5
+    # greedy: the stream gives the same text as the non-streamed call
+    chunks = list(c.completions.create(model=eng.model_name, prompt="hello there",
+                                       max_tokens=5, temperature=0, stream=True,
+                                       extra_body={"ignore_eos": True}))
+    assert "".join(ch.choices[0].text for ch in chunks) == r.choices[0].text
+    assert chunks[-1].choices[0].finish_reason == "length"
+    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    r = c.chat.completions.create(model=eng.model_name, messages=msgs, max_tokens=4,
+                                  temperature=0, extra_body={"ignore_eos": True})
+    assert r.choices[0].message.role == "assistant" and r.usage.completion_tokens == 4
+    stream = c.chat.completions.create(model=eng.model_name, messages=msgs, max_tokens=4,
+                                       temperature=0, stream=True,
+                                       stream_options={"include_usage": True},
+                                       extra_body={"ignore_eos": True})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 4
+    assert chunks[-2].choices[0].finish_reason == "length"
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text == r.choices[0].message.content
+    # prompt as token ids, and a list of one token-id prompt
+    ids = eng.tokenizer.encode("abc")
+    r1 = c.completions.create(model=eng.model_name, prompt=ids, max_tokens=3, temperature=0)
+    r2 = c.completions.create(model=eng.model_name, prompt=[ids], max_tokens=3, temperature=0)
+    assert r1.choices[0].text == r2.choices[0].text and r1.usage.prompt_tokens == len(ids)
+
+
+async def test_64_concurrent_streams_usage(live):
+    eng, srv = live
+    c = openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+
+    async def one(i):
+        n = 3 + i % 13
+        stream = await c.completions.create(
+            model=eng.model_name, prompt=f"request {i}", max_tokens=n, stream=True,
+            stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+        got = [ch async for ch in stream]
+        assert got[-1].usage.completion_tokens == n
+        assert got[-1].usage.prompt_tokens == len(eng.tokenizer.encode(f"request {i}"))
+        assert sum(1 for ch in got if ch.choices and ch.choices[0].finish_reason) == 1
+        return n
+
+    done = await asyncio.gather(*(one(i) for i in range(64)))
+    assert len(done) == 64
+    await c.close()
+
+
+async def test_random_disconnects_free_every_page(live):
+    eng, srv = live
+    total = _metric(srv.url, "zerod_engine_kv_pages_total")
+    rng = random.Random(7)
+
+    async def one(s, i):
+        stream = rng.random() < 0.7
+        body = {"prompt": [rng.randrange(10, 300) for _ in range(rng.randrange(1, 60))],
+                "max_tokens": rng.randrange(1, 120), "stream": stream, "ignore_eos": True}
+        cut = rng.random() < 0.5
+        if not cut:
+            async with s.post(srv.url + "/v1/completions", json=body) as r:
+                assert r.status == 200
+                await r.read()
+            return
+        if stream:
+            r = await s.post(srv.url + "/v1/completions", json=body)
+            for _ in range(rng.randrange(1, 6)):
+                await r.content.readline()
+            r.close()
+        else:
+            try:
+                await asyncio.wait_for(s.post(srv.url + "/v1/completions", json=body),
+                                       rng.uniform(0.001, 0.05))
+            except asyncio.TimeoutError:
+                pass
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+        await asyncio.gather(*(one(s, i) for i in range(60)))
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if _metric(srv.url, "zerod_engine_kv_pages_free") == total:
+            break
+        await asyncio.sleep(0.1)
+    assert _metric(srv.url, "zerod_engine_kv_pages_free") == total
+    h = json.load(urllib.request.urlopen(srv.url + "/health", timeout=10))
+    assert h["status"] == "ok" and h["running"] == 0
+
+
+def test_real_engine_bad_inputs_then_still_serving(live):
+    eng, srv = live
+    c = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(model=eng.model_name, prompt=[11] * (MAX_LEN + 5), max_tokens=1)
+    assert e.value.body["code"] == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError):
+        c.completions.create(model=eng.model_name, prompt=[11] * 10, max_tokens=MAX_LEN)
+    with pytest.raises(openai.BadRequestError):
+        c.completions.create(model=eng.model_name, prompt=[eng.vocab_size + 1], max_tokens=1)
+    with pytest.raises(openai.NotFoundError):
+        c.completions.create(model="gpt-4", prompt="x", max_tokens=1)
+    with pytest.raises(openai.BadRequestError):
+        c.chat.completions.create(model=eng.model_name, messages=[], max_tokens=1)
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(model=eng.model_name, prompt="x", max_tokens=1, n=2)
+    assert "n=1" in e.value.body["message"]
+    r = c.completions.create(model=eng.model_name, prompt="still here", max_tokens=2)
+    assert r.usage.completion_tokens >= 1
+
+
+def test_bench_against_live_engine(live, tmp_path):
+    from click.testing import CliRunner
+
+    from zerod.engine.bench import bench
+
+    eng, srv = live
+    out = tmp_path / "bench.json"
+    r = CliRunner().invoke(bench, ["--base-url", srv.url, "--scenario", "streams-200",
+                                   "--scenario", "hello-ttft", "--num-prompts", "8",
+                                   "--max-concurrency", "8", "--input-len", "24",
+                                   "--output-len", "16", "--warmup", "2", "--out", str(out),
+                                   "--no-progress"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(out.read_text())
+    s = doc["scenarios"]["streams-200"]
+    assert (s["completed"], s["failed"]) == (8, 0)
+    assert s["total_output_tokens"] == 8 * 16 and s["total_input_tokens"] == 8 * 24
+    assert 0 < s["ttft_ms"]["p50"] <= s["ttft_ms"]["p99"] < 30_000
+    assert s["itl_ms"]["n"] > 0 and s["output_throughput"] > 0
+    assert s["engine_cpu"]["cores"] > 0
+    assert any(n.startswith("zerod-") for n in s["engine_cpu"]["threads_cores"]) or True
+    h = doc["scenarios"]["hello-ttft"]
+    assert h["completed"] == 8 and h["total_output_tokens"] == 8
