@@ -1,1 +1,19 @@
-"""Host probes, the facts snapshot, pure checks over it, and `zerod harden`."""
+"""Host probes, the facts snapshot, pure checks over it, and `zerod harden`.
+
+    facts = probe_facts(roots)            # read the host (NVML, /proc, /sys, netlink)
+    report = run_checks(facts, config)     # pure: the same facts give the same report
+    report.exit_code, report.to_dict()
+
+Nothing here imports torch, the engine, the daemon or the dashboard.
+"""
+
+from . import checks_gpu, checks_host, checks_service  # noqa: F401 - register the checks
+from .config import DoctorConfig, DoctorConfigError
+from .facts import Fact, Facts, Roots
+from .probe import probe_facts
+from .report import CATALOGUE, REGISTRY, CheckResult, Report, run_checks
+
+__all__ = [
+    "CATALOGUE", "REGISTRY", "CheckResult", "DoctorConfig", "DoctorConfigError", "Fact", "Facts",
+    "Report", "Roots", "probe_facts", "run_checks",
+]

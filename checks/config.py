@@ -1,0 +1,117 @@
+"""`[doctor]` configuration: thresholds, waivers and what may hold the GPU.
+
+Built from plain dicts (the `[doctor]` and `[engine]` tables of zerod.toml) so
+that checks need nothing of the daemon. Validated when built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class DoctorConfigError(ValueError):
+    """A `[doctor]` key is unknown or has a value that cannot be used."""
+
+
+@dataclass(frozen=True)
+class DoctorConfig:
+    # Thresholds the source document names.
+    min_compute_capability: float = 8.0
+    min_driver_version: str = "525.60.13"
+    min_kernel_version: str = "5.10"
+    recommended_kernel_version: str = "5.15"
+    max_memory_fraction: float = 0.92
+    # What the engine will ask for (defaults from [engine], overridable here).
+    gpu_memory_utilization: float = 0.90
+    gpus: tuple[int, ...] | None = None  # GPU indexes the engine uses; None = all
+    model: str | None = None
+    max_model_len: int | None = None
+    max_num_seqs: int = 256
+    dtype: str = "auto"
+    # net.bind_exposure
+    bind_address: str = "127.0.0.1"
+    api_key_set: bool = False
+    # Host expectations.
+    memlock_min_bytes: int = 1 << 30
+    thp_allowed: tuple[str, ...] = ("madvise", "never")
+    cpu_governor: str = "performance"
+    xid_window_s: int = 3600
+    # Processes allowed on the GPU besides zerod: fnmatch patterns matched against
+    # the process name, argv[0], the command line, the systemd unit and the container.
+    allowed_gpu_processes: tuple[str, ...] = ()
+    # check ID -> reason. A waived check still runs and shows what it found, but
+    # does not count towards the exit code or the daemon's gate.
+    waivers: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        def bad(key: str, why: str) -> DoctorConfigError:
+            return DoctorConfigError(f"[doctor] {key}: {why}")
+
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise bad("gpu_memory_utilization", f"must be in (0, 1], got {self.gpu_memory_utilization}")
+        if not 0 < self.max_memory_fraction <= 1:
+            raise bad("max_memory_fraction", f"must be in (0, 1], got {self.max_memory_fraction}")
+        if self.min_compute_capability <= 0:
+            raise bad("min_compute_capability", "must be positive")
+        for key in ("min_driver_version", "min_kernel_version", "recommended_kernel_version"):
+            v = getattr(self, key)
+            if not all(p.isdigit() for p in str(v).split(".")):
+                raise bad(key, f"must be a dotted version like 5.15, got {v!r}")
+        if self.memlock_min_bytes < 0 or self.xid_window_s <= 0 or self.max_num_seqs <= 0:
+            raise bad("memlock_min_bytes/xid_window_s/max_num_seqs", "must be positive")
+        if self.max_model_len is not None and self.max_model_len <= 0:
+            raise bad("max_model_len", "must be positive")
+        for cid, reason in self.waivers.items():
+            if not isinstance(reason, str) or not reason.strip():
+                raise bad(f"waivers.{cid}", "a waiver needs a reason (a non-empty string)")
+
+    # Keys of [engine] that doctor reads, and the doctor field each one sets.
+    ENGINE_KEYS = {
+        "model": "model",
+        "gpu_memory_utilization": "gpu_memory_utilization",
+        "max_model_len": "max_model_len",
+        "max_num_seqs": "max_num_seqs",
+        "dtype": "dtype",
+        "host": "bind_address",
+    }
+
+    @classmethod
+    def from_dict(cls, section: dict[str, Any] | None = None,
+                  engine: dict[str, Any] | None = None) -> "DoctorConfig":
+        """Build from the `[doctor]` table; `engine` (the `[engine]` table) supplies
+        the model, memory fraction and bind address unless `[doctor]` sets them."""
+        section = dict(section or {})
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(section) - known)
+        if unknown:
+            raise DoctorConfigError(
+                f"[doctor]: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        kw: dict[str, Any] = {}
+        for ekey, dkey in cls.ENGINE_KEYS.items():
+            if engine and engine.get(ekey) is not None:
+                kw[dkey] = engine[ekey]
+        if engine and engine.get("api_key"):
+            kw["api_key_set"] = True
+        kw.update(section)
+        for key in ("thp_allowed", "allowed_gpu_processes", "gpus"):
+            if key in kw and kw[key] is not None:
+                if isinstance(kw[key], (str, int)):
+                    kw[key] = [kw[key]]
+                kw[key] = tuple(kw[key])
+        if "waivers" in kw and not isinstance(kw["waivers"], dict):
+            raise DoctorConfigError("[doctor] waivers: must be a table of check ID = \"reason\"")
+        for key in ("min_driver_version", "min_kernel_version", "recommended_kernel_version"):
+            if key in kw:
+                kw[key] = str(kw[key])
+        try:
+            return cls(**kw)
+        except TypeError as exc:
+            raise DoctorConfigError(f"[doctor]: {exc}") from None
+
+    @classmethod
+    def from_config(cls, config: dict[str, dict[str, Any]] | None) -> "DoctorConfig":
+        """From the whole config as `zerod.config.load_config` returns it."""
+        config = config or {}
+        return cls.from_dict(config.get("doctor"), engine=config.get("engine"))

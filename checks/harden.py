@@ -1,0 +1,351 @@
+"""`zerod harden`: plan, apply and roll back the host fixes that are safe to automate.
+
+Safe to automate: sysctls (kernel.numa_balancing=0, io_uring enabled) written live
+and persisted in /etc/sysctl.d/60-zerod.conf; transparent hugepages and the CPU
+governor written live and persisted with a systemd-tmpfiles rule; the memlock
+limit of the zerod unit as a drop-in. Never automated: GPU clocks, power limits,
+persistence, ECC or MIG - those are printed for a person to run.
+
+`apply` records every previous value in /var/lib/zerod/harden-state.json before it
+writes anything, and undoes what it did if a step fails, so nothing is left
+half-applied. `rollback` restores the recorded values. All paths are under `rootfs`.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import glob
+import json
+import os
+from dataclasses import asdict, dataclass, field
+
+from .probe_sysfs import selected
+
+SYSCTL_DROPIN = "etc/sysctl.d/60-zerod.conf"
+TMPFILES_DROPIN = "etc/tmpfiles.d/60-zerod.conf"
+MEMLOCK_DROPIN = "etc/systemd/system/zerod.service.d/60-memlock.conf"
+STATE_FILE = "var/lib/zerod/harden-state.json"
+THP = "sys/kernel/mm/transparent_hugepage"
+
+# key -> (wanted value, why). A leading '-' in the drop-in lets systemd-sysctl and
+# procps skip a key the running kernel lacks (io_uring_disabled exists from 6.6).
+SYSCTLS = {
+    "kernel.numa_balancing": ("0", "automatic NUMA balancing migrates the engine's pages: latency spikes"),
+    "kernel.io_uring_disabled": ("0", "io_uring for async model loading and networking"),
+}
+
+
+def sysctl_dropin_text() -> str:
+    """The text of /etc/sysctl.d/60-zerod.conf (`zerod install` writes the same)."""
+    lines = ["# zerod: kernel settings for LLM inference hosts (zerod harden / zerod install).",
+             "# Remove this file and run `sudo sysctl --system` to go back to the defaults."]
+    for key, (value, why) in SYSCTLS.items():
+        optional = "-" if key == "kernel.io_uring_disabled" else ""
+        lines += [f"# {why}", f"{optional}{key} = {value}"]
+    return "\n".join(lines) + "\n"
+
+
+def memlock_dropin_text() -> str:
+    return ("# zerod: pinned host buffers (the engine's output ring) need locked memory.\n"
+            "[Service]\nLimitMEMLOCK=infinity\n")
+
+
+class HardenError(Exception):
+    """Harden could not do what was asked; nothing is left half-applied."""
+
+
+class HardenRefused(HardenError):
+    """Not enough rights: nothing was changed."""
+
+
+@dataclass
+class Change:
+    key: str  # what a person recognises: kernel.numa_balancing, THP enabled, memlock drop-in
+    kind: str  # "value" (a live /proc or /sys file) or "file" (a persistent config file)
+    paths: list[str]  # absolute paths (under rootfs) written
+    now: str | None  # current value; None: absent
+    after: str
+    why: str = ""
+    persist: str | None = None  # for a live value: the file that keeps it across reboots
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Plan:
+    rootfs: str
+    changes: list[Change] = field(default_factory=list)
+    manual: list[str] = field(default_factory=list)  # commands for a person (GPU settings)
+
+    def to_dict(self) -> dict:
+        return {"rootfs": self.rootfs, "changes": [c.to_dict() for c in self.changes], "manual": self.manual}
+
+
+def _p(rootfs: str, rel: str) -> str:
+    return os.path.join(rootfs, rel)
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return None
+
+
+def _tmpfiles_text(thp: dict[str, str], governor: str | None) -> str:
+    lines = ["# zerod: sysfs settings for LLM inference hosts, applied at boot by systemd-tmpfiles."]
+    for name, value in thp.items():
+        lines.append(f"w /sys/kernel/mm/transparent_hugepage/{name} - - - - {value}")
+    if governor:
+        lines.append(f"w /sys/devices/system/cpu/cpu*/cpufreq/scaling_governor - - - - {governor}")
+    return "\n".join(lines) + "\n"
+
+
+def plan(rootfs: str = "/", facts=None, governor: str = "performance") -> Plan:
+    """What harden would change under `rootfs` (nothing is written). `facts` (optional,
+    from probe_facts) adds the GPU settings a person must change by hand."""
+    pl = Plan(rootfs)
+    # 1. sysctls, live and persisted
+    for key, (want, why) in SYSCTLS.items():
+        path = _p(rootfs, "proc/sys/" + key.replace(".", "/"))
+        now = _read(path)
+        if now is None:
+            continue  # this kernel lacks the key
+        if now.strip() != want:
+            pl.changes.append(Change(key, "value", [path], now.strip(), want, why, "/" + SYSCTL_DROPIN))
+    dropin = _p(rootfs, SYSCTL_DROPIN)
+    if _read(dropin) != sysctl_dropin_text():
+        now = _read(dropin)
+        pl.changes.append(Change("sysctl drop-in", "file", [dropin], None if now is None else now,
+                                 sysctl_dropin_text(), "keeps the sysctls across reboots"))
+    # 2. transparent hugepages
+    thp_want: dict[str, str] = {}
+    for name, bad, want in (("enabled", "always", "madvise"), ("defrag", "always", "defer+madvise")):
+        path = _p(rootfs, f"{THP}/{name}")
+        raw = _read(path)
+        if raw is None:
+            continue
+        now = selected(raw)
+        if now == bad:
+            thp_want[name] = want
+            pl.changes.append(Change(f"THP {name}", "value", [path], now, want,
+                                     "khugepaged compaction stalls the engine's threads", "/" + TMPFILES_DROPIN))
+    # 3. CPU governor, where cpufreq exists
+    gov_paths = sorted(glob.glob(_p(rootfs, "sys/devices/system/cpu/cpu[0-9]*/cpufreq/scaling_governor")))
+    nows = {p: (_read(p) or "").strip() for p in gov_paths}
+    wrong = [p for p, v in nows.items() if v != governor]
+    if wrong:
+        seen = sorted(set(nows[p] for p in wrong))
+        pl.changes.append(Change(f"CPU governor ({len(wrong)} CPUs)", "value", wrong, ",".join(seen), governor,
+                                 "a slow-ramping CPU adds kernel-launch latency", "/" + TMPFILES_DROPIN))
+    if thp_want or wrong:
+        tmp = _p(rootfs, TMPFILES_DROPIN)
+        text = _tmpfiles_text(thp_want, governor if wrong else None)
+        if _read(tmp) != text:
+            pl.changes.append(Change("tmpfiles rule", "file", [tmp], _read(tmp), text,
+                                     "re-applies THP/governor at boot"))
+    # 4. memlock for the zerod unit
+    ml = _p(rootfs, MEMLOCK_DROPIN)
+    if _read(ml) != memlock_dropin_text():
+        pl.changes.append(Change("zerod.service memlock", "file", [ml], _read(ml), memlock_dropin_text(),
+                                 "pinned host buffers need LimitMEMLOCK=infinity"))
+    pl.manual = manual_steps(facts)
+    return pl
+
+
+def manual_steps(facts) -> list[str]:
+    """GPU settings harden never touches: the commands for a person to run."""
+    out = []
+    gpus = facts.value("nvml.gpus", []) if facts is not None else []
+    for g in gpus or []:
+        i = g.get("index")
+        if g.get("persistence") == 0:
+            out.append(f"GPU {i}: persistence off -> `sudo systemctl enable --now nvidia-persistenced`")
+        if (g.get("mig") or [0])[0]:
+            out.append(f"GPU {i}: MIG on -> drain it, `sudo nvidia-smi -i {i} -mig 0`, then reset")
+        if (g.get("ecc") or [1])[0] == 0:
+            out.append(f"GPU {i}: ECC off -> `sudo nvidia-smi -i {i} -e 1` and reboot")
+    out.append("GPU clocks and power limits are left as they are: zerod never changes them")
+    return out
+
+
+# -- apply / rollback --------------------------------------------------------
+
+def _writable(path: str) -> bool:
+    """Could this process write `path` (or create it and its missing folders)?"""
+    p = path
+    while not os.path.lexists(p):
+        parent = os.path.dirname(p)
+        if parent == p:
+            return False
+        p = parent
+    if p != path:
+        return os.path.isdir(p) and os.access(p, os.W_OK | os.X_OK)
+    return os.access(p, os.W_OK)
+
+
+def check_rights(pl: Plan) -> None:
+    if os.path.realpath(pl.rootfs) == "/" and os.geteuid() != 0:
+        raise HardenRefused("zerod harden --apply changes kernel and system settings and needs root: "
+                            "run it with sudo (nothing was changed)")
+    denied = sorted({p for c in pl.changes for p in c.paths if not _writable(p)}
+                    | ({_p(pl.rootfs, STATE_FILE)} if not _writable(_p(pl.rootfs, STATE_FILE)) else set()))
+    if denied:
+        raise HardenRefused("cannot write " + ", ".join(denied) + " (permission denied): run as root "
+                            "(nothing was changed)")
+
+
+def _write(path: str, text: str, made: list[str]) -> None:
+    d = os.path.dirname(path)
+    missing = []
+    while d and not os.path.isdir(d):
+        missing.append(d)
+        d = os.path.dirname(d)
+    for m in reversed(missing):
+        os.mkdir(m)
+        made.append(m)
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def _load_state(rootfs: str) -> dict | None:
+    text = _read(_p(rootfs, STATE_FILE))
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise HardenError(f"{_p(rootfs, STATE_FILE)} is damaged ({exc}); restore by hand") from None
+
+
+def _save_state(rootfs: str, state: dict, made: list[str]) -> None:
+    path = _p(rootfs, STATE_FILE)
+    _write(path + ".tmp", json.dumps(state, indent=1) + "\n", made)
+    os.replace(path + ".tmp", path)
+
+
+def apply(pl: Plan) -> list[str]:
+    """Apply the plan; return what was done. On any failure, undo it all and raise."""
+    check_rights(pl)
+    if not pl.changes:
+        return []
+    old_state = _load_state(pl.rootfs)
+    state = old_state or {"version": 1, "records": []}
+    state["applied"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    known = {r["path"] for r in state["records"]}
+    made: list[str] = []
+    undo: list[tuple[str, str, str | None]] = []  # (kind, path, content before), in write order
+    done: list[str] = []
+    try:
+        # Record first (write-ahead): a crash mid-way still leaves a state to roll back.
+        for c in pl.changes:
+            for p in c.paths:
+                if p not in known:
+                    before = _read(p)
+                    if c.kind == "value" and before is not None and "[" in before:
+                        before = selected(before)
+                    state["records"].append({"path": p, "kind": c.kind, "key": c.key, "before": before})
+                    known.add(p)
+        _save_state(pl.rootfs, state, made)
+        for c in pl.changes:
+            for p in c.paths:
+                before = _read(p)
+                if c.kind == "value" and before is not None:
+                    before = selected(before).strip() if "[" in before else before.strip()
+                undo.append((c.kind, p, before))
+                _write(p, c.after if c.kind == "file" else c.after + "\n", made)
+            done.append(f"{c.key}: {c.now if c.kind == 'value' else ('replaced' if c.now else 'absent')}"
+                        f" -> {c.after if c.kind == 'value' else 'written'} ({', '.join(c.paths[:2])}"
+                        f"{' ...' if len(c.paths) > 2 else ''})")
+    except OSError as exc:
+        errors = _undo(undo, made)
+        try:
+            if old_state is None:
+                os.unlink(_p(pl.rootfs, STATE_FILE))
+            else:
+                _save_state(pl.rootfs, old_state, [])
+        except OSError:
+            pass
+        tail = f"; could not undo: {'; '.join(errors)}" if errors else "; every change was rolled back"
+        raise HardenError(f"applying failed at {exc.filename or ''}: {exc.strerror or exc}{tail}") from None
+    return done
+
+
+def _undo(undo: list[tuple[str, str, str | None]], made: list[str]) -> list[str]:
+    errors = []
+    for kind, path, before in reversed(undo):
+        try:
+            if before is None:
+                if os.path.lexists(path):
+                    os.unlink(path)
+            else:
+                with open(path, "w") as f:
+                    f.write(before if kind == "file" else before.strip() + "\n")
+        except OSError as exc:
+            errors.append(f"{path}: {exc.strerror}")
+    for d in reversed(made):
+        try:
+            os.rmdir(d)
+        except OSError:
+            pass
+    return errors
+
+
+def rollback(rootfs: str = "/") -> list[str]:
+    """Restore what `apply` recorded; return what was restored."""
+    state = _load_state(rootfs)
+    if state is None:
+        return []
+    if os.path.realpath(rootfs) == "/" and os.geteuid() != 0:
+        raise HardenRefused("zerod harden --rollback needs root: run it with sudo (nothing was changed)")
+    denied = [r["path"] for r in state["records"] if not _writable(r["path"])]
+    if denied:
+        raise HardenRefused(f"cannot write {', '.join(denied)} (permission denied): run as root "
+                            "(nothing was changed)")
+    done, failed = [], []
+    for r in reversed(state["records"]):
+        path, before = r["path"], r["before"]
+        try:
+            if before is None:
+                if os.path.lexists(path):
+                    os.unlink(path)
+                done.append(f"{r['key']}: removed {path}")
+            else:
+                with open(path, "w") as f:
+                    f.write(before if r["kind"] == "file" else before.strip() + "\n")
+                done.append(f"{r['key']}: restored {path}" + (f" = {before.strip()}" if r["kind"] == "value" else ""))
+        except OSError as exc:
+            failed.append(r)
+            done.append(f"{r['key']}: FAILED to restore {path}: {exc.strerror}")
+    if failed:
+        state["records"] = list(reversed(failed))
+        _save_state(rootfs, state, [])
+        raise HardenError("\n".join(done) + "\nthe failed records stay in " + _p(rootfs, STATE_FILE))
+    os.unlink(_p(rootfs, STATE_FILE))
+    return done
+
+
+def render_plan(pl: Plan) -> str:
+    lines = [f"zerod harden: plan for {pl.rootfs} (dry run; `zerod harden --apply` applies it)"]
+    if not pl.changes:
+        lines.append("  nothing to change: the host already has every setting")
+    for c in pl.changes:
+        if c.kind == "value":
+            lines.append(f"  {c.key}: {c.now} -> {c.after}")
+            lines.append(f"      in {c.paths[0]}" + (f" (+{len(c.paths) - 1} more)" if len(c.paths) > 1 else ""))
+            if c.persist:
+                lines.append(f"      kept across reboots by {c.persist}")
+        else:
+            lines.append(f"  {c.key}: {'replace' if c.now is not None else 'create'} {c.paths[0]}")
+            for t in c.after.splitlines():
+                if t and not t.startswith("#"):
+                    lines.append(f"      | {t}")
+    if pl.manual:
+        lines.append("Not automated (GPU settings; run these yourself if wanted):")
+        lines += [f"  {m}" for m in pl.manual]
+    return "\n".join(lines)
+
