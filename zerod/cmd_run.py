@@ -1,0 +1,109 @@
+"""`zerod run` (the daemon in the foreground: what systemd starts) and
+`zerod install` (the unit, the sysctl drop-in, the NUMA drop-in)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+
+import click
+
+SYSLOG_PRIORITY = {logging.CRITICAL: 2, logging.ERROR: 3, logging.WARNING: 4, logging.INFO: 6, logging.DEBUG: 7}
+
+
+class JournalFormatter(logging.Formatter):
+    """`<N>logger: message`: journald reads the <N> prefix as the priority
+    (SyslogLevelPrefix=, on by default); the rest is logfmt for alerts."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        prio = SYSLOG_PRIORITY.get(record.levelno, 6)
+        text = super().format(record)
+        return "\n".join(f"<{prio}>{line}" for line in text.splitlines()) or f"<{prio}>"
+
+
+def setup_logging(level: str = "info") -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if os.environ.get("JOURNAL_STREAM"):  # stderr goes to the journal
+        handler.setFormatter(JournalFormatter("%(name)s: %(message)s"))
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(getattr(logging, level.upper(), logging.INFO))
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+@click.command("run")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+              help="TOML config (default /etc/zerod/zerod.toml).")
+@click.option("--demo", is_flag=True,
+              help="The built-in demo model; GPU preflight checks waived (runs on a CPU-only machine).")
+@click.option("--metrics-port", type=click.IntRange(-1, 65535), default=None,
+              help="Override [daemon] metrics_port (0: any free port, -1: none).")
+@click.option("--control-socket", type=click.Path(dir_okay=False), default=None,
+              help="Override [daemon] control_socket.")
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"]))
+def run(config_path, demo, metrics_port, control_socket, log_level):
+    """The daemon in the foreground: preflight gate, engine supervision, watchers,
+    Prometheus metrics, alerts, control API (what `systemctl start zerod` runs)."""
+    from zerod.config import ConfigError, load_config
+    from zerod.daemon import EX_CONFIG, Daemon
+    from zerod.daemon_config import DaemonConfigError
+
+    setup_logging(log_level)
+    log = logging.getLogger("zerod")
+    try:
+        config = load_config(config_path)
+        if metrics_port is not None:
+            config["daemon"]["metrics_port"] = metrics_port
+        if control_socket is not None:
+            config["daemon"]["control_socket"] = control_socket
+        daemon = Daemon(config, demo=demo)
+    except (ConfigError, DaemonConfigError, ValueError) as exc:
+        log.critical("configuration refused: %s", exc)
+        sys.exit(EX_CONFIG)
+    try:
+        rc = asyncio.run(daemon.run())
+    except KeyboardInterrupt:
+        rc = 0
+    sys.exit(rc)
+
+
+@click.command("install")
+@click.option("--rootfs", type=click.Path(file_okay=False), default="/", show_default=True,
+              help="Write under this root (a chroot, an image, a test directory).")
+@click.option("--dry-run", is_flag=True, help="Show what would be written, write nothing.")
+@click.option("--exec-start", default=None,
+              help="The command line for ExecStart (default: this zerod's own path + ' run').")
+@click.option("--gpu", "gpu_index", type=int, default=0, show_default=True,
+              help="The GPU whose NUMA node the NUMA drop-in pins the service to.")
+@click.option("--sysfs", type=click.Path(file_okay=False), default="/sys", show_default=True,
+              help="Where to read the GPU's NUMA node (a recorded /sys in tests).")
+def install(rootfs, dry_run, exec_start, gpu_index, sysfs):
+    """Write the systemd unit (with the real ExecStart path), the sysctl drop-in,
+    the NUMA drop-in for this host, and the example config if none exists."""
+    from zerod.install import InstallError, plan_install, write_plan
+
+    try:
+        plan = plan_install(rootfs=rootfs, exec_start=exec_start, gpu_index=gpu_index, sysfs=sysfs)
+    except InstallError as exc:
+        raise click.ClickException(str(exc)) from None
+    for note in plan.notes:
+        click.echo(f"note: {note}", err=True)
+    if dry_run:
+        for f in plan.files:
+            click.echo(f"--- {f.path} (mode {f.mode:o}){' [kept: exists]' if f.keep_existing and os.path.exists(f.path) else ''}")
+            click.echo(f.content.rstrip("\n"))
+        click.echo("(dry run: nothing written)")
+        return
+    try:
+        written = write_plan(plan)
+    except InstallError as exc:
+        raise click.ClickException(str(exc)) from None
+    for path, what in written:
+        click.echo(f"{what}: {path}")
+    if os.path.abspath(rootfs) == "/":
+        click.echo("next: systemctl daemon-reload && sysctl --system && systemctl enable --now zerod")

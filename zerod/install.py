@@ -1,0 +1,148 @@
+"""`zerod install`: the unit with the real ExecStart path, the sysctl drop-in
+(the same text `zerod harden` writes), a NUMA drop-in for this host's GPU, and
+the example config when none exists. `--rootfs DIR` writes under DIR (images,
+tests); `--dry-run` shows everything and writes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from zerod import numa
+
+UNIT = "etc/systemd/system/zerod.service"
+NUMA_DROPIN = "etc/systemd/system/zerod.service.d/50-numa.conf"
+SYSCTL_DROPIN = "etc/sysctl.d/60-zerod.conf"
+CONFIG = "etc/zerod/zerod.toml"
+DATA = Path(__file__).resolve().parent.parent / "systemd"
+
+
+class InstallError(Exception):
+    pass
+
+
+@dataclass
+class PlannedFile:
+    path: str
+    content: str
+    mode: int = 0o644
+    keep_existing: bool = False  # the config: never overwrite a person's file
+
+
+@dataclass
+class Plan:
+    files: list[PlannedFile] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _data(name: str) -> str:
+    p = DATA / name
+    try:
+        return p.read_text()
+    except OSError as exc:
+        raise InstallError(f"cannot read {p} ({exc.strerror}): run zerod install from a source checkout "
+                           f"or an install that ships systemd/") from None
+
+
+def default_exec_start() -> str:
+    """This zerod's own entry point: the console script next to this Python,
+    else the interpreter with -m zerod."""
+    candidates = [os.path.join(os.path.dirname(sys.executable), "zerod"), shutil.which("zerod")]
+    for c in candidates:
+        if c and os.path.isfile(c) and os.access(c, os.X_OK):
+            return shlex.quote(os.path.abspath(c))
+    return f"{shlex.quote(sys.executable)} -m zerod"
+
+
+def render_unit(exec_start: str) -> str:
+    text = _data("zerod.service")
+    line = f"ExecStart={exec_start} run --config /etc/zerod/zerod.toml"
+    out, n = re.subn(r"^ExecStart=.*$", lambda _m: line, text, flags=re.M)
+    if n != 1:
+        raise InstallError("systemd/zerod.service must hold exactly one ExecStart= line")
+    return out
+
+
+def sysctl_text() -> str:
+    try:
+        from zerod.checks.harden import sysctl_dropin_text
+    except ImportError:
+        return _data("60-zerod.conf")
+    return sysctl_dropin_text()
+
+
+def gpu_bus_id(gpu_index: int, nvml=None) -> str | None:
+    from zerod.watchers.nvml_session import NvmlSession
+
+    s = NvmlSession(nvml, retry_s=0)
+    if s.ensure():
+        dev = s.device(gpu_index)
+        s.close()
+        return dev.bus_id if dev else None
+    return None
+
+
+def numa_dropin(gpu_index: int, bus_id: str | None, sysfs: str = "/sys") -> tuple[str, str]:
+    """(text, note). Pins the whole service (daemon and engine) to the GPU's
+    node; the daemon also pins the engine itself, so this is belt and braces."""
+    head = ["# Written by `zerod install`: the service runs on the NUMA node of the GPU it serves.",
+            "# Re-run `zerod install` after moving the GPU or changing [daemon] gpu_index.",
+            "[Service]"]
+    if not bus_id:
+        return "\n".join(head + [f"# GPU {gpu_index}: no PCI address (NVML unavailable here): nothing pinned."]) + "\n", \
+            f"GPU {gpu_index} not found through NVML: the NUMA drop-in pins nothing"
+    b = numa.plan_binding(bus_id, "bind", sysfs, allowed=set(range(4096)))
+    if not b.active:
+        return "\n".join(head + [f"# GPU {gpu_index} ({numa.normalize_bdf(bus_id)}): {b.reason}."]) + "\n", b.reason
+    lines = head + [f"# GPU {gpu_index} ({numa.normalize_bdf(bus_id)}) is on NUMA node {b.node}.",
+                    f"CPUAffinity={b.cpulist}", "NUMAPolicy=bind", f"NUMAMask={b.node}"]
+    return "\n".join(lines) + "\n", f"service pinned to NUMA node {b.node} (CPUs {b.cpulist})"
+
+
+def plan_install(rootfs: str = "/", exec_start: str | None = None, gpu_index: int = 0,
+                 sysfs: str = "/sys", nvml=None, bus_id: str | None = None) -> Plan:
+    root = os.path.abspath(rootfs)
+    plan = Plan()
+    exe = exec_start or default_exec_start()
+    plan.files.append(PlannedFile(os.path.join(root, UNIT), render_unit(exe)))
+    first = shlex.split(exe)[0] if exe else ""
+    if first.startswith(("/home/", "/root/")):
+        plan.notes.append(f"ExecStart {first} is under /home or /root, which the unit hides (ProtectHome=yes): "
+                          f"install zerod system-wide (e.g. a venv in /opt/zerod), or add ProtectHome=read-only "
+                          f"in a drop-in")
+    plan.files.append(PlannedFile(os.path.join(root, SYSCTL_DROPIN), sysctl_text()))
+    if bus_id is None:
+        bus_id = gpu_bus_id(gpu_index, nvml)
+    text, note = numa_dropin(gpu_index, bus_id, sysfs)
+    plan.notes.append(note)
+    plan.files.append(PlannedFile(os.path.join(root, NUMA_DROPIN), text))
+    plan.files.append(PlannedFile(os.path.join(root, CONFIG), _data("zerod.toml.example"), 0o644,
+                                  keep_existing=True))
+    return plan
+
+
+def write_plan(plan: Plan) -> list[tuple[str, str]]:
+    done: list[tuple[str, str]] = []
+    for f in plan.files:
+        if f.keep_existing and os.path.exists(f.path):
+            done.append((f.path, "kept (exists)"))
+            continue
+        try:
+            os.makedirs(os.path.dirname(f.path), exist_ok=True)
+            tmp = f"{f.path}.zerod-tmp"
+            with open(tmp, "w") as fh:
+                fh.write(f.content)
+            os.chmod(tmp, f.mode)
+            os.replace(tmp, f.path)
+        except PermissionError as exc:
+            raise InstallError(f"cannot write {f.path}: {exc.strerror} (run as root: sudo zerod install)") from None
+        except OSError as exc:
+            raise InstallError(f"cannot write {f.path}: {exc}") from None
+        done.append((f.path, "wrote"))
+    return done

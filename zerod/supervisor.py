@@ -1,0 +1,289 @@
+"""The engine as a supervised child process.
+
+Start (pinned to the GPU's NUMA node, without the daemon's NOTIFY_SOCKET), wait
+for `GET /health` = 200 while telling systemd to extend its start timeout, then
+check health every `health_interval_s`: a child that exits is seen at the next
+tick (<= 1 s), one that stops answering after `health_timeout_s` (3 s); both
+raise `EngineDown`, the child is killed and started again after a backoff
+(1, 2, 4 … `restart_backoff_max_s`), reset once it has stayed healthy for
+`restart_reset_after_s`. `stop()` sends SIGTERM (the engine drains) and waits
+`drain_timeout_s` before SIGKILL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from zerod import numa
+from zerod.alerts import AlertBook
+from zerod.daemon_config import DaemonConfig
+from zerod.sdnotify import Notifier, child_environment
+
+log = logging.getLogger("zerod.supervisor")
+
+# [engine] keys handed to the engine as environment variables.
+ENV_KEYS = {"api_key": "ZEROD_API_KEY"}
+
+STATES = ("starting", "healthy", "unhealthy", "restarting", "stopped")
+
+
+def engine_argv(engine: dict[str, Any], demo: bool = False) -> list[str]:
+    """`python -m zerod serve` with the [engine] table as flags (vLLM names:
+    `max_num_seqs = 8` -> `--max-num-seqs 8`, `enforce_eager = true` -> `--enforce-eager`)."""
+    section = dict(engine)
+    if demo:
+        section.setdefault("model", "demo")
+    argv = [sys.executable, "-m", "zerod", "serve"]
+    for key, value in section.items():
+        if key in ENV_KEYS:  # secrets go through the environment, not /proc/PID/cmdline
+            continue
+        flag = "--" + key.replace("_", "-")
+        if value is None or value is False:
+            continue
+        if value is True:
+            argv.append(flag)
+        elif isinstance(value, (list, tuple)):
+            for v in value:  # click's multiple=True: the flag once per value
+                argv.extend([flag, str(v)])
+        else:
+            argv.extend([flag, str(value)])
+    return argv
+
+
+def engine_env(engine: dict[str, Any]) -> dict[str, str]:
+    return {env: str(engine[key]) for key, env in ENV_KEYS.items() if engine.get(key)}
+
+
+def engine_url(engine: dict[str, Any], cfg: DaemonConfig) -> str:
+    if cfg.engine_url:
+        return cfg.engine_url.rstrip("/")
+    host = str(engine.get("host", "127.0.0.1"))
+    if host in ("0.0.0.0", "", "::", "[::]"):
+        host = "127.0.0.1"
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{int(engine.get('port', 8000))}"
+
+
+@dataclass
+class EngineFigures:
+    state: str = "stopped"
+    pid: int | None = None
+    restarts: int = 0
+    started_at: float | None = None
+    healthy_since: float | None = None
+    last_exit: str | None = None
+
+
+class EngineSupervisor:
+    def __init__(self, argv: list[str], url: str, cfg: DaemonConfig, book: AlertBook,
+                 notifier: Notifier | None = None, binding: numa.Binding | None = None,
+                 env: dict[str, str] | None = None, model: str | None = None,
+                 extra_env: dict[str, str] | None = None,
+                 on_ready: Callable[[], None] | None = None,
+                 on_status: Callable[[str], None] | None = None) -> None:
+        self.argv = list(argv)
+        self.url = url
+        self.cfg = cfg
+        self.book = book
+        self.notifier = notifier or Notifier({})
+        self.binding = binding or numa.Binding(None, [])
+        self.model = model
+        self.env = child_environment(env)
+        # A source checkout (no install) must find the package in the child too.
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        self.env["PYTHONPATH"] = os.pathsep.join(p for p in (root, self.env.get("PYTHONPATH")) if p)
+        self.env.update(cfg.engine_env)
+        self.env.update(extra_env or {})
+        self.on_ready = on_ready
+        self.on_status = on_status or (lambda s: None)
+        self.proc: subprocess.Popen | None = None
+        self.fig = EngineFigures()
+        self._stopping = False
+        self._ready_sent = False
+        self._backoff = cfg.restart_backoff_initial_s
+        self._session = None
+        self.daemon_started = time.monotonic()
+        self.progress_at = time.monotonic()  # the supervision loop's heartbeat
+
+    # --- the child ----------------------------------------------------------
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None and self.proc.poll() is None else None
+
+    def command(self) -> list[str]:
+        tool = "numactl" if self.cfg.numa == "numactl" else "builtin"
+        binding = self.binding if self.cfg.numa != "off" else numa.Binding(None, [])
+        return numa.wrap_command(self.argv, binding, tool)
+
+    def _spawn(self) -> None:
+        cmd = self.command()
+        log.info("starting engine: %s", " ".join(cmd))
+        # Popen from the event loop's thread; the child gets no NOTIFY_SOCKET.
+        self.proc = subprocess.Popen(cmd, env=self.env, stdin=subprocess.DEVNULL, close_fds=True)
+        self.fig.pid = self.proc.pid
+        self.fig.started_at = time.time()
+        self.fig.healthy_since = None
+        self._set_state("starting", f"engine starting (pid {self.proc.pid}), waiting for {self.url}/health")
+
+    def _set_state(self, state: str, status: str | None = None) -> None:
+        if state != self.fig.state:
+            log.info("engine %s -> %s%s", self.fig.state, state, f": {status}" if status else "")
+        self.fig.state = state
+        if status:
+            self.on_status(status)
+
+    async def _health(self) -> tuple[bool, str]:
+        import aiohttp
+
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        try:
+            timeout = aiohttp.ClientTimeout(total=min(self.cfg.health_timeout_s, 2.0))
+            async with self._session.get(self.url + "/health", timeout=timeout) as resp:
+                await resp.read()
+                return resp.status == 200, f"HTTP {resp.status}"
+        except asyncio.TimeoutError:
+            return False, "health request timed out"
+        except Exception as exc:  # connection refused while loading, reset …
+            return False, f"{type(exc).__name__}: {exc}"
+
+    async def _kill(self, grace_s: float) -> None:
+        p = self.proc
+        if p is None or p.poll() is not None:
+            return
+        try:
+            p.send_signal(signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + grace_s
+        while p.poll() is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if p.poll() is None:
+            log.warning("engine pid %d did not stop within %.0f s: SIGKILL", p.pid, grace_s)
+            p.kill()
+            await asyncio.get_running_loop().run_in_executor(None, p.wait)
+
+    # --- the loop -----------------------------------------------------------
+    async def run(self) -> None:
+        try:
+            while not self._stopping:
+                self._spawn()
+                why = await self._watch_one()
+                if self._stopping:
+                    break
+                self.fig.last_exit = why
+                self.fig.restarts += 1
+                self.book.fire("EngineDown", severity="critical", summary=f"engine down: {why}",
+                               description=f"the engine ({' '.join(self.argv[:6])} …) {why}; "
+                                           f"zerod restarts it in {self._backoff:.0f} s",
+                               labels={"url": self.url},
+                               fix="journalctl -u zerod -e shows the engine's own output")
+                self.book.fire("EngineRestarted", severity="warning",
+                               summary=f"engine restarted ({self.fig.restarts} so far): {why}",
+                               labels={"url": self.url})
+                self._set_state("restarting", f"engine down ({why}); restart #{self.fig.restarts} in {self._backoff:.0f} s")
+                await self._sleep(self._backoff)
+                self._backoff = min(self._backoff * 2, self.cfg.restart_backoff_max_s)
+        finally:
+            if self._session is not None:
+                await self._session.close()
+                self._session = None
+
+    async def _sleep(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while not self._stopping and time.monotonic() < end:
+            self.progress_at = time.monotonic()
+            self._extend_start()
+            await asyncio.sleep(min(0.2, max(0.0, end - time.monotonic())))
+
+    def _extend_start(self) -> None:
+        """Tell systemd we are still starting (the model loads), until the
+        configured start timeout is spent."""
+        if self._ready_sent:
+            return
+        now = time.monotonic()
+        if now - self.daemon_started > self.cfg.start_timeout_s:
+            return
+        if now - getattr(self, "_extended_at", 0.0) >= self.cfg.extend_timeout_step_s / 3:
+            self.notifier.extend_timeout(self.cfg.extend_timeout_step_s)
+            self._extended_at = now
+
+    async def _watch_one(self) -> str:
+        """Supervise one child until it exits or hangs; return why it ended."""
+        p = self.proc
+        assert p is not None
+        started = time.monotonic()
+        last_ok: float | None = None
+        last_err = ""
+        while not self._stopping:
+            self.progress_at = time.monotonic()
+            rc = p.poll()
+            if rc is not None:
+                return f"exited with {_describe_rc(rc)}" + ("" if last_ok else " while starting")
+            ok, detail = await self._health()
+            now = time.monotonic()
+            if self._stopping:
+                break
+            if ok:
+                if last_ok is None or self.fig.state != "healthy":
+                    self.fig.healthy_since = time.time()
+                    self._set_state("healthy", f"engine healthy (pid {p.pid}) at {self.url}")
+                    if not self._ready_sent:
+                        self._ready_sent = True
+                        if self.on_ready:
+                            self.on_ready()
+                    self.book.resolve("EngineDown")
+                last_ok = now
+                if self.fig.healthy_since and time.time() - self.fig.healthy_since >= self.cfg.restart_reset_after_s:
+                    self._backoff = self.cfg.restart_backoff_initial_s
+                    self.book.resolve("EngineRestarted")
+            else:
+                last_err = detail
+                if last_ok is not None:
+                    if now - last_ok >= self.cfg.health_timeout_s:
+                        self._set_state("unhealthy", f"engine unhealthy: {detail}")
+                        await self._kill(grace_s=2.0)
+                        return f"stopped answering /health for {now - last_ok:.1f} s ({detail})"
+                    if self.fig.state == "healthy":
+                        self._set_state("unhealthy", f"engine health failing: {detail}")
+                elif now - started > self.cfg.start_timeout_s:
+                    await self._kill(grace_s=5.0)
+                    return f"not healthy within start_timeout_s={self.cfg.start_timeout_s:.0f} s ({last_err})"
+                else:
+                    self._extend_start()
+            await self._sleep(self.cfg.health_interval_s)
+        return "stopping"
+
+    async def stop(self, drain_timeout_s: float | None = None) -> int | None:
+        """SIGTERM the engine (it drains), SIGKILL after the drain timeout."""
+        self._stopping = True
+        grace = self.cfg.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
+        self._set_state("stopped" if self.proc is None else self.fig.state)
+        await self._kill(grace_s=grace)
+        self._set_state("stopped", "engine stopped")
+        return self.proc.returncode if self.proc is not None else None
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"state": self.fig.state, "up": self.fig.state == "healthy", "pid": self.pid,
+                "url": self.url, "model": self.model, "restarts": self.fig.restarts,
+                "numa_node": self.binding.node if self.cfg.numa != "off" else None,
+                "cpus": self.binding.cpulist if self.cfg.numa != "off" else None,
+                "last_exit": self.fig.last_exit}
+
+
+def _describe_rc(rc: int) -> str:
+    if rc < 0:
+        try:
+            return f"signal {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"signal {-rc}"
+    return f"exit code {rc}"

@@ -1,0 +1,263 @@
+"""The engine's own figures: scrape its /metrics every second.
+
+Keeps the last scrape (gauges, counters, the TTFT/ITL histograms) and a short
+series of samples for the latency watcher. Alerts: `AllocatorRetries` on any
+increase of `zerod_engine_allocator_retries_total` or `_allocator_ooms_total`,
+`StreamErrors` on any increase of `zerod_engine_stream_errors_total`, each
+held `counter_alert_hold_s` after the last increase. Counters start at zero
+with each engine process (a restart is a new baseline, not a decrease).
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from zerod.alerts import AlertBook
+from zerod.daemon_config import DaemonConfig
+from zerod.watchers import Watcher
+
+TTFT = "zerod_engine_time_to_first_token_seconds"
+ITL = "zerod_engine_inter_token_latency_seconds"
+GAUGES = {
+    "running": "zerod_engine_requests_running",
+    "waiting": "zerod_engine_requests_waiting",
+    "kv_pages_total": "zerod_engine_kv_pages_total",
+    "kv_pages_free": "zerod_engine_kv_pages_free",
+}
+COUNTERS = {
+    "allocator_retries_total": "zerod_engine_allocator_retries_total",
+    "allocator_ooms_total": "zerod_engine_allocator_ooms_total",
+    "stream_errors_total": "zerod_engine_stream_errors_total",
+    "generation_tokens_total": "zerod_engine_generation_tokens_total",
+    "prompt_tokens_total": "zerod_engine_prompt_tokens_total",
+}
+_WANTED = set(GAUGES.values()) | set(COUNTERS.values())
+
+
+@dataclass
+class Histogram:
+    buckets: dict[float, float] = field(default_factory=dict)  # le -> cumulative count
+    count: float = 0.0
+    sum: float = 0.0
+
+    def minus(self, older: "Histogram") -> "Histogram":
+        return Histogram({le: c - older.buckets.get(le, 0.0) for le, c in self.buckets.items()},
+                         self.count - older.count, self.sum - older.sum)
+
+    def quantile(self, q: float) -> float | None:
+        """histogram_quantile(): linear inside the bucket, as Prometheus does."""
+        if self.count <= 0 or not self.buckets:
+            return None
+        les = sorted(self.buckets)
+        rank = q * self.buckets[les[-1]] if math.isinf(les[-1]) else q * self.count
+        prev_le, prev_c = 0.0, 0.0
+        for le in les:
+            c = self.buckets[le]
+            if c >= rank:
+                if math.isinf(le):
+                    return prev_le
+                if c == prev_c:
+                    return le
+                return prev_le + (le - prev_le) * (rank - prev_c) / (c - prev_c)
+            prev_le, prev_c = le, c
+        return les[-1] if not math.isinf(les[-1]) else prev_le
+
+
+@dataclass
+class Sample:
+    t: float
+    values: dict[str, float]
+    ttft: Histogram
+    itl: Histogram
+
+
+def _labels(s: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    i = 0
+    while i < len(s):
+        eq = s.find("=", i)
+        if eq < 0:
+            break
+        key = s[i:eq].strip().lstrip(",").strip()
+        j = eq + 2  # past ="
+        val = []
+        while j < len(s) and s[j] != '"':
+            if s[j] == "\\" and j + 1 < len(s):
+                j += 1
+                val.append({"n": "\n"}.get(s[j], s[j]))
+            else:
+                val.append(s[j])
+            j += 1
+        out[key] = "".join(val)
+        i = j + 1
+    return out
+
+
+def parse_metrics(text: str) -> tuple[dict[str, float], Histogram, Histogram]:
+    """The few series the daemon reads, from Prometheus text format (a small
+    parser: the scrape runs every second and must stay cheap)."""
+    values: dict[str, float] = {}
+    hists = {TTFT: Histogram(), ITL: Histogram()}
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        name_end = line.find("{")
+        sp = line.rfind(" ")
+        if sp < 0:
+            continue
+        if name_end < 0 or name_end > sp:
+            name, labels = line[:sp].strip(), ""
+        else:
+            name = line[:name_end]
+            labels = line[name_end + 1:line.rfind("}")]
+        base = name
+        for suffix in ("_bucket", "_count", "_sum"):
+            if name.endswith(suffix) and name[: -len(suffix)] in hists:
+                base = name[: -len(suffix)]
+                break
+        if base not in hists and name not in _WANTED:
+            continue
+        rest = line[sp + 1:].strip()
+        try:
+            value = float(rest)
+        except ValueError:  # "value timestamp"
+            try:
+                value = float(line[:sp].rsplit(" ", 1)[-1])
+            except ValueError:
+                continue
+        if base in hists:
+            h = hists[base]
+            if name.endswith("_bucket"):
+                le = _labels(labels).get("le", "+Inf")
+                h.buckets[float("inf") if le in ("+Inf", "Inf") else float(le)] = value
+            elif name.endswith("_count"):
+                h.count = value
+            elif name.endswith("_sum"):
+                h.sum = value
+        else:
+            values[name] = values.get(name, 0.0) + value
+    return values, hists[TTFT], hists[ITL]
+
+
+class EngineMetricsWatcher(Watcher):
+    name = "engine_metrics"
+    blocking = False
+
+    def __init__(self, book: AlertBook, cfg: DaemonConfig, url: str | Callable[[], str],
+                 engine_pid: Callable[[], int | None], up: Callable[[], bool] = lambda: True,
+                 clock=time.time, keep_s: float | None = None) -> None:
+        super().__init__()
+        self.book = book
+        self.cfg = cfg
+        self.interval_s = cfg.watch_interval_s
+        self._url = url
+        self.engine_pid = engine_pid
+        self.up = up
+        self.clock = clock
+        keep = keep_s or (cfg.latency_window_s + 10 * cfg.watch_interval_s)
+        self.samples: collections.deque[Sample] = collections.deque(
+            maxlen=int(keep / cfg.watch_interval_s) + 2)
+        self.last: Sample | None = None
+        self.last_error: str | None = None
+        self._pid: int | None = None
+        self._base: dict[str, float] = {}
+        self._alert_at: dict[str, float] = {}
+        self._session = None
+
+    @property
+    def url(self) -> str:
+        return self._url() if callable(self._url) else self._url
+
+    async def fetch(self) -> str:
+        import aiohttp
+
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        async with self._session.get(self.url + "/metrics", timeout=aiohttp.ClientTimeout(total=2.0)) as r:
+            if r.status != 200:
+                raise RuntimeError(f"GET /metrics: HTTP {r.status}")
+            return await r.text()
+
+    async def apoll(self) -> None:
+        pid = self.engine_pid()
+        if pid is None or not self.up():
+            self._expire(self.clock())
+            return
+        try:
+            text = await self.fetch()
+        except Exception as exc:
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            return
+        self.ingest(text, pid)
+
+    def ingest(self, text: str, pid: int | None = None, now: float | None = None) -> Sample:
+        now = self.clock() if now is None else now
+        values, ttft, itl = parse_metrics(text)
+        if pid != self._pid:  # a new engine process: counters start again
+            self._pid = pid
+            self._base = {}
+            self.samples.clear()
+        s = Sample(now, values, ttft, itl)
+        self.samples.append(s)
+        self.last = s
+        self.last_error = None
+        self._counter_alerts(values, now)
+        return s
+
+    def _counter_alerts(self, values: dict[str, float], now: float) -> None:
+        def delta(key: str) -> float:
+            name = COUNTERS[key]
+            v = values.get(name)
+            if v is None:
+                return 0.0
+            prev = self._base.get(key, 0.0)
+            self._base[key] = v
+            return v - prev if v >= prev else v  # a decrease is a reset
+
+        d_retry, d_oom, d_err = delta("allocator_retries_total"), delta("allocator_ooms_total"), delta("stream_errors_total")
+        g = lambda k: int(values.get(COUNTERS[k], 0))  # noqa: E731
+        if d_retry > 0 or d_oom > 0:
+            self._alert_at["AllocatorRetries"] = now
+            self.book.fire("AllocatorRetries", severity="warning",
+                           summary=f"engine allocator under pressure: +{d_retry:.0f} retries, +{d_oom:.0f} OOMs",
+                           description=f"torch's caching allocator had to free its cache and retry "
+                                       f"({g('allocator_retries_total')} retries, {g('allocator_ooms_total')} "
+                                       f"OOMs since the engine started): GPU memory is short, often because "
+                                       f"another process took some",
+                           fix="lower [engine] gpu_memory_utilization or max_num_seqs; look for foreign GPU processes")
+        if d_err > 0:
+            self._alert_at["StreamErrors"] = now
+            self.book.fire("StreamErrors", severity="critical",
+                           summary=f"engine saw {d_err:.0f} CUDA stream error(s) ({g('stream_errors_total')} in all)",
+                           description="a CUDA event or stream query returned an error: the engine's health fails and "
+                                       "zerod restarts it; look for an Xid in the kernel log",
+                           fix="journalctl -k | grep -i xid; nvidia-smi -q -d ECC")
+        self._expire(now)
+
+    def _expire(self, now: float) -> None:
+        for name, t in list(self._alert_at.items()):
+            if now - t >= self.cfg.counter_alert_hold_s:
+                del self._alert_at[name]
+                self.book.resolve(name)
+
+    def window(self, seconds: float) -> tuple[Sample, Sample] | None:
+        """(oldest sample at least `seconds` old, or the oldest there is; newest)."""
+        if len(self.samples) < 2:
+            return None
+        newest = self.samples[-1]
+        older = self.samples[0]
+        for s in self.samples:
+            if newest.t - s.t >= seconds:
+                older = s
+            else:
+                break
+        return older, newest
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None

@@ -1,0 +1,135 @@
+"""Who holds the GPU, every second: NVML's process lists plus the /proc fd scan
+(zerod.checks.gpu_processes, shared with doctor), each process classified as
+the engine, the daemon, allowed, or foreign.
+
+A foreign process raises `ForeignGpuProcess` at the first scan that sees it
+(<= `watch_interval_s` + one scan, so within 2 s), naming pid, command line,
+user, systemd unit or container, the GPU memory it holds, and a known agent's
+fix. Foreign processes seen in the last `cause_window_s` are kept for the
+latency watcher, which names them as the likely cause of a regression.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from typing import Any, Callable
+
+from zerod.alerts import AlertBook
+from zerod.daemon_config import DaemonConfig
+from zerod.watchers import Watcher
+
+
+def _gp():
+    from zerod.checks import gpu_processes
+
+    return gpu_processes
+
+
+def _gib(n: int | None) -> str:
+    return "no GPU memory (fd scan only: an NVML/driver handle, no CUDA context)" if n is None \
+        else f"{n / 2**30:.2f} GiB of GPU memory"
+
+
+class GpuProcessWatcher(Watcher):
+    name = "gpu_processes"
+
+    def __init__(self, book: AlertBook, cfg: DaemonConfig, *, allowed: tuple[str, ...] = (),
+                 own_pids: Callable[[], set[int]], engine_pid: Callable[[], int | None],
+                 nvml_ok: Callable[[], bool] = lambda: True, roots: Any = None,
+                 scan: Callable[..., list] | None = None, clock=time.time) -> None:
+        super().__init__()
+        self.book = book
+        self.cfg = cfg
+        self.interval_s = cfg.watch_interval_s
+        self.allowed = tuple(allowed)
+        self.own_pids = own_pids
+        self.engine_pid = engine_pid
+        self.nvml_ok = nvml_ok
+        self.roots = roots
+        self._scan = scan
+        self.clock = clock
+        self.rows: list[dict[str, Any]] = []
+        self.scan_stats: dict[str, Any] = {}
+        self.first_seen: dict[int, float] = {}
+        # foreign processes seen lately (also those gone since): for LatencyRegression
+        self.recent_foreign: collections.OrderedDict[int, dict[str, Any]] = collections.OrderedDict()
+
+    def scan(self) -> list:
+        fn = self._scan or _gp().scan_gpu_processes
+        stats: dict[str, Any] = {}
+        procs = fn(roots=self.roots, nvml=self.nvml_ok(), stats=stats)
+        self.scan_stats = stats
+        return procs
+
+    def poll(self) -> None:
+        gp = _gp()
+        procs = self.scan()
+        now = self.clock()
+        own = set(self.own_pids())
+        eng = self.engine_pid()
+        rows: list[dict[str, Any]] = []
+        foreign: dict[str, dict[str, Any]] = {}
+        seen: set[int] = set()
+        for p in procs:
+            seen.add(p.pid)
+            first = self.first_seen.setdefault(p.pid, now)
+            role, why = gp.classify(p, own, self.allowed)
+            if role == "self":
+                is_engine = eng is not None and (p.pid == eng or eng in p.ancestors)
+                role = "engine" if is_engine else "daemon"
+                why = "the engine started by this daemon" if is_engine else "this daemon (NVML handle)"
+            elif role in ("system", "engine"):
+                role = "allowed"
+            elif role == "agent":
+                role = "foreign"
+            agent = gp.match_agent(p) if role == "foreign" else None
+            fix = gp.KNOWN_AGENTS[agent].fix if agent else None
+            gpu = p.gpus[0] if p.gpus else None
+            if role == "foreign":
+                where = f"unit {p.unit}" if p.unit else (f"container {p.container}" if p.container else "no systemd unit")
+                why = (f"{why}; " if why else "") + (
+                    "holds GPU memory (NVML process list)" if p.source == "nvml"
+                    else f"holds {', '.join(p.devices) or '/dev/nvidia*'} open (fd scan)")
+                if not fix:
+                    fix = (f"stop it ({'systemctl stop ' + p.unit if p.unit else 'kill ' + str(p.pid)}) "
+                           f"or allow it in [doctor] allowed_gpu_processes")
+                label = agent or p.name
+                foreign[str(p.pid)] = dict(
+                    severity="critical",
+                    summary=f"{label} (pid {p.pid}) holds GPU {gpu if gpu is not None else '?'}",
+                    description=(f"pid {p.pid} ({p.name}, user {p.user or '?'}, {where}) holds "
+                                 f"{_gib(p.gpu_memory_bytes)} on GPU {','.join(map(str, p.gpus)) or '?'}; "
+                                 f"command line: {p.cmdline or '?'}; "
+                                 + (f"known agent: {gp.KNOWN_AGENTS[agent].description}; " if agent else "")
+                                 + "a second process on the inference GPU steals memory and SM time and raises "
+                                   "the engine's tail latency"),
+                    labels={"gpu": gpu, "process": label, "pid": p.pid, "unit": p.unit,
+                            "container": p.container},
+                    fix=fix)
+                self.recent_foreign[p.pid] = {"pid": p.pid, "name": label, "cmdline": p.cmdline,
+                                              "unit": p.unit, "container": p.container, "gpu": gpu,
+                                              "first_seen": first, "last_seen": now, "fix": fix}
+                self.recent_foreign.move_to_end(p.pid)
+            rows.append({
+                "pid": p.pid, "gpu": gpu, "name": p.name, "cmdline": p.cmdline, "user": p.user,
+                "unit": p.unit, "container": p.container, "gpu_memory_bytes": p.gpu_memory_bytes,
+                "role": role, "why": why, "known_agent": agent, "fix": fix, "first_seen": first,
+            })
+        for pid in list(self.first_seen):
+            if pid not in seen:
+                del self.first_seen[pid]
+        horizon = now - max(self.cfg.cause_window_s, 1.0)
+        for pid, info in list(self.recent_foreign.items()):
+            if info["last_seen"] < horizon:
+                del self.recent_foreign[pid]
+        role_order = {"engine": 0, "daemon": 1, "allowed": 2, "foreign": 3}
+        rows.sort(key=lambda r: (role_order.get(r["role"], 9), r["pid"]))
+        self.rows = rows
+        self.book.sync("ForeignGpuProcess", foreign)
+
+    def foreign(self) -> list[dict[str, Any]]:
+        return [r for r in self.rows if r["role"] == "foreign"]
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"processes": list(self.rows)}

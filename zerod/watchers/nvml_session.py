@@ -1,0 +1,151 @@
+"""One NVML session for the daemon's watchers.
+
+NVML missing (no driver, no library) or failing to start is a state, not a
+crash: `ensure()` retries every `retry_s` and says why it cannot. The module is
+injectable (`nvml=`) so tests hand in a small fake pynvml.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger("zerod.nvml")
+
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_GPU_IS_LOST = 15
+NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_ERROR_LIBRARY_NOT_FOUND = 12
+
+
+def _s(v: Any) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+@dataclass
+class Device:
+    index: int
+    handle: Any
+    uuid: str
+    name: str
+    bus_id: str | None
+    memory_total_bytes: int | None
+
+
+def error_value(exc: BaseException) -> int | None:
+    return getattr(exc, "value", None)
+
+
+def is_gpu_lost(exc: BaseException) -> bool:
+    return error_value(exc) == NVML_ERROR_GPU_IS_LOST
+
+
+def is_not_supported(exc: BaseException) -> bool:
+    return error_value(exc) == NVML_ERROR_NOT_SUPPORTED
+
+
+class NvmlSession:
+    def __init__(self, nvml: Any = None, retry_s: float = 30.0) -> None:
+        self._module = nvml
+        self.retry_s = retry_s
+        self.ok = False
+        self.error: str | None = None
+        self.driver_version: str | None = None
+        self.devices: list[Device] = []
+        self.lost: set[int] = set()
+        self._tried_at: float | None = None
+        self._lock = threading.Lock()
+        self.generation = 0  # bumps on every successful init (handles change)
+
+    @property
+    def nvml(self) -> Any:
+        if self._module is None:
+            import pynvml  # nvidia-ml-py
+
+            self._module = pynvml
+        return self._module
+
+    def ensure(self, now: float | None = None) -> bool:
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            if self.ok:
+                return True
+            if self._tried_at is not None and now - self._tried_at < self.retry_s:
+                return False
+            self._tried_at = now
+            try:
+                N = self.nvml
+                N.nvmlInit()
+            except Exception as exc:  # ImportError, NVMLError_LibraryNotFound, DriverNotLoaded …
+                self.error = _explain(exc)
+                return False
+            try:
+                self.driver_version = _s(N.nvmlSystemGetDriverVersion())
+            except Exception:
+                self.driver_version = None
+            devices = []
+            try:
+                count = N.nvmlDeviceGetCount()
+                for i in range(count):
+                    h = N.nvmlDeviceGetHandleByIndex(i)
+                    devices.append(Device(i, h, _try(lambda: _s(N.nvmlDeviceGetUUID(h)), f"gpu{i}"),
+                                          _try(lambda: _s(N.nvmlDeviceGetName(h)), "?"),
+                                          _try(lambda: _s(N.nvmlDeviceGetPciInfo(h).busId), None),
+                                          _try(lambda: int(N.nvmlDeviceGetMemoryInfo(h).total), None)))
+            except Exception as exc:
+                self.error = f"NVML started but listing GPUs failed: {_explain(exc)}"
+                try:
+                    N.nvmlShutdown()
+                except Exception:
+                    pass
+                return False
+            self.devices = devices
+            self.lost = set()
+            self.ok = True
+            self.error = None
+            self.generation += 1
+            log.info("NVML %s: %d GPU(s), driver %s", "ready", len(devices), self.driver_version)
+            return True
+
+    def reset(self, why: str) -> None:
+        """Drop the session (driver gone, GPU lost); `ensure` starts it again later."""
+        with self._lock:
+            if not self.ok:
+                return
+            self.ok = False
+            self.error = why
+            self._tried_at = time.monotonic()
+            try:
+                self.nvml.nvmlShutdown()
+            except Exception:
+                pass
+
+    def device(self, index: int) -> Device | None:
+        for d in self.devices:
+            if d.index == index:
+                return d
+        return None
+
+    def close(self) -> None:
+        self.reset("daemon stopping")
+
+
+def _try(fn, default):
+    try:
+        return fn()
+    except Exception:
+        return default
+
+
+def _explain(exc: BaseException) -> str:
+    if isinstance(exc, ImportError):
+        return f"the NVML Python bindings are not installed ({exc}); pip install nvidia-ml-py"
+    v = error_value(exc)
+    if v == NVML_ERROR_LIBRARY_NOT_FOUND:
+        return "libnvidia-ml.so not found: no NVIDIA driver installed here"
+    if v == NVML_ERROR_DRIVER_NOT_LOADED:
+        return "the NVIDIA kernel driver is not loaded"
+    return f"{type(exc).__name__}: {exc}"

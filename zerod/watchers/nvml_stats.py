@@ -1,0 +1,225 @@
+"""GPU health from NVML every second: utilization, memory, temperature, power,
+clocks, clock event (throttle) reasons, PCIe replays, ECC and row remapping.
+
+Alerts: `GpuThrottled` (a reason of `throttle_alert_reasons` active for
+`throttle_for_s`), `GpuHot` (>= `temperature_max_celsius`), `EccErrors`
+(volatile uncorrected errors, a pending or failed row remap), `PcieReplays`
+(the replay counter went up; held `counter_alert_hold_s`), `NvmlUnavailable`
+(NVML cannot start) and `GpuLost` (NVML_ERROR_GPU_IS_LOST) — never a crash.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from typing import Any
+
+from zerod.alerts import AlertBook
+from zerod.daemon_config import DaemonConfig
+from zerod.watchers import Watcher
+from zerod.watchers.nvml_session import NvmlSession, is_gpu_lost, is_not_supported
+
+# NVML clocks event (throttle) reason bits -> the names of docs/control-api.md
+CLOCK_EVENT_REASONS = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}
+HISTORY = 600
+_TEMPERATURE_GPU = 0
+_CLOCK_SM, _CLOCK_MEM = 1, 2
+_ECC_UNCORRECTED, _ECC_VOLATILE = 1, 0
+
+REASON_FIX = {
+    "hw_slowdown": "HW slowdown (thermal or power brake signal from the board): check cooling and the PSU; nvidia-smi -q -d PERFORMANCE",
+    "hw_thermal_slowdown": "the GPU is too hot: check airflow and fans; nvidia-smi -q -d TEMPERATURE",
+    "hw_power_brake_slowdown": "external power brake asserted: check the PSU / chassis power budget",
+    "sw_thermal_slowdown": "the driver lowers clocks to stay under its thermal limit: check cooling",
+    "sw_power_cap": "at the power limit: expected under full load; raise it with nvidia-smi -pl if the board allows",
+}
+
+
+def reasons_from_mask(mask: int) -> list[str]:
+    return [name for bit, name in CLOCK_EVENT_REASONS.items() if mask & bit]
+
+
+class NvmlStatsWatcher(Watcher):
+    name = "nvml_stats"
+
+    def __init__(self, session: NvmlSession, book: AlertBook, cfg: DaemonConfig,
+                 demo: bool = False, clock=time.time) -> None:
+        super().__init__()
+        self.session = session
+        self.book = book
+        self.cfg = cfg
+        self.demo = demo
+        self.clock = clock
+        self.interval_s = cfg.watch_interval_s
+        self.gpus: dict[int, dict[str, Any]] = {}
+        self.history: dict[int, dict[str, collections.deque]] = {}
+        self._throttle_since: dict[tuple[int, str], float] = {}
+        self._replays_seen: dict[int, int] = {}
+        self._replay_alert_at: dict[int, float] = {}
+
+    # the snapshot for /v1/gpus
+    def snapshot(self) -> dict[str, Any]:
+        gpus = []
+        for idx in sorted(self.gpus):
+            g = dict(self.gpus[idx])
+            h = self.history.get(idx, {})
+            g["history"] = {k: list(v) for k, v in h.items()}
+            gpus.append(g)
+        return {"nvml": {"ok": self.session.ok, "error": self.session.error,
+                         "driver_version": self.session.driver_version}, "gpus": gpus}
+
+    def poll(self) -> None:
+        if not self.session.ensure():
+            self.book.fire("NvmlUnavailable", severity="info" if self.demo else "critical",
+                           summary="NVML unavailable: GPUs are not watched",
+                           description=f"{self.session.error}"
+                                       + (" (expected with --demo on a machine without a GPU)" if self.demo else ""),
+                           fix="nvidia-smi must work on this host: install or load the NVIDIA driver")
+            return
+        self.book.resolve("NvmlUnavailable")
+        lost_now: dict[str, dict[str, Any]] = {}
+        for dev in list(self.session.devices):
+            try:
+                self._poll_device(dev)
+            except Exception as exc:
+                if is_gpu_lost(exc):
+                    self.session.lost.add(dev.index)
+                    self.gpus.pop(dev.index, None)
+                    lost_now[str(dev.index)] = dict(
+                        severity="critical", summary=f"GPU {dev.index} ({dev.uuid}) is lost",
+                        description="NVML_ERROR_GPU_IS_LOST: the GPU fell off the bus or stopped answering; "
+                                    "the engine on it cannot work",
+                        labels={"gpu": dev.index, "uuid": dev.uuid},
+                        fix="drain the host and reboot; check the kernel log for Xid 79 and the PCIe/power path")
+                else:
+                    raise
+        # a lost GPU stays lost until NVML is re-initialised
+        for idx in self.session.lost:
+            if str(idx) not in lost_now:
+                dev = self.session.device(idx)
+                lost_now[str(idx)] = dict(severity="critical", summary=f"GPU {idx} is lost",
+                                          labels={"gpu": idx, "uuid": dev.uuid if dev else None},
+                                          fix="drain the host and reboot")
+        self.book.sync("GpuLost", lost_now)
+
+    def _poll_device(self, dev) -> None:
+        N = self.session.nvml
+        h = dev.handle
+        now = self.clock()
+
+        def opt(fn, *args):
+            try:
+                return fn(h, *args)
+            except Exception as exc:
+                if is_gpu_lost(exc):
+                    raise
+                return None
+
+        util = opt(N.nvmlDeviceGetUtilizationRates)
+        mem = N.nvmlDeviceGetMemoryInfo(h)  # the one call that must work (GPU lost shows here)
+        temp = opt(N.nvmlDeviceGetTemperature, _TEMPERATURE_GPU)
+        power_mw = opt(N.nvmlDeviceGetPowerUsage)
+        limit_mw = opt(N.nvmlDeviceGetEnforcedPowerLimit)
+        sm = opt(N.nvmlDeviceGetClockInfo, _CLOCK_SM)
+        memclk = opt(N.nvmlDeviceGetClockInfo, _CLOCK_MEM)
+        reasons_fn = getattr(N, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+            getattr(N, "nvmlDeviceGetCurrentClocksThrottleReasons")
+        mask = opt(reasons_fn)
+        replays = opt(N.nvmlDeviceGetPcieReplayCounter)
+        ecc = opt(N.nvmlDeviceGetTotalEccErrors, _ECC_UNCORRECTED, _ECC_VOLATILE)
+        remap = opt(N.nvmlDeviceGetRemappedRows)  # (corrected, uncorrected, pending, failure)
+        reasons = reasons_from_mask(int(mask)) if mask is not None else []
+        g = {
+            "index": dev.index, "uuid": dev.uuid, "name": dev.name,
+            "utilization_ratio": (util.gpu / 100.0) if util is not None else None,
+            "memory_used_bytes": int(mem.used), "memory_total_bytes": int(mem.total),
+            "temperature_celsius": int(temp) if temp is not None else None,
+            "power_watts": power_mw / 1000.0 if power_mw is not None else None,
+            "power_limit_watts": limit_mw / 1000.0 if limit_mw is not None else None,
+            "sm_clock_mhz": sm, "mem_clock_mhz": memclk,
+            "clock_events_active": reasons,
+            "pcie_replays_total": int(replays) if replays is not None else None,
+            "ecc_volatile_uncorrected": int(ecc) if ecc is not None else None,
+            "remapped_rows": ({"corrected": int(remap[0]), "uncorrected": int(remap[1]),
+                               "pending": bool(remap[2]), "failure": bool(remap[3])}
+                              if remap is not None else None),
+            "xid_events_total": self.gpus.get(dev.index, {}).get("xid_events_total", {}),
+        }
+        self.gpus[dev.index] = g
+        hist = self.history.setdefault(dev.index, {k: collections.deque(maxlen=HISTORY) for k in (
+            "utilization_ratio", "memory_used_bytes", "temperature_celsius", "power_watts")})
+        for k, dq in hist.items():
+            dq.append(g[k])
+        self._alerts(dev, g, now)
+
+    def set_xid_counts(self, index: int, counts: dict[str, int]) -> None:
+        if index in self.gpus:
+            self.gpus[index]["xid_events_total"] = dict(counts)
+
+    def _alerts(self, dev, g: dict[str, Any], now: float) -> None:
+        idx, labels = dev.index, {"gpu": dev.index, "uuid": dev.uuid}
+        key = str(idx)
+        # throttling that matters, held for throttle_for_s
+        active = [r for r in g["clock_events_active"] if r in self.cfg.throttle_alert_reasons]
+        for r in CLOCK_EVENT_REASONS.values():
+            if r in active:
+                self._throttle_since.setdefault((idx, r), now)
+            else:
+                self._throttle_since.pop((idx, r), None)
+        held = [r for r in active if now - self._throttle_since[(idx, r)] >= self.cfg.throttle_for_s]
+        if held:
+            self.book.fire("GpuThrottled", key, severity="warning",
+                           summary=f"GPU {idx} clocks held down: {', '.join(held)}",
+                           description=f"SM clock {g['sm_clock_mhz']} MHz, {g['temperature_celsius']} °C, "
+                                       f"{g['power_watts']} W of {g['power_limit_watts']} W",
+                           labels={**labels, "reasons": ",".join(held)},
+                           fix="; ".join(REASON_FIX.get(r, r) for r in held))
+        else:
+            self.book.resolve("GpuThrottled", key)
+        # temperature
+        t = g["temperature_celsius"]
+        if t is not None and t >= self.cfg.temperature_max_celsius:
+            self.book.fire("GpuHot", key, severity="warning",
+                           summary=f"GPU {idx} at {t} °C (limit {self.cfg.temperature_max_celsius:.0f} °C)",
+                           labels=labels, fix="check airflow, fans and inlet temperature")
+        elif t is not None and t < self.cfg.temperature_max_celsius - 3:  # hysteresis
+            self.book.resolve("GpuHot", key)
+        # ECC and row remapping
+        problems = []
+        if g["ecc_volatile_uncorrected"]:
+            problems.append(f"{g['ecc_volatile_uncorrected']} volatile uncorrected ECC error(s)")
+        rr = g["remapped_rows"]
+        if rr and rr["pending"]:
+            problems.append("a row remap is pending (applied at the next GPU reset)")
+        if rr and rr["failure"]:
+            problems.append("a row remap failed")
+        if problems:
+            self.book.fire("EccErrors", key, severity="critical",
+                           summary=f"GPU {idx}: {'; '.join(problems)}", labels=labels,
+                           fix="drain the GPU and reset it (nvidia-smi -r -i %d); a failed remap means RMA" % idx)
+        else:
+            self.book.resolve("EccErrors", key)
+        # PCIe replays: any increase, held for counter_alert_hold_s
+        r = g["pcie_replays_total"]
+        if r is not None:
+            prev = self._replays_seen.get(idx)
+            self._replays_seen[idx] = r
+            if prev is not None and r > prev:
+                self._replay_alert_at[idx] = now
+                self.book.fire("PcieReplays", key, severity="warning",
+                               summary=f"GPU {idx}: {r - prev} PCIe replay(s) in the last {self.interval_s:.0f} s ({r} in all)",
+                               labels=labels,
+                               fix="check the PCIe link (nvidia-smi -q -d PCIE: width/generation), riser and seating")
+            elif idx in self._replay_alert_at and now - self._replay_alert_at[idx] >= self.cfg.counter_alert_hold_s:
+                del self._replay_alert_at[idx]
+                self.book.resolve("PcieReplays", key)
