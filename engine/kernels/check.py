@@ -151,8 +151,10 @@ def check_write_kv(fn, ref, T, hk, d, page_size, dtype, device, gen, pad=2):
     vc = _randn(num_pages, page_size, hk, d, dtype=dtype, device=device, gen=gen)
     k = _randn(T, hk, d, dtype=dtype, device=device, gen=gen)
     v = _randn(T, hk, d, dtype=dtype, device=device, gen=gen)
-    slots = torch.randperm(num_pages * page_size, generator=gen)[:T]
-    slots[:min(pad, T)] = -1  # padded rows of a captured bucket are skipped
+    # page 0 is the scratch page (docs/engine-interface.md): padded rows of a captured
+    # bucket write there; real tokens go to distinct random slots of the other pages
+    slots = page_size + torch.randperm((num_pages - 1) * page_size, generator=gen)[:T]
+    slots[:min(pad, T)] = torch.arange(min(pad, T))
     slots = slots.to(device)
     kc_ref, vc_ref = kc.clone(), vc.clone()
     ref["write_kv"](k, v, kc_ref, vc_ref, slots)
