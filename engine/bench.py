@@ -94,8 +94,9 @@ def _read_cpu(pid: int) -> tuple[float, dict[int, tuple[str, float]]] | None:
 class CpuWindow:
     """CPU the server process used between start() and stop(), in cores."""
 
-    def __init__(self, pid: int | None) -> None:
+    def __init__(self, pid: int | None, thread_names: dict[int, str] | None = None) -> None:
         self.pid = pid
+        self.thread_names = thread_names or {}  # tid -> name (the server's /health)
         self.t0 = 0.0
         self.c0: Any = None
 
@@ -112,6 +113,7 @@ class CpuWindow:
             return None
         by_name: dict[str, float] = {}
         for tid, (name, cpu) in c1[1].items():
+            name = self.thread_names.get(tid, name)
             before = self.c0[1].get(tid, (name, 0.0))[1]
             by_name[name] = by_name.get(name, 0.0) + max(0.0, cpu - before)
         top = sorted(by_name.items(), key=lambda kv: -kv[1])[:8]
@@ -256,6 +258,7 @@ class Client:
         self.rng = random.Random(seed)
         self.progress = progress
         self.server_pid = server_pid
+        self.thread_names: dict[int, str] = {}
 
     def payload(self, load: Load) -> dict[str, Any]:
         if load.prompt_text is not None:
@@ -300,7 +303,7 @@ class Client:
                 prog.failed += not r.ok
                 return r
 
-            cpu = CpuWindow(self.server_pid)
+            cpu = CpuWindow(self.server_pid, self.thread_names)
             cpu.start()
             prog.start()
             t0 = time.perf_counter()
@@ -542,6 +545,9 @@ async def _main(base_url, model, api_key, names, overrides, short_input_len, voc
         click.echo(f"bench: no process {pid} here: engine CPU is not measured", err=True)
         pid = None
     client = Client(base_url, model, api_key, vocab, seed, progress, pid)
+    if pid is not None and pid == health.get("pid") and isinstance(health.get("threads"), dict):
+        client.thread_names = {int(tid): name for name, tid in health["threads"].items()
+                               if isinstance(tid, int)}
     results: dict[str, dict] = {}
     for name in names:
         results[name] = await run_scenario(client, name, overrides, short_input_len)

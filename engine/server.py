@@ -218,7 +218,11 @@ class OpenAIServer:
         status = "draining" if self.draining else ("ok" if healthy else "unhealthy")
         body = {"status": status, "pid": os.getpid(), "model": self.default_model,
                 "max_model_len": self.max_model_len, "vocab_size": self.vocab_size,
-                "inflight": len(self.inflight)}
+                "inflight": len(self.inflight),
+                # OS thread ids by Python thread name: lets `zerod bench` attribute the
+                # CPU it reads from /proc/PID/task/TID to the step loop, poller, HTTP loop
+                "threads": {t.name: t.native_id for t in threading.enumerate()
+                            if t.native_id is not None}}
         for k, v in stats.items():
             if isinstance(v, (int, float, str, bool)) or v is None:
                 body.setdefault(k, v)
