@@ -168,3 +168,36 @@ def demo_model_dir() -> Path:
     except OSError:  # another process won the race
         shutil.rmtree(tmp, ignore_errors=True)
     return base
+
+
+def generate(engine, prompts: list[list[int]], params, timeout: float = 60.0) -> list[dict]:
+    """Submit all prompts at once and wait: [{token_ids, text, finish_reason, outputs}] per prompt.
+    A small synchronous helper for tests and the demo (the engine must be started)."""
+    import threading
+
+    if not isinstance(params, list):
+        params = [params] * len(prompts)
+    res = [dict(token_ids=[], text="", finish_reason=None, outputs=[]) for _ in prompts]
+    left = [len(prompts)]
+    cv = threading.Condition()
+
+    def cb_for(i):
+        def cb(o):
+            r = res[i]
+            r["outputs"].append(o)
+            r["token_ids"] += o.token_ids
+            r["text"] += o.text
+            if o.finished:
+                r["finish_reason"] = o.finish_reason
+                with cv:
+                    left[0] -= 1
+                    cv.notify_all()
+        return cb
+
+    ids = [engine.submit(p, sp, cb_for(i)) for i, (p, sp) in enumerate(zip(prompts, params))]
+    with cv:
+        if not cv.wait_for(lambda: left[0] == 0, timeout=timeout):
+            raise TimeoutError(f"{left[0]} of {len(prompts)} requests did not finish in {timeout}s")
+    for r, i in zip(res, ids):
+        r["id"] = i
+    return res
