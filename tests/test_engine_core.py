@@ -1,0 +1,263 @@
+"""The zero-layer loop on the CPU: pages, admission, rejection, aborts, sampling, stops."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import threading
+import time
+
+import pytest
+import torch
+
+from zerod.engine.demo import generate, make_checkpoint
+from zerod.engine.engine import Engine, EngineConfig, RequestRejected, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    d = tmp_path_factory.mktemp("llama")
+    make_checkpoint(d, "llama", seed=11)
+    return d
+
+
+@pytest.fixture(scope="module")
+def eng(ckpt):
+    e = Engine(EngineConfig(model=str(ckpt), block_size=4, kv_pages=300, max_model_len=128,
+                            max_num_batched_tokens=32, max_num_seqs=16))
+    e.start()
+    yield e
+    e.shutdown(0)
+
+
+def _prompt(n, seed=0, vocab=380):
+    r = random.Random(seed)
+    return [r.randrange(5, vocab) for _ in range(n)]
+
+
+GREEDY = SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)
+
+
+def test_never_fits_is_400(eng):
+    with pytest.raises(RequestRejected) as ei:
+        eng.submit(_prompt(100), SamplingParams(max_tokens=29), lambda o: None)
+    assert ei.value.status == 400 and "context" in ei.value.message
+    with pytest.raises(RequestRejected) as ei:
+        eng.submit([], SamplingParams(), lambda o: None)
+    assert ei.value.status == 400
+    with pytest.raises(RequestRejected) as ei:
+        eng.submit([10**6], SamplingParams(), lambda o: None)
+    assert ei.value.status == 400
+    # max_tokens None = up to the context
+    r = generate(eng, [_prompt(120)], SamplingParams(max_tokens=None, temperature=0, ignore_eos=True))[0]
+    assert len(r["token_ids"]) == 8 and r["finish_reason"] == "length"
+
+
+def test_wait_line_full_is_429(ckpt):
+    e = Engine(EngineConfig(model=str(ckpt), kv_pages=50, max_waiting=2))  # not started: nothing leaves the line
+    e.submit(_prompt(5), GREEDY, lambda o: None)
+    e.submit(_prompt(5), GREEDY, lambda o: None)
+    with pytest.raises(RequestRejected) as ei:
+        e.submit(_prompt(5), GREEDY, lambda o: None)
+    assert ei.value.status == 429 and ei.value.retry_after and ei.value.retry_after > 0
+    assert e.stats().waiting == 2
+
+
+def test_requests_larger_than_free_pages_wait_fifo(ckpt):
+    # pool of 12 usable pages x 4 tokens = 48 tokens; each request needs 32 tokens (8 pages): one at a time
+    e = Engine(EngineConfig(model=str(ckpt), block_size=4, kv_pages=13, max_model_len=48))
+    e.start()
+    try:
+        outs = generate(e, [_prompt(16, i) for i in range(4)],
+                        SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))
+        assert all(o["finish_reason"] == "length" and len(o["token_ids"]) == 16 for o in outs)
+        ends = [o["outputs"][-1] for o in outs]
+        assert ends  # all finished
+        assert e.stats().kv_pages_free == 12
+    finally:
+        e.shutdown(0)
+
+
+def test_pages_all_free_after_random_aborts(eng):
+    rnd = random.Random(5)
+    n = 60
+    finished = {}
+    counts = {}
+    lock = threading.Lock()
+    done = threading.Event()
+    ids = []
+
+    def cb_for(i):
+        def cb(o):
+            with lock:
+                counts[i] = counts.get(i, 0) + 1
+                assert i not in finished, "output after finish"
+                if o.finished:
+                    finished[i] = o.finish_reason
+                    if len(finished) == n:
+                        done.set()
+                elif rnd.random() < 0.05:
+                    eng.abort(ids[i])          # abort from the poller thread (a client going away)
+        return cb
+
+    for i in range(n):
+        sp = SamplingParams(max_tokens=rnd.randint(1, 40), temperature=rnd.choice([0.0, 0.8]),
+                            ignore_eos=True)
+        ids.append(None)
+        ids[i] = eng.submit(_prompt(rnd.randint(1, 60), i), sp, cb_for(i))
+        if rnd.random() < 0.2:
+            eng.abort(ids[i])                  # abort right away (maybe still waiting)
+        if rnd.random() < 0.1:
+            time.sleep(0.01)
+    for i in rnd.sample(range(n), 10):
+        eng.abort(ids[i])
+        eng.abort(ids[i])                      # idempotent
+    assert done.wait(60), f"only {len(finished)} of {n} finished"
+    assert set(finished.values()) <= {"length", "abort"}
+    assert "abort" in finished.values() and "length" in finished.values()
+    t = time.time() + 5
+    while eng.stats().kv_pages_free != eng.stats().kv_pages_total and time.time() < t:
+        time.sleep(0.01)
+    st = eng.stats()
+    assert st.kv_pages_free == st.kv_pages_total and st.running == 0 and st.waiting == 0
+    eng.abort("req-does-not-exist")
+
+
+def test_seed_reproducible_alone_and_batched(eng):
+    p = _prompt(9, 1)
+    sp = SamplingParams(max_tokens=20, temperature=1.0, top_p=0.95, top_k=50, seed=1234, ignore_eos=True)
+    a = generate(eng, [p], sp)[0]["token_ids"]
+    b = generate(eng, [p], sp)[0]["token_ids"]
+    others = [_prompt(k, 40 + k) for k in (3, 17, 30)]
+    batch = generate(eng, others + [p] + others,
+                     [SamplingParams(max_tokens=25, temperature=0.7, ignore_eos=True)] * 3 + [sp]
+                     + [GREEDY] * 3)
+    assert a == b == batch[3]["token_ids"]
+    c = generate(eng, [p], SamplingParams(max_tokens=20, temperature=1.0, seed=99, ignore_eos=True))[0]
+    assert c["token_ids"] != a
+    unseeded = generate(eng, [p, p], SamplingParams(max_tokens=20, temperature=1.0, ignore_eos=True))
+    assert unseeded[0]["token_ids"] != unseeded[1]["token_ids"]
+
+
+def test_top_k1_and_tiny_top_p_are_greedy(eng):
+    p = _prompt(12, 2)
+    g = generate(eng, [p], GREEDY)[0]["token_ids"]
+    k1 = generate(eng, [p], SamplingParams(max_tokens=16, temperature=1.5, top_k=1, ignore_eos=True))[0]
+    tp = generate(eng, [p], SamplingParams(max_tokens=16, temperature=1.0, top_p=1e-6, seed=3,
+                                           ignore_eos=True))[0]
+    assert k1["token_ids"] == g and tp["token_ids"] == g
+
+
+def test_stop_token_ids_and_stop_strings(eng):
+    p = _prompt(10, 3)
+    full = generate(eng, [p], SamplingParams(max_tokens=24, temperature=0, ignore_eos=True))[0]
+    ids, text = full["token_ids"], full["text"]
+    # stop token id: ends at its first occurrence, token counted, its text not emitted
+    k = 6
+    r = generate(eng, [p], SamplingParams(max_tokens=24, temperature=0, stop_token_ids=[ids[k]]))[0]
+    first = ids.index(ids[k])
+    assert r["finish_reason"] == "stop" and r["token_ids"] == ids[:first + 1]
+    assert r["outputs"][-1].completion_tokens == first + 1
+    # stop string: text ends right before it, never emitted (not even partly in earlier chunks)
+    assert len(text) > 12
+    stop = text[5:9]
+    r = generate(eng, [p], SamplingParams(max_tokens=24, temperature=0, stop=[stop, "\x00never"]))[0]
+    assert r["finish_reason"] == "stop"
+    assert r["text"] == text[:text.index(stop)]
+    assert stop not in r["text"]
+    # stop string that never occurs: full text, length
+    r = generate(eng, [p], SamplingParams(max_tokens=24, temperature=0, stop=["\x00\x01"]))[0]
+    assert r["text"] == text and r["finish_reason"] == "length"
+
+
+def test_eos_and_ignore_eos_and_min_tokens(ckpt, tmp_path):
+    d = tmp_path / "m"
+    shutil.copytree(ckpt, d)
+    e0 = Engine(EngineConfig(model=str(d), kv_pages=100))
+    e0.start()
+    p = _prompt(8, 4)
+    ids = generate(e0, [p], SamplingParams(max_tokens=20, temperature=0, ignore_eos=True))[0]["token_ids"]
+    e0.shutdown(0)
+    eos = ids[5]
+    (d / "generation_config.json").write_text(json.dumps({"eos_token_id": [1, eos]}))
+    e = Engine(EngineConfig(model=str(d), kv_pages=100))
+    assert eos in e.tokenizer.eos_token_ids
+    e.start()
+    try:
+        r = generate(e, [p], SamplingParams(max_tokens=20, temperature=0))[0]
+        assert r["finish_reason"] == "stop" and r["token_ids"] == ids[:ids.index(eos) + 1]
+        r = generate(e, [p], SamplingParams(max_tokens=20, temperature=0, ignore_eos=True))[0]
+        assert r["finish_reason"] == "length" and r["token_ids"] == ids
+        # min_tokens: eos is masked while fewer than min_tokens were generated
+        r = generate(e, [p], SamplingParams(max_tokens=20, temperature=0, min_tokens=12))[0]
+        assert eos not in r["token_ids"][:12]
+    finally:
+        e.shutdown(0)
+
+
+def test_metrics_registry(eng):
+    from prometheus_client import generate_latest
+
+    generate(eng, [_prompt(5)], GREEDY)
+    text = generate_latest(eng.metrics.registry).decode()
+    for name in ("zerod_engine_requests_running", "zerod_engine_requests_waiting",
+                 "zerod_engine_kv_pages_total", "zerod_engine_kv_pages_free",
+                 "zerod_engine_time_to_first_token_seconds_bucket",
+                 "zerod_engine_inter_token_latency_seconds_bucket",
+                 "zerod_engine_e2e_request_latency_seconds_bucket", "zerod_engine_prompt_tokens_total",
+                 "zerod_engine_generation_tokens_total", 'zerod_engine_requests_total{finished_reason="length"}',
+                 "zerod_engine_allocator_retries_total 0.0", "zerod_engine_allocator_ooms_total 0.0",
+                 "zerod_engine_stream_errors_total 0.0", "zerod_engine_step_seconds_bucket"):
+        assert name in text, name
+    reg = eng.metrics.registry
+    assert reg.get_sample_value("zerod_engine_kv_pages_total") == 299
+    assert reg.get_sample_value("zerod_engine_generation_tokens_total") >= 16
+    assert reg.get_sample_value("zerod_engine_requests_total", {"finished_reason": "length"}) >= 1
+
+
+def test_streaming_outputs_are_incremental(eng):
+    r = generate(eng, [_prompt(6, 8)], GREEDY)[0]
+    outs = r["outputs"]
+    assert len(outs) == 16
+    assert [o.completion_tokens for o in outs] == list(range(1, 17))
+    assert all(len(o.token_ids) == 1 for o in outs)
+    assert outs[-1].finished and not any(o.finished for o in outs[:-1])
+    assert all(o.prompt_tokens == 6 for o in outs)
+
+
+def test_shutdown_aborts_running(ckpt):
+    e = Engine(EngineConfig(model=str(ckpt), kv_pages=200, max_model_len=512))
+    e.start()
+    got = []
+    ev = threading.Event()
+
+    def cb(o):
+        if o.finished:
+            got.append(o.finish_reason)
+            ev.set()
+    e.submit(_prompt(5), SamplingParams(max_tokens=400, temperature=0, ignore_eos=True), cb)
+    time.sleep(0.05)
+    e.shutdown(0)
+    assert ev.wait(5) and got in (["abort"], ["length"])
+    with pytest.raises(RequestRejected):
+        e.submit(_prompt(5), GREEDY, lambda o: None)
+
+
+def test_sampler_distribution_matches_softmax():
+    from zerod.engine.sampler import sample
+
+    torch.manual_seed(0)
+    logits = torch.randn(1, 8) * 1.5
+    n = 4000
+    rows = logits.expand(n, 8).contiguous()
+    seeds = torch.arange(n, dtype=torch.int64) * 7919 + 13
+    tok = sample(rows, torch.full((n,), 1.0), torch.ones(n), torch.full((n,), -1, dtype=torch.int64),
+                 seeds, torch.zeros(n, dtype=torch.int64), all_greedy=False, need_filter=False)
+    freq = torch.bincount(tok, minlength=8).float() / n
+    p = torch.softmax(logits[0], -1)
+    assert (freq - p).abs().max() < 0.03, (freq, p)
+    # top_k 2 only ever picks the two largest
+    tok = sample(rows, torch.full((n,), 1.0), torch.ones(n), torch.full((n,), 2, dtype=torch.int64),
+                 seeds, torch.zeros(n, dtype=torch.int64), all_greedy=False, need_filter=True)
+    assert set(tok.tolist()) == set(logits[0].topk(2).indices.tolist())
