@@ -25,8 +25,9 @@ _LOG2E = 1.4426950408889634
 
 @triton.jit
 def _find_seq(cu_ptr, pid, B, BLOCK_M: tl.constexpr):
-    lo = 0
-    hi = B
+    # both bounds as int32 tensors from the start (B == 1 is specialised to a constexpr)
+    lo = pid * 0
+    hi = lo + B
     while lo < hi:
         mid = (lo + hi) // 2
         start = tl.load(cu_ptr + mid) // BLOCK_M + mid
