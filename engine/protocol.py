@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -516,6 +517,20 @@ def _dumps(obj: Any) -> bytes:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
 
 
+# Characters JSON must escape in a string; text without them is quoted as is.
+_NEEDS_ESCAPE = re.compile(r'["\\\x00-\x1f\ud800-\udfff]')
+
+
+def _json_str(text: str) -> bytes:
+    """json.dumps(text, ensure_ascii=False).encode(), with a fast path for plain text."""
+    if _NEEDS_ESCAPE.search(text) is None:
+        return b'"' + text.encode() + b'"'
+    try:
+        return json.dumps(text, ensure_ascii=False).encode()
+    except UnicodeEncodeError:  # a lone surrogate: escape it (\udXXX) rather than fail
+        return json.dumps(text).encode()
+
+
 def sse(obj: Any) -> bytes:
     return b"data: " + _dumps(obj) + b"\n\n"
 
@@ -567,7 +582,7 @@ class ChunkEncoder:
 
     def content(self, text: str, finish_reason: str | None = None) -> bytes:
         fr = b"null" if finish_reason is None else b'"' + finish_reason.encode() + b'"'
-        return self._head + _dumps(text) + self._mid + fr + self._tail
+        return self._head + _json_str(text) + self._mid + fr + self._tail
 
     def finish(self, finish_reason: str) -> bytes:
         """A last chunk that carries only the finish reason (no new text)."""

@@ -85,3 +85,17 @@ def test_bench_unreachable_server_is_a_plain_error():
     r = CliRunner().invoke(B.bench, ["--base-url", "http://127.0.0.1:9", "--no-progress"])
     assert r.exit_code != 0 and "cannot reach" in r.output
     assert "Traceback" not in r.output
+
+
+def test_bench_worker_processes(fake_server, tmp_path):
+    eng, srv = fake_server
+    out = tmp_path / "w.json"
+    r = CliRunner().invoke(B.bench, [
+        "--base-url", srv.url, "--num-prompts", "10", "--max-concurrency", "5",
+        "--input-len", "8", "--output-len", "6", "--warmup", "1", "--workers", "2",
+        "--request-rate", "200", "--out", str(out), "--no-progress"])
+    assert r.exit_code == 0, r.output
+    s = json.loads(out.read_text())["scenarios"]["random"]
+    assert s["config"]["workers"] == 2
+    assert (s["completed"], s["failed"]) == (10, 0)
+    assert s["total_output_tokens"] == 60 and s["itl_ms"]["n"] == 50

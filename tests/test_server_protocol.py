@@ -81,3 +81,11 @@ def test_unknown_sampling_field_refused_when_engine_lacks_it():
     with pytest.raises(P.APIError) as e:
         P.build_sampling_params(Small, r, 5)
     assert e.value.param == "top_k"
+
+
+@pytest.mark.parametrize("text", ["a", 'q"', "\\", "\n\t", "é中😀", "\x1f", "\u2028", "\ud800x"])
+def test_json_str_fast_path_equals_json(text):
+    raw = P._json_str(text)
+    assert json.loads(raw) == text
+    if text != "\ud800x":
+        assert raw == json.dumps(text, ensure_ascii=False).encode()
