@@ -14,6 +14,7 @@ from typing import Any, Callable
 from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
+from textual.css.query import NoMatches
 from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Footer, Input
 
@@ -25,6 +26,7 @@ from zerod.tui.widgets.alerts import AlertTable
 from zerod.tui.widgets.banner import Banner, banner_text
 from zerod.tui.widgets.engine import EnginePanel
 from zerod.tui.widgets.gpu import GpuList
+from zerod.tui.widgets.line import set_title
 from zerod.tui.widgets.preflight import PreflightPanel
 from zerod.tui.widgets.processes import FilterInput, ProcessTable
 from zerod.tui.widgets.statusbar import StatusBar, status_line
@@ -80,16 +82,21 @@ class ZerodTop(App[None]):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.query_one("#preflight").border_title = "Host · preflight"
-        self.query_one("#engine").border_title = "Engine"
-        self.query_one("#processes").border_title = "GPU processes"
-        self.query_one("#alerts").border_title = "Alerts"
-        self.query_one("#filter").display = False
-        self.query_one("#banner").display = False
-        self.query_one(ProcessTable).focus()
+        self.main.query_one("#preflight").border_title = "Host · preflight"
+        self.main.query_one("#engine").border_title = "Engine"
+        self.main.query_one("#processes").border_title = "GPU processes"
+        self.main.query_one("#alerts").border_title = "Alerts"
+        self.main.query_one("#filter").display = False
+        self.main.query_one("#banner").display = False
+        self.main.query_one(ProcessTable).focus()
         self._render_status()
         self.set_interval(self.interval, self._tick)
         self._tick()
+
+    @property
+    def main(self):
+        """The dashboard's screen (the bottom of the stack), also while a dialog is open."""
+        return self.screen_stack[0]
 
     @property
     def narrow(self) -> bool:
@@ -102,7 +109,8 @@ class ZerodTop(App[None]):
 
     # ---------------------------------------------------------------- polling
     def _tick(self) -> None:
-        self._render_status()
+        if not self._render_status():  # the app is closing
+            return
         if self.paused or self._in_flight:
             return
         self._in_flight = True
@@ -133,6 +141,8 @@ class ZerodTop(App[None]):
 
     def _poll_ok(self, snap: Snapshot) -> None:
         self._in_flight = False
+        if not self._mounted():
+            return
         self.polls += 1
         if self.paused:
             return
@@ -145,24 +155,26 @@ class ZerodTop(App[None]):
         self.last_ok = snap.taken_at
         self.error = None
         self.down_since = None
-        self.query_one("#banner").display = False
-        self.query_one("#main").remove_class("-stale")
+        self.main.query_one("#banner").display = False
+        self.main.query_one("#main").remove_class("-stale")
         self._render_status()
         self._bindings_changed()
 
     def _poll_failed(self, message: str, counted: bool = False) -> None:
         self._in_flight = False
+        if not self._mounted():
+            return
         if not counted:
             self.polls += 1
         now = self.clock()
         if self.error is None or self.down_since is None:
             self.down_since = now
         self.error = message
-        banner = self.query_one(Banner)
-        banner.update(banner_text(self.socket_path, message, now=now, down_since=self.down_since,
-                                  last_ok=self.last_ok, interval=self.interval))
+        banner = self.main.query_one(Banner)
+        banner.set(banner_text(self.socket_path, message, now=now, down_since=self.down_since,
+                               last_ok=self.last_ok, interval=self.interval), layout=True)
         banner.display = True
-        self.query_one("#main").set_class(self.snapshot is not None, "-stale")
+        self.main.query_one("#main").set_class(self.snapshot is not None, "-stale")
         self._render_status()
         self._bindings_changed()
 
@@ -176,11 +188,11 @@ class ZerodTop(App[None]):
     def _render(self, snap: Snapshot) -> None:
         now = self.clock()
         narrow = self.narrow
-        self.query_one(PreflightPanel).show(snap.status, snap.checks, snap.gpus, now=now, narrow=narrow)
-        self.query_one(EnginePanel).show(snap.status, snap.engine, snap.alerts, narrow)
-        self.query_one(GpuList).show(snap.gpus, narrow)
+        self.main.query_one(PreflightPanel).show(snap.status, snap.checks, snap.gpus, now=now, narrow=narrow)
+        self.main.query_one(EnginePanel).show(snap.status, snap.engine, snap.alerts, narrow)
+        self.main.query_one(GpuList).show(snap.gpus, narrow)
         procs = [p for p in (snap.processes.get("processes") or []) if isinstance(p, dict)]
-        table = self.query_one(ProcessTable)
+        table = self.main.query_one(ProcessTable)
         shown = table.show(procs, narrow)
         foreign = sum(1 for p in procs if p.get("role") == "foreign")
         title = f"GPU processes ({len(procs)})"
@@ -188,23 +200,36 @@ class ZerodTop(App[None]):
             title += f" · [bold red]{foreign} foreign[/]"
         if table.filter:
             title += f" · filter '{table.filter}': {len(shown)} shown"
-        self.query_one("#processes").border_title = title
+        set_title(self.main.query_one("#processes"), title)
         alerts = [a for a in (snap.alerts.get("alerts") or []) if isinstance(a, dict)]
-        self.query_one(AlertTable).show(alerts, now, narrow)
+        self.main.query_one(AlertTable).show(alerts, now, narrow)
         firing = sum(1 for a in alerts if a.get("state") == "firing")
-        self.query_one("#alerts").border_title = (
+        set_title(self.main.query_one("#alerts"), (
             f"Alerts · [bold red]{firing} firing[/] · {len(alerts) - firing} resolved" if firing
-            else f"Alerts · none firing · {len(alerts)} resolved")
+            else f"Alerts · none firing · {len(alerts)} resolved"))
         if snap.errors:
             self.notify("; ".join(f"{k}: {v}" for k, v in snap.errors.items()),
                         title="The daemon answered with errors", severity="warning", timeout=4)
 
-    def _render_status(self) -> None:
+    def _mounted(self) -> bool:
+        """False while the app is closing and its widgets are going away."""
+        try:
+            self.main.query_one(StatusBar)
+        except (NoMatches, IndexError):
+            return False
+        return True
+
+    def _render_status(self) -> bool:
         snap = self.snapshot
-        self.query_one(StatusBar).update(status_line(
+        try:
+            bar = self.main.query_one(StatusBar)
+        except (NoMatches, IndexError):
+            return False
+        bar.set(status_line(
             snap.status if snap else {}, snap.alerts if snap else {}, now=self.clock(),
             taken_at=self.last_ok, paused=self.paused, unreachable=self.error is not None,
             narrow=self.narrow))
+        return True
 
     # ---------------------------------------------------------------- actions
     @property
@@ -227,18 +252,18 @@ class ZerodTop(App[None]):
             self.poll_now()
 
     def action_filter(self) -> None:
-        box = self.query_one("#filter", Input)
+        box = self.main.query_one("#filter", Input)
         box.display = True
         box.focus()
 
     def action_close_filter(self) -> None:
-        box = self.query_one("#filter", Input)
+        box = self.main.query_one("#filter", Input)
         box.display = bool(box.value)
-        self.query_one(ProcessTable).focus()
+        self.main.query_one(ProcessTable).focus()
 
     @on(Input.Changed, "#filter")
     def _filter_changed(self, event: Input.Changed) -> None:
-        self.query_one(ProcessTable).filter = event.value
+        self.main.query_one(ProcessTable).filter = event.value
         if self.snapshot is not None:
             self._render(self.snapshot)
 
@@ -264,7 +289,7 @@ class ZerodTop(App[None]):
     def action_signal(self) -> None:
         if not self.write_actions:
             return
-        proc = self.query_one(ProcessTable).selected()
+        proc = self.main.query_one(ProcessTable).selected()
         if proc is None:
             self.notify("Select a process in the GPU processes table first.", severity="warning")
             return

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rich.text import Text
-from textual.widgets import Static
+from zerod.tui.widgets.line import Line
 
 from zerod.tui import format as fmt
 
@@ -20,5 +20,5 @@ def banner_text(socket_path: str, error: str, *, now: float, down_since: float,
     return t
 
 
-class Banner(Static):
+class Banner(Line):
     pass

@@ -7,7 +7,7 @@ from typing import Any
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Vertical
-from textual.widgets import Static
+from zerod.tui.widgets.line import Line, set_title
 
 from zerod.tui import format as fmt
 from zerod.tui.widgets.metric import MetricRow
@@ -29,7 +29,7 @@ class EnginePanel(Vertical):
         yield MetricRow("tok/s", 0.0, None, classes="m-tps")
         yield MetricRow("TTFT", 0.0, None, classes="m-ttft")
         yield MetricRow("ITL", 0.0, None, classes="m-itl")
-        yield Static("", classes="engine-counters")
+        yield Line("", classes="engine-counters")
 
     def show(self, status: dict[str, Any], engine: dict[str, Any], alerts: dict[str, Any],
              narrow: bool) -> None:
@@ -43,7 +43,7 @@ class EnginePanel(Vertical):
             title.append(f" · pid {st.get('pid')}")
         if st.get("restarts"):
             title.append(f" · {st.get('restarts')} restarts", "bold yellow")
-        self.border_title = title
+        set_title(self, title)
         firing = {str((a.get("labels") or {}).get("slo", "")) for a in (alerts.get("alerts") or [])
                   if isinstance(a, dict) and a.get("state") == "firing" and a.get("alertname") == "LatencyRegression"}
         h = engine.get("history") or {}
@@ -78,5 +78,5 @@ class EnginePanel(Vertical):
             c.append(f"{v if v is not None else fmt.NA}  ", "bold red" if v else "green")
         if not narrow:
             c.append("(sparklines: p99 over time)", "dim")
-        self.query_one(".engine-counters", Static).update(c)
+        self.query_one(".engine-counters", Line).set(c)
         self.set_class(bool(firing), "-alarm")

@@ -8,7 +8,7 @@ from typing import Any
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Grid, Vertical, VerticalScroll
-from textual.widgets import Static
+from zerod.tui.widgets.line import Line, set_title
 
 from zerod.tui import format as fmt
 from zerod.tui.widgets.metric import MetricRow
@@ -57,12 +57,12 @@ class GpuPanel(Vertical):
             yield MetricRow("temp", classes="m-temp")
             yield MetricRow("mem", 0.0, None, classes="m-mem")
             yield MetricRow("power", 0.0, None, classes="m-power")
-        yield Static("", classes="gpu-clocks")
+        yield Line("", classes="gpu-clocks")
 
     def show(self, g: dict[str, Any], narrow: bool) -> None:
         uuid = str(g.get("uuid") or "")
-        self.border_title = f"GPU {g.get('index', '?')} · {g.get('name') or '?'}" + (
-            f" · {uuid[:12]}…" if uuid and not narrow else "")
+        set_title(self, f"GPU {g.get('index', '?')} · {g.get('name') or '?'}" + (
+            f" · {uuid[:12]}…" if uuid and not narrow else ""))
         h = g.get("history") or {}
         util = fmt.num(g.get("utilization_ratio"))
         self.query_one(".m-util", MetricRow).set(
@@ -82,7 +82,7 @@ class GpuPanel(Vertical):
             f"{power:.0f}/{limit:.0f} W" if power is not None and limit else
             (f"{power:.0f} W" if power is not None else fmt.NA),
             fmt.series(h.get("power_watts")), hi=limit)
-        self.query_one(".gpu-clocks", Static).update(clocks_text(g, narrow))
+        self.query_one(".gpu-clocks", Line).set(clocks_text(g, narrow))
         bad = any(r in BAD_REASONS for r in (g.get("clock_events_active") or []))
         self.set_class(bad or bool(g.get("ecc_volatile_uncorrected")), "-alarm")
 
@@ -91,17 +91,17 @@ class GpuList(VerticalScroll):
     """One GpuPanel per GPU; a line of its own when NVML is unavailable."""
 
     def compose(self) -> ComposeResult:
-        yield Static("waiting for the daemon…", classes="gpu-note")
+        yield Line("waiting for the daemon…", classes="gpu-note")
 
     def show(self, gpus: dict[str, Any], narrow: bool) -> None:
         items = [g for g in (gpus.get("gpus") or []) if isinstance(g, dict)]
         nvml = gpus.get("nvml") or {}
-        note = self.query_one(".gpu-note", Static)
+        note = self.query_one(".gpu-note", Line)
         if nvml and not nvml.get("ok"):
-            note.update(Text(f"NVML unavailable: {nvml.get('error') or 'unknown error'}", "bold red"))
+            note.set(Text(f"NVML unavailable: {nvml.get('error') or 'unknown error'}", "bold red"))
             note.display = True
         elif not items:
-            note.update(Text("no GPUs reported", "dim"))
+            note.set(Text("no GPUs reported", "dim"))
             note.display = True
         else:
             note.display = False

@@ -7,8 +7,8 @@ from typing import Sequence
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.widget import Widget
-from textual.widgets import Static
 
+from zerod.tui.widgets.line import Line
 from zerod.tui.widgets.spark import Spark
 
 
@@ -20,11 +20,11 @@ class MetricRow(Widget):
         self._hi = hi
 
     def compose(self) -> ComposeResult:
-        yield Static(self._label, classes="metric-label")
+        yield Line(self._label, classes="metric-label")
         yield Spark(self._lo, self._hi, classes="metric-spark")
-        yield Static("", classes="metric-value")
+        yield Line("", classes="metric-value")
 
     def set(self, value: str | Text, data: Sequence[float], lo: float | None = None,
             hi: float | None = None) -> None:
-        self.query_one(".metric-value", Static).update(value)
+        self.query_one(".metric-value", Line).set(value)
         self.query_one(Spark).set(data, lo=lo, hi=hi)

@@ -7,7 +7,7 @@ from typing import Any
 
 from rich.text import Text
 from textual.containers import VerticalScroll
-from textual.widgets import Static
+from zerod.tui.widgets.line import Line
 
 from zerod.tui import format as fmt
 
@@ -66,11 +66,10 @@ def preflight_text(status: dict[str, Any], checks: dict[str, Any], gpus: dict[st
 
 class PreflightPanel(VerticalScroll):
     def compose(self):
-        yield Static("waiting for the daemon…", id="preflight-text")
+        yield Line("waiting for the daemon…", id="preflight-text")
 
     def show(self, status, checks, gpus, *, now: float, narrow: bool) -> None:
-        self.query_one("#preflight-text", Static).update(
-            preflight_text(status, checks, gpus, now=now, narrow=narrow))
+        self.query_one("#preflight-text", Line).set(
+            preflight_text(status, checks, gpus, now=now, narrow=narrow), layout=True)
         bad = problems(checks)
-        self.border_title = "Host · preflight"
         self.set_class(any(c["status"] == "fail" for c in bad), "-failing")

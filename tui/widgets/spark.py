@@ -51,12 +51,16 @@ class Spark(Widget):
         self.hi = hi
 
     def set(self, data: Sequence[float], lo: float | None = None, hi: float | None = None) -> None:
-        if lo is not None:
-            self.lo = lo
-        if hi is not None:
-            self.hi = hi
-        self.data = tuple(data)
-        self.refresh()
+        changed = False
+        if lo is not None and lo != self.lo:
+            self.lo, changed = lo, True
+        if hi is not None and hi != self.hi:
+            self.hi, changed = hi, True
+        data = tuple(data)
+        if data != self.data:
+            self.data = data  # a reactive: repaints itself
+        elif changed:
+            self.refresh()
 
     def render(self) -> Text:
         width = self.size.width

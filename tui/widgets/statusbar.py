@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.text import Text
-from textual.widgets import Static
+from zerod.tui.widgets.line import Line
 
 from zerod.tui import format as fmt
 
@@ -49,5 +49,5 @@ def status_line(status: dict[str, Any], alerts: dict[str, Any], *, now: float,
     return t
 
 
-class StatusBar(Static):
+class StatusBar(Line):
     pass
