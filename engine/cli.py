@@ -180,6 +180,9 @@ def serve(model, served_model_name, tokenizer, dtype, load_format, max_model_len
                        "meaningless", err=True)
 
     code = 0
+    import threading
+
+    threading.current_thread().name = "zerod-http"  # the event loop's thread, in /health
     try:
         engine.start()
         asyncio.run(serve_async(engine, host, port,

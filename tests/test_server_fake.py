@@ -444,3 +444,28 @@ def test_drain_ends_stream_cleanly():
     assert got["raw"].endswith("data: [DONE]\n\n")
     frames = [json.loads(f[6:]) for f in got["raw"].split("\n\n") if f.startswith("data: {")]
     assert frames[-1]["choices"][0]["finish_reason"] in ("abort", "length")
+
+
+async def test_health_follows_engine_and_engine_503(fake):
+    eng, srv = fake
+    eng.healthy = False
+    try:
+        async with aiohttp.ClientSession() as s:
+            async with s.get(srv.url + "/health") as r:
+                assert r.status == 503 and (await r.json())["status"] == "unhealthy"
+    finally:
+        eng.healthy = True
+    orig = eng.submit
+
+    def refuse(*a, **k):
+        raise RequestRejected(503, "the engine is shutting down", retry_after=5.0)
+
+    eng.submit = refuse
+    try:
+        st, headers, raw = await _post(srv.url + "/v1/completions", {"prompt": "x"})
+        assert st == 503 and json.loads(raw)["error"]["type"] == "service_unavailable"
+    finally:
+        eng.submit = orig
+    async with aiohttp.ClientSession() as s:
+        async with s.get(srv.url + "/health") as r:
+            assert r.status == 200
