@@ -334,7 +334,7 @@ class Daemon:
         while True:
             ok, why = self._progress_ok()
             now = time.monotonic()
-            if self.notifier.watchdog_enabled:
+            if self.notifier.watchdog_enabled and not self._stop.is_set():
                 if ok and now - last_wd >= wd_every:
                     self.notifier.watchdog()
                     last_wd = now
@@ -413,6 +413,9 @@ class Daemon:
                     if t.exception():
                         log.critical("task %s died: %r", t.get_name(), t.exception())
                         raise t.exception()
+            for t in tasks:  # the watch loop ends here: no WATCHDOG=1 after STOPPING=1
+                if t.get_name() == "tick":
+                    t.cancel()
             log.info("SIGTERM: stopping; draining the engine (up to %.0f s)", self.cfg.drain_timeout_s)
             self.notifier.stopping("stopping: draining the engine")
             self.notifier.extend_timeout(self.cfg.drain_timeout_s + 10)

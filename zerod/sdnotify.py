@@ -56,7 +56,10 @@ class Notifier:
         with self._lock:
             try:
                 if self._sock is None:
-                    self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
+                    # Non-blocking: a receiver that stops reading (a full queue) must
+                    # never stall the daemon's event loop; such a message is dropped.
+                    self._sock = socket.socket(socket.AF_UNIX,
+                                               socket.SOCK_DGRAM | socket.SOCK_CLOEXEC | socket.SOCK_NONBLOCK)
                 self._sock.sendto(payload, socket_address(self.address))
                 return True
             except OSError as exc:

@@ -141,13 +141,13 @@ class EngineSupervisor:
         if status:
             self.on_status(status)
 
-    async def _health(self) -> tuple[bool, str]:
+    async def _health(self, timeout_s: float = 2.0) -> tuple[bool, str]:
         import aiohttp
 
         if self._session is None:
             self._session = aiohttp.ClientSession()
         try:
-            timeout = aiohttp.ClientTimeout(total=min(self.cfg.health_timeout_s, 2.0))
+            timeout = aiohttp.ClientTimeout(total=timeout_s)
             async with self._session.get(self.url + "/health", timeout=timeout) as resp:
                 await resp.read()
                 return resp.status == 200, f"HTTP {resp.status}"
@@ -182,11 +182,7 @@ class EngineSupervisor:
                     break
                 self.fig.last_exit = why
                 self.fig.restarts += 1
-                self.book.fire("EngineDown", severity="critical", summary=f"engine down: {why}",
-                               description=f"the engine ({' '.join(self.argv[:6])} …) {why}; "
-                                           f"zerod restarts it in {self._backoff:.0f} s",
-                               labels={"url": self.url},
-                               fix="journalctl -u zerod -e shows the engine's own output")
+                self._alert_down(why)
                 self.book.fire("EngineRestarted", severity="warning",
                                summary=f"engine restarted ({self.fig.restarts} so far): {why}",
                                labels={"url": self.url})
@@ -197,6 +193,13 @@ class EngineSupervisor:
             if self._session is not None:
                 await self._session.close()
                 self._session = None
+
+    def _alert_down(self, why: str) -> None:
+        self.book.fire("EngineDown", severity="critical", summary=f"engine down: {why}",
+                       description=f"the engine ({' '.join(self.argv[:6])} …) {why}; "
+                                   f"zerod restarts it in {self._backoff:.0f} s",
+                       labels={"url": self.url},
+                       fix="journalctl -u zerod -e shows the engine's own output")
 
     async def _sleep(self, seconds: float) -> None:
         end = time.monotonic() + seconds
@@ -229,10 +232,19 @@ class EngineSupervisor:
             rc = p.poll()
             if rc is not None:
                 return f"exited with {_describe_rc(rc)}" + ("" if last_ok else " while starting")
-            ok, detail = await self._health()
+            # Healthy: one probe per interval, each allowed up to 2 s. Failing after
+            # having been healthy: probe again at once with what is left of
+            # health_timeout_s, so a hang is declared health_timeout_s after the
+            # last good answer, not a whole probe later.
+            if last_ok is not None and self.fig.state != "healthy":
+                budget = max(0.2, self.cfg.health_timeout_s - (time.monotonic() - last_ok))
+            else:
+                budget = min(self.cfg.health_timeout_s, 2.0)
+            ok, detail = await self._health(budget)
             now = time.monotonic()
             if self._stopping:
                 break
+            pause = self.cfg.health_interval_s
             if ok:
                 if last_ok is None or self.fig.state != "healthy":
                     self.fig.healthy_since = time.time()
@@ -249,18 +261,21 @@ class EngineSupervisor:
             else:
                 last_err = detail
                 if last_ok is not None:
-                    if now - last_ok >= self.cfg.health_timeout_s:
+                    if now - last_ok >= self.cfg.health_timeout_s - 0.05:
+                        why = f"stopped answering /health for {now - last_ok:.1f} s ({detail})"
                         self._set_state("unhealthy", f"engine unhealthy: {detail}")
+                        self._alert_down(why)  # before the kill: a hung engine may take a while to die
                         await self._kill(grace_s=2.0)
-                        return f"stopped answering /health for {now - last_ok:.1f} s ({detail})"
+                        return why
                     if self.fig.state == "healthy":
                         self._set_state("unhealthy", f"engine health failing: {detail}")
+                    pause = 0.2
                 elif now - started > self.cfg.start_timeout_s:
                     await self._kill(grace_s=5.0)
                     return f"not healthy within start_timeout_s={self.cfg.start_timeout_s:.0f} s ({last_err})"
                 else:
                     self._extend_start()
-            await self._sleep(self.cfg.health_interval_s)
+            await self._sleep(pause)
         return "stopping"
 
     async def stop(self, drain_timeout_s: float | None = None) -> int | None:
