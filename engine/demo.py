@@ -177,7 +177,9 @@ def generate(engine, prompts: list[list[int]], params, timeout: float = 60.0) ->
 
     if not isinstance(params, list):
         params = [params] * len(prompts)
-    res = [dict(token_ids=[], text="", finish_reason=None, outputs=[]) for _ in prompts]
+    import time
+
+    res = [dict(token_ids=[], text="", finish_reason=None, outputs=[], times=[]) for _ in prompts]
     left = [len(prompts)]
     cv = threading.Condition()
 
@@ -185,6 +187,7 @@ def generate(engine, prompts: list[list[int]], params, timeout: float = 60.0) ->
         def cb(o):
             r = res[i]
             r["outputs"].append(o)
+            r["times"].append(time.perf_counter())
             r["token_ids"] += o.token_ids
             r["text"] += o.text
             if o.finished:

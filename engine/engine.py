@@ -56,10 +56,13 @@ class EngineStats:
 
 def _resolve_device(name: str) -> torch.device:
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     d = torch.device(name)
-    if d.type == "cuda" and not torch.cuda.is_available():
-        raise EngineError("device cuda asked for, but torch sees no CUDA GPU")
+    if d.type == "cuda":
+        if not torch.cuda.is_available():
+            raise EngineError("device cuda asked for, but torch sees no CUDA GPU")
+        if d.index is None:
+            d = torch.device("cuda", torch.cuda.current_device())
     return d
 
 
@@ -90,6 +93,11 @@ class Engine:
             "demo" if cfg.model == "demo" else self.model_dir.name)
         self.vocab_size = mc.vocab_size
         load_format = cfg.load_format
+        D = mc.head_dim
+        if dev.type == "cuda" and not (D & (D - 1) == 0 and D >= 16):
+            from . import ops
+            log.warning("head_dim %d is not a power of two >= 16: attention runs the torch reference", D)
+            ops.DISABLED.update({"decode_attention", "prefill_attention"})
         self.model = build_model(mc, self.model_dir, "dummy" if load_format == "dummy" else "safetensors",
                                  dtype, dev, seed=cfg.seed)
 
@@ -327,6 +335,8 @@ class Engine:
         return out
 
     def _run(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
         ring = self.runner.ring
         idle = False
         while True:

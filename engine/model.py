@@ -79,7 +79,8 @@ class LlamaModel(nn.Module):
         ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         if meta.cu_seqlens_q is None:
             o = ops.decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, self.scale)
-        elif meta.no_prefix and q.is_cuda and meta.seqlens_q is not None:
+        elif (meta.no_prefix and q.is_cuda and meta.seqlens_q is not None
+              and (len(meta.seqlens_q) <= 8 or not ops.has_kernel("prefill_attention"))):
             o = _sdpa_varlen(q, k, v, meta.seqlens_q, self.scale)
         else:
             o = ops.prefill_attention(q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q,
@@ -112,26 +113,17 @@ class LlamaModel(nn.Module):
 
 def _sdpa_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqlens: list[int],
                  scale: float) -> torch.Tensor:
-    """Causal attention over the step's own contiguous q/k/v (no cached prefix), CUDA."""
+    """Causal attention over the step's own contiguous q/k/v (no cached prefix), CUDA:
+    flash SDPA per sequence (4-D, GQA through enable_gqa)."""
     hq, hk = q.shape[1], k.shape[1]
     gqa = hq != hk
-    if len(seqlens) <= 8:
-        out = []
-        s0 = 0
-        for n in seqlens:
-            qb = q[s0:s0 + n].transpose(0, 1)
-            kb = k[s0:s0 + n].transpose(0, 1)
-            vb = v[s0:s0 + n].transpose(0, 1)
-            o = F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, scale=scale, enable_gqa=gqa)
-            out.append(o.transpose(0, 1))
-            s0 += n
-        return torch.cat(out, 0) if len(out) > 1 else out[0]
-    # many short prompts: one call with a block-diagonal causal mask
-    t = q.shape[0]
-    seg = torch.repeat_interleave(torch.arange(len(seqlens), device=q.device),
-                                  torch.tensor(seqlens, device=q.device))
-    idx = torch.arange(t, device=q.device)
-    mask = (seg[:, None] == seg[None, :]) & (idx[None, :] <= idx[:, None])
-    o = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-                                       attn_mask=mask, scale=scale, enable_gqa=gqa)
-    return o.transpose(0, 1)
+    out = []
+    s0 = 0
+    for n in seqlens:
+        qb = q[s0:s0 + n].transpose(0, 1).unsqueeze(0)
+        kb = k[s0:s0 + n].transpose(0, 1).unsqueeze(0)
+        vb = v[s0:s0 + n].transpose(0, 1).unsqueeze(0)
+        o = F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, scale=scale, enable_gqa=gqa)
+        out.append(o[0].transpose(0, 1))
+        s0 += n
+    return torch.cat(out, 0) if len(out) > 1 else out[0]
