@@ -129,7 +129,7 @@ def agreement(dev, dtype, smoke):
             try:
                 e = Engine(EngineConfig(model=str(d), device=str(dev), dtype="bfloat16" if dtype == torch.bfloat16 else "float32",
                                         block_size=16, kv_pages=2000, max_model_len=512,
-                                        max_num_batched_tokens=64, **kw))
+                                        max_num_batched_tokens=64, max_num_seqs=16, **kw))
                 e.start()
                 try:
                     res = generate(e, prompts, sp, timeout=120)
