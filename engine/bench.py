@@ -500,7 +500,7 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "long-context": dict(input_len=16384, output_len=256, num_prompts=3, concurrency=1,
                          warmup=1),
 }
-ORDER = ["hello-ttft", "decode-b1", "prefill-16k", "long-context", "streams-200"]
+ORDER = ["hello-ttft", "streams-200", "decode-b1", "prefill-16k", "long-context"]
 
 
 # Shape flags a scenario keeps regardless of --input-len / --output-len (its definition).

@@ -11,9 +11,10 @@
 # safetensors (no psutil / openai: bench reads /proc itself).
 #
 # Knobs (environment):
-#   SHAPE=8b|tiny  DEVICE=cuda|cpu  PORT=8000  READY_TIMEOUT=420
+#   SHAPE=8b|tiny  DEVICE=cuda|cpu  PORT=8000  READY_TIMEOUT=200 (the whole script stays under
+#   ~10 min: ready <= 200 s, bench <= 330 s, drain <= 20 s)
 #   SERVE_ARGS   extra/overriding `zerod serve` flags
-#   SCENARIOS    default: hello-ttft decode-b1 prefill-16k long-context streams-200
+#   SCENARIOS    default: hello-ttft streams-200 decode-b1 prefill-16k long-context
 #   BENCH_ARGS   extra `zerod bench` flags (e.g. smaller shapes for a CPU smoke run:
 #                SHAPE=tiny DEVICE=cpu SERVE_ARGS="--dtype float32 --max-model-len 2048"
 #                BENCH_ARGS="--num-prompts 4 --input-len 64 --short-input-len 16 --output-len 16 --max-concurrency 4 --warmup 1")
@@ -26,9 +27,9 @@ mkdir -p "$R"
 SHAPE=${SHAPE:-8b}
 DEVICE=${DEVICE:-cuda}
 PORT=${PORT:-8000}
-READY_TIMEOUT=${READY_TIMEOUT:-420}
+READY_TIMEOUT=${READY_TIMEOUT:-200}
 MODEL_DIR=${MODEL_DIR:-/tmp/zerod-dummy-$SHAPE}
-SCENARIOS=${SCENARIOS:-hello-ttft decode-b1 prefill-16k long-context streams-200}
+SCENARIOS=${SCENARIOS:-hello-ttft streams-200 decode-b1 prefill-16k long-context}
 SERVE_ARGS=${SERVE_ARGS:-}
 BENCH_ARGS=${BENCH_ARGS:-}
 
@@ -79,7 +80,7 @@ fi
 SC=""
 for s in $SCENARIOS; do SC="$SC --scenario $s"; done
 # shellcheck disable=SC2086
-timeout 480 $PY -m zerod bench --port "$PORT" --server-pid "$SPID" --out "$R/bench.json" \
+timeout 330 $PY -m zerod bench --port "$PORT" --server-pid "$SPID" --out "$R/bench.json" \
     $SC $BENCH_ARGS > "$R/bench.log" 2>&1
 BENCH_RC=$?
 
