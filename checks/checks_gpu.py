@@ -264,8 +264,7 @@ def pcie_link(ctx: Ctx):
         if gen is not None and gmax is not None and gen < gmax:
             util = (field(ctx, g, "util") or {}).get("gpu", 0)
             pstate = field(ctx, g, "pstate")
-            idle = util == 0 and (pstate is None or pstate > 0)
-            if idle:
+            if util == 0:  # an idle link trains down to save power, even in P0
                 notes.append(f"{name}: gen {gen} of {gmax} while idle (P{pstate}; the link trains down "
                              "when idle, up under load)")
             else:
