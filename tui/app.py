@@ -15,6 +15,7 @@ from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.css.query import NoMatches
+from textual.markup import escape
 from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Footer, Input
 
@@ -199,7 +200,7 @@ class ZerodTop(App[None]):
         if foreign:
             title += f" · [bold red]{foreign} foreign[/]"
         if table.filter:
-            title += f" · filter '{table.filter}': {len(shown)} shown"
+            title += f" · filter '{escape(table.filter)}': {len(shown)} shown"
         set_title(self.main.query_one("#processes"), title)
         alerts = [a for a in (snap.alerts.get("alerts") or []) if isinstance(a, dict)]
         self.main.query_one(AlertTable).show(alerts, now, narrow)

@@ -8,6 +8,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.markup import escape
 from textual.screen import ModalScreen
 from textual.widgets import Button, Static
 
@@ -49,7 +50,7 @@ class ConfirmSignalScreen(ModalScreen[str | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="confirm-box", classes="dialog") as box:
-            box.border_title = f"Signal {self.proc.get('name') or '?'} (pid {self.proc.get('pid')})?"
+            box.border_title = escape(f"Signal {self.proc.get('name') or '?'} (pid {self.proc.get('pid')})?")
             yield Static(question(self.proc), id="confirm-text")
             with Horizontal(id="confirm-buttons"):
                 yield Button("Cancel", id="cancel", variant="primary")

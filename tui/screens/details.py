@@ -9,6 +9,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
+from textual.markup import escape
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
@@ -64,7 +65,7 @@ class DetailsScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="details-box", classes="dialog") as box:
-            box.border_title = self._title
+            box.border_title = escape(self._title)
             box.border_subtitle = "Esc to close"
             yield Static(details_table(self._item, self._fields, self._now), id="details-text")
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from rich.console import Group
+from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -31,28 +33,28 @@ PANELS = [
 ]
 
 
-def help_text(socket_path: str, interval: float, write_actions: bool | None) -> Text:
-    t = Text()
-    t.append("Keys\n", "bold underline")
+def help_text(socket_path: str, interval: float, write_actions: bool | None) -> Group:
+    keys = Table.grid(padding=(0, 2))
+    keys.add_column(style="bold cyan", no_wrap=True)
+    keys.add_column(ratio=1)
     for k, what in KEYS:
-        t.append(f"  {k:<6}", "bold cyan")
-        t.append(f"{what}\n")
-    t.append("\nPanels\n", "bold underline")
+        keys.add_row(Text(k), Text(what))
+    panels = Table.grid(padding=(0, 2))
+    panels.add_column(style="bold", no_wrap=True)
+    panels.add_column(ratio=1)
     for name, what in PANELS:
-        t.append(f"  {name}: ", "bold")
-        t.append(f"{what}\n")
-    t.append("\nDaemon\n", "bold underline")
-    t.append(f"  control socket {socket_path}, polled every {interval:g}s\n")
+        panels.add_row(Text(name), Text(what))
     wa = "unknown" if write_actions is None else ("allowed" if write_actions else "disabled")
-    t.append(f"  write actions: {wa}\n")
-    return t
+    daemon = Text(f"control socket {socket_path}, polled every {interval:g}s\nwrite actions: {wa}")
+    return Group(Text("Keys", "bold underline"), keys, Text(""), Text("Panels", "bold underline"), panels,
+                 Text(""), Text("Daemon", "bold underline"), daemon)
 
 
 class HelpScreen(ModalScreen[None]):
     BINDINGS = [Binding("escape", "dismiss", "Close"), Binding("question_mark", "dismiss", "Close", show=False),
                 Binding("q", "dismiss", "Close", show=False)]
 
-    def __init__(self, text: Text) -> None:
+    def __init__(self, text: Group) -> None:
         super().__init__()
         self._text = text
 

@@ -13,7 +13,7 @@ def banner_text(socket_path: str, error: str, *, now: float, down_since: float,
     t = Text()
     t.append("⚠ Cannot reach the zerod daemon at ", "bold")
     t.append(socket_path, "bold underline")
-    t.append(f"\n  {error}")
+    t.append(f": {error}")
     t.append(f"\n  retrying every {interval:g}s; down for {fmt.duration(now - down_since)}", "dim")
     if last_ok is not None:
         t.append(f"; the panels below show data from {fmt.ago(last_ok, now)}", "dim")

@@ -1,0 +1,86 @@
+"""SVG snapshots of `zerod top` (pytest-textual-snapshot) on the recorded control-API
+data, at 120×40 and at the smallest supported size, 80×24. The clock is injected, so
+every relative time on screen is fixed. Update with `pytest --snapshot-update`."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+
+import pytest
+
+from tui_fake_daemon import NOW, FakeDaemon
+from zerod.tui.app import ZerodTop
+
+
+@pytest.fixture
+def daemon(monkeypatch):
+    # A relative socket path in a temporary working directory: the path shows on
+    # screen (banner, help), so it must not carry the random directory name.
+    d = tempfile.mkdtemp(prefix="zt")
+    monkeypatch.chdir(d)
+    fake = FakeDaemon("control.sock").start()
+    yield fake
+    fake.stop()
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def app_for(daemon: FakeDaemon) -> ZerodTop:
+    return ZerodTop(daemon.socket_path, interval=0.2, timeout=1.0, clock=lambda: NOW)
+
+
+async def until(pilot, cond, timeout: float = 10.0) -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, "condition not met in time"
+        await pilot.pause(0.02)
+    await pilot.pause()
+
+
+def loaded(app: ZerodTop):
+    async def run_before(pilot) -> None:
+        await until(pilot, lambda: app.snapshot is not None)
+    return run_before
+
+
+def test_dashboard_120x40(snap_compare, daemon):
+    app = app_for(daemon)
+    assert snap_compare(app, terminal_size=(120, 40), run_before=loaded(app))
+
+
+def test_dashboard_80x24(snap_compare, daemon):
+    app = app_for(daemon)
+    assert snap_compare(app, terminal_size=(80, 24), run_before=loaded(app))
+
+
+def test_daemon_unreachable_80x24(snap_compare, daemon):
+    app = app_for(daemon)
+
+    async def run_before(pilot) -> None:
+        await until(pilot, lambda: app.snapshot is not None)
+        daemon.stop()
+        await until(pilot, lambda: app.error is not None)
+
+    assert snap_compare(app, terminal_size=(80, 24), run_before=run_before)
+
+
+def test_signal_confirmation_120x40(snap_compare, daemon):
+    daemon.set_write_actions(True)
+    app = app_for(daemon)
+
+    async def run_before(pilot) -> None:
+        await until(pilot, lambda: app.snapshot is not None)
+        await pilot.press("k")
+
+    assert snap_compare(app, terminal_size=(120, 40), run_before=run_before)
+
+
+def test_filter_and_help_80x24(snap_compare, daemon):
+    app = app_for(daemon)
+
+    async def run_before(pilot) -> None:
+        await until(pilot, lambda: app.snapshot is not None)
+        await pilot.press("slash", *"dcgm", "enter", "question_mark")
+
+    assert snap_compare(app, terminal_size=(80, 24), run_before=run_before)
