@@ -458,7 +458,10 @@ def _vocab_size(engine: Any) -> int | None:
 
 async def _start(server: OpenAIServer, host: str, port: int) -> tuple[web.AppRunner, int]:
     app = server.make_app()
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    # We drain in-flight requests ourselves first; what is left after that (a client that
+    # stopped reading) gets 2 s, not aiohttp's default 60 s, before its handler is cancelled.
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
+                           shutdown_timeout=2.0)
     await runner.setup()
     site = web.TCPSite(runner, host, port, backlog=2048, reuse_address=True)
     await site.start()
