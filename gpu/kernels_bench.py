@@ -238,7 +238,7 @@ def bench_decode(ref):
             if s != auto:
                 row("decode_attention", shape, f"splits={s}",
                     ms_of(lambda s=s: fn(q, kc, vc, bt, cl, scale, num_splits=s)), nb)
-        for bn, nw, ns in ((32, 4, 2), (64, 4, 3), (128, 4, 2), (128, 8, 3)):
+        for bn, nw, ns in ((32, 4, 2), (64, 8, 2), (128, 8, 2), (64, 4, 3)):
             row("decode_attention", shape, f"splits={auto} N={bn} w={nw} st={ns}",
                 ms_of(lambda: fn(q, kc, vc, bt, cl, scale, num_splits=auto, block_n=bn,
                                  num_warps=nw, num_stages=ns)), nb)
@@ -284,7 +284,7 @@ def bench_prefill(ref):
             ref_ms = ms_of(lambda: ref["prefill_attention"](q, kc, vc, bt, cu, cl, scale), rep=50)
         row("prefill_attention", name, "triton default", ms_of(lambda: fn(q, kc, vc, bt, cu, cl, scale)),
             flops=fl, ref_ms=ref_ms)
-        for bm, bn, nw, ns in ((128, 128, 8, 2), (64, 64, 4, 3), (128, 64, 4, 3), (128, 32, 4, 4)):
+        for bm, bn, nw, ns in ((128, 128, 8, 2), (64, 64, 4, 3), (128, 64, 8, 2), (128, 64, 8, 4)):
             row("prefill_attention", name, f"M={bm} N={bn} w={nw} st={ns}",
                 ms_of(lambda: fn(q, kc, vc, bt, cu, cl, scale, block_m=bm, block_n=bn,
                                  num_warps=nw, num_stages=ns)), flops=fl)
