@@ -423,6 +423,13 @@ async def _worker_main(i, url, headers, payloads, concurrency, rate, seed, start
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=600)
     loop = asyncio.get_running_loop()
     async with aiohttp.ClientSession(connector=conn, timeout=timeout) as session:
+        # Open this worker's connections before the clock starts (max_tokens 1 requests),
+        # as the in-process warm-up does for the single-process client.
+        if payloads:
+            n = concurrency or min(64, len(payloads))
+            warm = dict(payloads[0], max_tokens=1)
+            await asyncio.gather(*(one_request(session, url, warm, headers, None)
+                                   for _ in range(n)))
         q.put(("ready", i))
         await loop.run_in_executor(None, start.wait)
         sem = asyncio.Semaphore(concurrency) if concurrency else None
