@@ -38,7 +38,7 @@ def render(report: Report, colour: bool = False, verbose: bool = False) -> str:
             lines.append("")
             lines.append(AREAS.get(area, area))
         head = f"  {LABEL[c.status]:<4} {c.id:<{idw}} "
-        body = textwrap.wrap(c.message or c.title, WIDTH - len(head)) or [""]
+        body = textwrap.wrap(c.message or c.title, WIDTH - len(head), break_on_hyphens=False) or [""]
         lines.append("  " + style(f"{LABEL[c.status]:<4}", c.status, c.status in ("fail", "error"))
                      + f" {c.id:<{idw}} " + body[0])
         for more in body[1:]:
