@@ -256,20 +256,28 @@ def apply(pl: Plan) -> list[str]:
                 before = _read(p)
                 if c.kind == "value" and before is not None:
                     before = selected(before).strip() if "[" in before else before.strip()
+                existed = os.path.lexists(p)
                 undo.append((c.kind, p, before))
-                _write(p, c.after if c.kind == "file" else c.after + "\n", made)
+                try:
+                    _write(p, c.after if c.kind == "file" else c.after + "\n", made)
+                except OSError:
+                    if before is None:  # nothing to restore there; drop only what this write created
+                        undo.pop()
+                        if not existed and os.path.isfile(p):
+                            os.unlink(p)
+                    raise
             done.append(f"{c.key}: {c.now if c.kind == 'value' else ('replaced' if c.now else 'absent')}"
                         f" -> {c.after if c.kind == 'value' else 'written'} ({', '.join(c.paths[:2])}"
                         f"{' ...' if len(c.paths) > 2 else ''})")
     except OSError as exc:
-        errors = _undo(undo, made)
-        try:
+        try:  # the state first, so that the folders made for it can go too
             if old_state is None:
                 os.unlink(_p(pl.rootfs, STATE_FILE))
             else:
                 _save_state(pl.rootfs, old_state, [])
         except OSError:
             pass
+        errors = _undo(undo, made)
         tail = f"; could not undo: {'; '.join(errors)}" if errors else "; every change was rolled back"
         raise HardenError(f"applying failed at {exc.filename or ''}: {exc.strerror or exc}{tail}") from None
     return done

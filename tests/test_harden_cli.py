@@ -1,0 +1,162 @@
+"""`zerod harden` in a temporary root: the dry-run plan, --apply, --rollback, a failure
+half-way that leaves nothing applied, and the refusal without rights."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from test_checks_helpers import REPO, cli_env, edit_gpu0, h200
+
+from zerod.cli import cli
+from zerod.checks import harden as H
+
+
+def host(root: Path) -> Path:
+    w = lambda rel, text: (root / rel).parent.mkdir(parents=True, exist_ok=True) or (root / rel).write_text(text)  # noqa: E731
+    w("proc/sys/kernel/numa_balancing", "1\n")
+    w("proc/sys/kernel/io_uring_disabled", "0\n")
+    w("sys/kernel/mm/transparent_hugepage/enabled", "[always] madvise never\n")
+    w("sys/kernel/mm/transparent_hugepage/defrag", "always defer defer+madvise [madvise] never\n")
+    for cpu in range(3):
+        w(f"sys/devices/system/cpu/cpu{cpu}/cpufreq/scaling_governor", "powersave\n")
+    (root / "etc").mkdir(exist_ok=True)
+    return root
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    out = {}
+    for dirpath, _, files in os.walk(root):
+        for f in files:
+            p = Path(dirpath) / f
+            out[str(p.relative_to(root))] = p.read_text() if p.is_file() else "?"
+    return out
+
+
+def harden(*args):
+    return CliRunner().invoke(cli, ["harden", *args])
+
+
+def thp(root: Path) -> str:
+    return H.selected((root / "sys/kernel/mm/transparent_hugepage/enabled").read_text())
+
+
+def test_plan_is_a_dry_run(tmp_path):
+    root = host(tmp_path)
+    before = snapshot(root)
+    r = harden("--rootfs", str(root))
+    assert r.exit_code == 0, r.output
+    out = r.output
+    assert "kernel.numa_balancing: 1 -> 0" in out
+    assert "THP enabled: always -> madvise" in out
+    assert "CPU governor (3 CPUs): powersave -> performance" in out
+    assert "sysctl drop-in: create" in out and "| kernel.numa_balancing = 0" in out
+    assert "zerod.service memlock: create" in out and "| LimitMEMLOCK=infinity" in out
+    assert "zerod never changes them" in out  # GPU clocks and power limits
+    assert "io_uring_disabled: " not in out  # already 0: nothing to change
+    assert snapshot(root) == before
+
+
+def test_apply_then_rollback(tmp_path):
+    root = host(tmp_path)
+    before = snapshot(root)
+    r = harden("--apply", "--rootfs", str(root))
+    assert r.exit_code == 0, r.output
+    assert "applied:" in r.output and "--rollback" in r.output
+    assert (root / "proc/sys/kernel/numa_balancing").read_text().strip() == "0"
+    assert thp(root) == "madvise"
+    assert {(root / f"sys/devices/system/cpu/cpu{i}/cpufreq/scaling_governor").read_text().strip()
+            for i in range(3)} == {"performance"}
+    assert (root / H.SYSCTL_DROPIN).read_text() == H.sysctl_dropin_text()
+    assert "LimitMEMLOCK=infinity" in (root / H.MEMLOCK_DROPIN).read_text()
+    tmpfiles = (root / H.TMPFILES_DROPIN).read_text()
+    assert "transparent_hugepage/enabled - - - - madvise" in tmpfiles and "scaling_governor - - - - performance" in tmpfiles
+    assert (root / H.STATE_FILE).exists()
+    # applied: the plan is now empty, and a second apply changes nothing
+    assert "nothing to change" in harden("--rootfs", str(root)).output
+    assert "nothing to apply" in harden("--apply", "--rootfs", str(root)).output
+
+    r = harden("--rollback", "--rootfs", str(root))
+    assert r.exit_code == 0, r.output
+    assert "restored" in r.output and "removed" in r.output
+    after = snapshot(root)
+    assert after["proc/sys/kernel/numa_balancing"].strip() == "1"
+    assert thp(root) == "always"
+    assert all(after[k].strip() == "powersave" for k in after if k.endswith("scaling_governor"))
+    assert set(after) == set(before)  # the drop-ins and the state file are gone
+    assert "nothing to roll back" in harden("--rollback", "--rootfs", str(root)).output
+
+
+def test_failure_half_way_rolls_back_everything(tmp_path):
+    root = host(tmp_path)
+    # The last step (the memlock drop-in) cannot be written: a folder stands where the file goes.
+    (root / H.MEMLOCK_DROPIN).mkdir(parents=True)
+    before = snapshot(root)
+    dirs_before = sorted(p for p, _, _ in os.walk(root))
+    r = harden("--apply", "--rootfs", str(root))
+    assert r.exit_code == 1
+    assert "applying failed" in r.output and "every change was rolled back" in r.output
+    assert snapshot(root) == {k: v for k, v in before.items()} | {
+        "sys/kernel/mm/transparent_hugepage/enabled": "always\n"}  # restored as the kernel takes it
+    assert thp(root) == "always"
+    assert (root / "proc/sys/kernel/numa_balancing").read_text().strip() == "1"
+    assert not (root / H.STATE_FILE).exists()
+    assert sorted(p for p, _, _ in os.walk(root)) == dirs_before  # created folders removed too
+
+
+def test_apply_and_rollback_together_is_a_usage_error(tmp_path):
+    r = harden("--apply", "--rollback", "--rootfs", str(tmp_path))
+    assert r.exit_code == 2 and "exclude each other" in r.output
+
+
+def test_gpu_settings_are_only_printed(tmp_path):
+    f = edit_gpu0(h200(), persistence=0, mig=[1, 1], ecc=[0, 0])
+    pl = H.plan(str(host(tmp_path)), f)
+    text = "\n".join(pl.manual)
+    assert "nvidia-persistenced" in text and "-mig 0" in text and "-e 1" in text
+    assert all("nvidia" not in p for c in pl.changes for p in c.paths)
+
+
+def test_sysctl_dropin_text_is_what_install_reuses():
+    text = H.sysctl_dropin_text()
+    lines = [line for line in text.splitlines() if line and not line.startswith("#")]
+    assert lines == ["kernel.numa_balancing = 0", "-kernel.io_uring_disabled = 0"]
+
+
+def _as_nobody(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable,
+                           "-m", "zerod", "harden", *args], capture_output=True, text=True, cwd=REPO,
+                          env={**cli_env(), "HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"}, timeout=60)
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
+                                reason="drops to an unprivileged user with setpriv, which needs root")
+
+
+@needs_root
+def test_refuses_without_rights_and_changes_nothing():
+    root = Path(tempfile.mkdtemp(prefix="zerod-harden-"))
+    try:
+        host(root)
+        for dirpath, dirnames, files in os.walk(root):  # readable, not writable, by others
+            os.chmod(dirpath, 0o755)
+            for f in files:
+                os.chmod(os.path.join(dirpath, f), 0o644)
+        before = snapshot(root)
+        p = _as_nobody("--apply", "--rootfs", str(root))
+        assert p.returncode == 1, p.stdout + p.stderr
+        assert "refused" in p.stderr and "permission denied" in p.stderr and "nothing was changed" in p.stderr
+        assert "Traceback" not in p.stderr
+        assert snapshot(root) == before
+        # and on the real root, without --rootfs: root is required, the host is untouched
+        p = _as_nobody("--apply")
+        assert p.returncode == 1 and "needs root" in p.stderr and "Traceback" not in p.stderr
+    finally:
+        shutil.rmtree(root)
