@@ -28,7 +28,7 @@ from .kv_pool import KVPool, page_bytes
 from .loader import build_model
 from .metrics import EngineMetrics
 from .model_runner import Chunk, ModelRunner
-from .output import FinishRecord, OutputPoller, Request, RequestOutput, StepRecord
+from .output import FinishRecord, OutputPoller, Request, RequestOutput, StepRecord, set_os_thread_name
 from .tokenizer import Tokenizer
 
 __all__ = ["Engine", "EngineConfig", "EngineError", "EngineStats", "RequestOutput",
@@ -335,6 +335,7 @@ class Engine:
         return out
 
     def _run(self) -> None:
+        set_os_thread_name("zerod-step")
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         ring = self.runner.ring

@@ -237,7 +237,10 @@ class ModelRunner:
                 self.g_pos[B:bucket].zero_()
             g.replay()
             return out[:B]
-        w = max((r.prompt_len + r.num_scheduled - 1) // self.ps + 1 for r in reqs)
+        if self.cuda and ops.has_kernel("decode_attention"):
+            w = self.W   # the kernel reads only the pages it needs; same launch shape as the graphs
+        else:
+            w = max((r.prompt_len + r.num_scheduled - 1) // self.ps + 1 for r in reqs)
         return self._decode_forward(slots, pos, w)
 
     @torch.inference_mode()

@@ -25,6 +25,16 @@ from .tokenizer import IncrementalDetokenizer, Tokenizer
 log = logging.getLogger("zerod.engine")
 
 
+def set_os_thread_name(name: str) -> None:
+    """Name the calling OS thread (what /proc/PID/task/*/comm shows); Linux only, best effort."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None)
+        libc.prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+    except Exception:  # noqa: BLE001
+        pass
+
+
 @dataclass
 class RequestOutput:
     request_id: str
@@ -120,6 +130,7 @@ class OutputPoller(threading.Thread):
 
     # ------------------------------------------------------------------ thread
     def run(self) -> None:
+        set_os_thread_name(self.name)
         while True:
             rec = self.q.get()
             if rec is None:

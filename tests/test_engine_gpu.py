@@ -1,0 +1,78 @@
+"""Engine core on a CUDA GPU (skipped without one; gpu/engine_check.py is the full device run)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from zerod.engine import ops
+from zerod.engine.demo import generate, make_checkpoint
+from zerod.engine.engine import Engine, EngineConfig, SamplingParams
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    d = tmp_path_factory.mktemp("gpu-llama")
+    make_checkpoint(d, "llama", hidden_size=256, num_heads=4, num_kv_heads=2, intermediate_size=512,
+                    dtype="bfloat16", seed=3)
+    return d
+
+
+def test_graphs_run_and_free_pages(ckpt):
+    e = Engine(EngineConfig(model=str(ckpt), device="cuda", dtype="bfloat16", kv_pages=512,
+                            max_model_len=256, max_num_seqs=32))
+    assert e.runner.graphs, "decode CUDA graphs were not captured"
+    e.start()
+    try:
+        prompts = [[5 + i] * (3 + 7 * i) for i in range(20)]
+        res = generate(e, prompts, SamplingParams(max_tokens=24, temperature=0.7, top_p=0.9, seed=1,
+                                                  ignore_eos=True))
+        assert all(r["finish_reason"] == "length" and len(r["token_ids"]) == 24 for r in res)
+        st = e.stats()
+        assert st.healthy and st.kv_pages_free == st.kv_pages_total
+    finally:
+        e.shutdown(0)
+
+
+def test_decode_step_has_no_host_sync(ckpt):
+    e = Engine(EngineConfig(model=str(ckpt), device="cuda", dtype="bfloat16", kv_pages=256,
+                            max_model_len=256, max_num_seqs=8))
+    e.start()
+    try:
+        generate(e, [[7, 8, 9]], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            r = generate(e, [[7, 8, 9], [10, 11]], SamplingParams(max_tokens=16, temperature=0.5, ignore_eos=True))
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        assert [x["finish_reason"] for x in r] == ["length", "length"]
+    finally:
+        e.shutdown(0)
+
+
+@pytest.mark.parametrize("name", ["rms_norm", "silu_and_mul", "decode_attention"])
+def test_kernels_match_reference(name):
+    if not ops.has_kernel(name):
+        pytest.skip(f"no CUDA kernel {name}")
+    torch.manual_seed(0)
+    dev = "cuda"
+    if name == "rms_norm":
+        args = (torch.randn(7, 256, device=dev, dtype=torch.bfloat16), torch.randn(256, device=dev, dtype=torch.bfloat16), 1e-5)
+    elif name == "silu_and_mul":
+        args = (torch.randn(7, 512, device=dev, dtype=torch.bfloat16),)
+    else:
+        kc = torch.randn(32, 16, 2, 64, device=dev, dtype=torch.bfloat16)
+        vc = torch.randn(32, 16, 2, 64, device=dev, dtype=torch.bfloat16)
+        bt = torch.randint(1, 32, (3, 8), device=dev, dtype=torch.int32)
+        args = (torch.randn(3, 8, 64, device=dev, dtype=torch.bfloat16), kc, vc, bt,
+                torch.tensor([1, 40, 128], device=dev, dtype=torch.int32), 0.125)
+    fn = getattr(ops, name)
+    got = fn(*args)
+    ops.DISABLED.add(name)
+    try:
+        ref = fn(*args)
+    finally:
+        ops.DISABLED.discard(name)
+    torch.testing.assert_close(got.float(), ref.float(), atol=2e-2, rtol=2e-2)
