@@ -1,0 +1,43 @@
+"""What the device H200 returned (gpu/results/doctor/): the saved snapshot replays to the
+report doctor printed there, and the recorded facts look like a real NVML host."""
+
+from __future__ import annotations
+
+import json
+
+from test_checks_helpers import FACTS_DIR, REPO, h200
+
+from zerod.checks import run_checks
+
+RESULTS = REPO / "gpu" / "results" / "doctor"
+
+
+def test_snapshot_is_the_one_from_the_device():
+    saved = json.loads((RESULTS / "h200-facts.json").read_text())
+    assert json.loads((FACTS_DIR / "h200.json").read_text()) == saved
+    f = h200()
+    (g,) = f.value("nvml.gpus")
+    assert g["name"] == "NVIDIA H200" and g["cc"] == [9, 0] and g["memory"]["total"] > 140 << 30
+    assert f.value("nvml")["driver_version"] == "580.159.04"
+    assert f.value("torch.install")["cuda"] == "13.0"
+
+
+def test_replay_gives_the_report_printed_on_the_device():
+    there = json.loads((RESULTS / "doctor-idle.json").read_text())
+    here = run_checks(h200()).to_dict()
+    assert [(c["id"], c["status"], c["message"]) for c in here["checks"]] == [
+        (c["id"], c["status"], c["message"]) for c in there["checks"]]
+    assert there["summary"]["exit_code"] == 0
+
+
+def test_the_fd_scan_saw_doctor_itself_and_knew_it():
+    f = h200()
+    (p,) = f.value("gpu.processes")
+    assert p["source"] == "fd" and "/dev/nvidiactl" in p["devices"] and p["pid"] in f.value("self.pids")
+    r = {c.id: c for c in run_checks(f).checks}["gpu.foreign_processes"]
+    assert r.status == "pass" and r.evidence[0]["value"]["role"] == "self"
+
+
+def test_walltime_within_budget():
+    w = json.loads((RESULTS / "walltime.json").read_text())
+    assert w["median_s"] <= 1.0 and w["exit_codes"] == [0]
