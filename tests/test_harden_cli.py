@@ -160,3 +160,25 @@ def test_refuses_without_rights_and_changes_nothing():
         assert p.returncode == 1 and "needs root" in p.stderr and "Traceback" not in p.stderr
     finally:
         shutil.rmtree(root)
+
+
+def test_second_apply_keeps_the_first_values_for_rollback(tmp_path):
+    root = host(tmp_path)
+    assert harden("--apply", "--rootfs", str(root)).exit_code == 0
+    # something sets numa_balancing back to 1 (and nothing else changes): apply again
+    (root / "proc/sys/kernel/numa_balancing").write_text("1\n")
+    assert harden("--apply", "--rootfs", str(root)).exit_code == 0
+    assert (root / "proc/sys/kernel/numa_balancing").read_text().strip() == "0"
+    assert harden("--rollback", "--rootfs", str(root)).exit_code == 0
+    assert (root / "proc/sys/kernel/numa_balancing").read_text().strip() == "1"
+    assert thp(root) == "always"
+
+
+def test_plan_as_json(tmp_path):
+    import json
+
+    d = json.loads(harden("--json", "--rootfs", str(host(tmp_path))).output)
+    keys = [c["key"] for c in d["changes"]]
+    assert keys[0] == "kernel.numa_balancing" and "zerod.service memlock" in keys
+    c = d["changes"][0]
+    assert (c["now"], c["after"], c["persist"]) == ("1", "0", "/etc/sysctl.d/60-zerod.conf")

@@ -1,0 +1,61 @@
+"""The probes' parsers and the live probes that need no GPU (netlink, torch's version.py)."""
+
+from __future__ import annotations
+
+import json
+
+from test_checks_helpers import load
+
+from zerod.checks import Facts, Roots, probe_facts, run_checks
+from zerod.checks.probe_net import netlink_addresses
+from zerod.checks.probe_sysfs import parse_cpulist, selected
+from zerod.checks.probe_torch import torch_install
+from zerod.checks.render import render
+from zerod.checks.xid import describe, parse_kmsg_xids
+
+
+def test_xid_lines_from_kmsg_and_dmesg():
+    text = ("4,812,1234567890,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=0, name=, GPU has fallen off the bus.\n"
+            "6,813,1234567891,-;nvidia-modeset: something else\n"
+            "[ 4242.123456] NVRM: Xid (PCI:0000:af:00): 13, pid=77, name=python3, Graphics Exception\n"
+            " SUBSYSTEM=pci\n")
+    ev = parse_kmsg_xids(text)
+    assert [(e["xid"], e["pci"], e["t_s"]) for e in ev] == [(79, "0000:3b:00", 1234.56789),
+                                                            (13, "0000:af:00", 4242.123456)]
+    assert describe(79).critical and not describe(13).critical and describe(99999).critical
+
+
+def test_small_parsers():
+    assert selected("always [madvise] never\n") == "madvise"
+    assert parse_cpulist("0-3,8,10-11\n") == {0, 1, 2, 3, 8, 10, 11}
+    assert parse_cpulist("") == set()
+
+
+def test_netlink_lists_loopback():
+    addrs = netlink_addresses()
+    assert {"ifname": "lo", "family": 4, "address": "127.0.0.1"}.items() <= next(
+        a for a in addrs if a["address"] == "127.0.0.1").items()
+
+
+def test_torch_version_read_as_text():
+    info = torch_install()
+    assert info["version"] and info["path"].endswith("torch/version.py")
+    assert "cuda" in info  # None on this CPU build, "13.0" on the H200
+    assert load("h200").value("torch.install")["cuda"] == "13.0"
+
+
+def test_probe_facts_is_json_and_replays(tmp_path):
+    facts = probe_facts(Roots.make())
+    again = Facts.from_json(facts.to_json())
+    assert json.loads(again.to_json()) == json.loads(facts.to_json())
+    assert [c.status for c in run_checks(again).checks] == [c.status for c in run_checks(facts).checks]
+    assert set(facts.meta["timings_ms"]) >= {"procfs", "sysfs", "nvml", "processes", "net", "torch"}
+
+
+def test_colour_only_when_asked():
+    report = run_checks(load("sick-gpu"))
+    plain, coloured = render(report), render(report, colour=True)
+    assert "\x1b[" not in plain and "\x1b[31" in coloured  # red for FAIL
+    import re
+
+    assert re.sub(r"\x1b\[[0-9;]*m", "", coloured) == plain
