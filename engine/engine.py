@@ -336,6 +336,19 @@ class Engine:
 
     def _run(self) -> None:
         set_os_thread_name("zerod-step")
+        try:
+            self._loop_body()
+        except BaseException as exc:  # noqa: BLE001 - never die silently: fail health and every request
+            msg = f"step loop crashed: {type(exc).__name__}: {exc}"
+            log.exception(msg)
+            self._healthy = False
+            self._error = msg
+            self._accepting = False
+            for r in list(self._prefilling) + list(self._decoding) + list(self._waiting):
+                self.poller.put(FinishRecord(r, "error", error=msg))
+            self._running_count = 0
+
+    def _loop_body(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         ring = self.runner.ring

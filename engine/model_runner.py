@@ -274,3 +274,39 @@ class ModelRunner:
             self.graphs.clear()
             self.buckets = []
             torch.cuda.synchronize()
+
+    # ------------------------------------------------------------------ checks
+    @torch.inference_mode()
+    def score_last(self, prompt: list[int], split: int) -> torch.Tensor:
+        """For tests and device checks, with the step loop not running: float32 logits [V]
+        after the last prompt token, computed through all three attention paths: a prefill
+        of prompt[:split], a chunked prefill of prompt[split:-1] over that cached prefix,
+        then one (eager) decode step for the last token."""
+        n = len(prompt)
+        if not 1 <= split <= n - 1:
+            raise ValueError("need 1 <= split <= len(prompt) - 1")
+        pages = self.pool.reserve(self.pool.pages_for(n))
+        if pages is None:
+            raise RuntimeError("no free KV pages")
+        dev, ps = self.device, self.ps
+        try:
+            table = torch.tensor([pages], dtype=torch.int32, device=dev)
+
+            def meta(a: int, b: int, decode: bool) -> AttnMeta:
+                smap = torch.tensor([pages[i // ps] * ps + i % ps for i in range(a, b)], device=dev)
+                return AttnMeta(slot_mapping=smap, block_tables=table,
+                                context_lens=torch.tensor([b], dtype=torch.int32, device=dev),
+                                cu_seqlens_q=None if decode else torch.tensor([0, b - a], dtype=torch.int32, device=dev),
+                                no_prefix=a == 0, seqlens_q=[b - a])
+
+            def fwd(a: int, b: int, decode: bool = False) -> torch.Tensor:
+                toks = torch.tensor(prompt[a:b], dtype=torch.int64, device=dev)
+                pos = torch.arange(a, b, dtype=torch.int64, device=dev)
+                return self.model(toks, pos, self.pool.kv, meta(a, b, decode))
+
+            fwd(0, split)
+            if split < n - 1:
+                fwd(split, n - 1)
+            return self.model.logits(fwd(n - 1, n, decode=True))[0]
+        finally:
+            self.pool.release(pages)

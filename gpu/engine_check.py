@@ -138,6 +138,16 @@ def agreement(dev, dtype, smoke):
                 e = Engine(EngineConfig(model=str(d), device=str(dev), dtype="bfloat16" if dtype == torch.bfloat16 else "float32",
                                         block_size=16, kv_pages=2000, max_model_len=512,
                                         max_num_batched_tokens=64, max_num_seqs=16, **kw))
+                errs = []
+                for p in prompts:
+                    if len(p) >= 3:
+                        le = e.runner.score_last(p, len(p) // 2).cpu()
+                        l16, l32 = hf_logits(m, p, dev), hf_logits(m32, p, dev)
+                        errs.append(dict(prompt_len=len(p), engine_err=float((le - l32).abs().max()),
+                                         ref_bf16_err=float((l16 - l32).abs().max()),
+                                         engine_vs_ref=float((le - l16).abs().max()),
+                                         argmax_engine=int(le.argmax()), argmax_ref16=int(l16.argmax()),
+                                         argmax_fp32=int(l32.argmax())))
                 e.start()
                 try:
                     res = generate(e, prompts, sp, timeout=120)
@@ -145,7 +155,7 @@ def agreement(dev, dtype, smoke):
                 finally:
                     e.shutdown(0)
                 variants[name] = dict(
-                    graphs=e.runner.graphs != {},
+                    graphs=e.runner.graphs != {}, logit_err=errs,
                     batched=[r["token_ids"] for r in res], alone=[r["token_ids"] for r in alone],
                     finish=[r["finish_reason"] for r in res],
                     pages_free_after=e.stats().kv_pages_free == e.stats().kv_pages_total)
@@ -171,7 +181,14 @@ def agreement(dev, dtype, smoke):
             exact_a = sum(r["alone_equal"] for r in rows)
             tol_a = sum((not r["alone_equal"]) and r["alone_div"]["tie"] for r in rows)
             ok = exact + tolerated == len(rows) and exact_a + tol_a == len(rows)
-            fam_out["variants"][name] = dict(graphs=v["graphs"], rows=rows, exact_batched=exact,
+            le = v["logit_err"]
+            worst = max((x["engine_err"] for x in le), default=float("nan"))
+            worst_ref = max((x["ref_bf16_err"] for x in le), default=float("nan"))
+            log(f"[agree {fam}] {name:18s} logits after prefill+prefix-chunk+decode, max |x - fp32 ref| over "
+                f"{len(le)} prompts: engine {worst:.4g}, transformers bf16 {worst_ref:.4g}; per prompt "
+                + ", ".join(f"{x['prompt_len']}:{x['engine_err']:.3g}/{x['ref_bf16_err']:.3g}" for x in le))
+            fam_out["variants"][name] = dict(graphs=v["graphs"], rows=rows, logit_err=le,
+                                             logit_err_engine_max=worst, logit_err_ref_bf16_max=worst_ref, exact_batched=exact,
                                              tie_batched=tolerated, tie_1ulp_batched=strict, exact_alone=exact_a, tie_alone=tol_a,
                                              pass_=ok, all_length=all(f == "length" for f in v["finish"]),
                                              pages_free_after=v["pages_free_after"])
