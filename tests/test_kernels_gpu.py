@@ -85,19 +85,23 @@ def test_decode_graph_capture_without_sync():
     scale = 128 ** -0.5
     K["decode_attention"](q, kc, vc, bt, cl, scale)  # compile outside the capture
     torch.cuda.synchronize()
+    # host inputs staged in pinned memory beforehand, as the engine's step does:
+    # a copy from pageable memory is itself a synchronising call
+    lens_h = [torch.tensor(x, dtype=torch.int32).pin_memory() for x in ([700, 33, 16, 1], [5, 1000, 17, 64])]
+    q_h = [torch.randn(4, 32, 128, generator=g).to(torch.bfloat16).pin_memory() for _ in lens_h]
     graph = torch.cuda.CUDAGraph()
-    torch.cuda.set_sync_debug_mode("error")
     try:
+        torch.cuda.set_sync_debug_mode("error")
         with torch.cuda.graph(graph):
             out = K["decode_attention"](q, kc, vc, bt, cl, scale)
-        for lens in ([700, 33, 16, 1], [5, 1000, 17, 64]):
-            cl.copy_(torch.tensor(lens, dtype=torch.int32), non_blocking=False)
-            q.copy_(torch.randn(4, 32, 128, generator=g).to(torch.bfloat16))
+        for lens, qn in zip(lens_h, q_h):
+            torch.cuda.set_sync_debug_mode("error")
+            cl.copy_(lens, non_blocking=True)
+            q.copy_(qn, non_blocking=True)
             graph.replay()
             torch.cuda.set_sync_debug_mode("default")
             ref = reference.decode_attention(q.float(), kc.float(), vc.float(), bt, cl, scale)
             rel = ((out.double() - ref.double()).norm() / ref.double().norm()).item()
-            assert rel < 1e-2, (lens, rel)
-            torch.cuda.set_sync_debug_mode("error")
+            assert rel < 1e-2, (lens.tolist(), rel)
     finally:
         torch.cuda.set_sync_debug_mode("default")
