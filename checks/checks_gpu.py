@@ -382,16 +382,16 @@ def foreign_processes(ctx: Ctx):
         if not is_foreign(role):
             continue
         agent = match_agent(p) if role == "agent" else None
-        what = f"{KNOWN_AGENTS[agent].description}: " if agent else ""
-        foreign.append(f"{what}{describe(p)}")
+        foreign.append(f"- {describe(p)}" + (f" [{KNOWN_AGENTS[agent].description}]" if agent else ""))
         if agent:
-            fixes.append(f"pid {p.pid} ({agent}): {KNOWN_AGENTS[agent].fix}")
+            fixes.append(f"- pid {p.pid} ({agent}): {KNOWN_AGENTS[agent].fix}")
         else:
             stop = f"`sudo systemctl stop {p.unit}`" if p.unit else f"`sudo kill {p.pid}`"
-            fixes.append(f"pid {p.pid}: stop it ({stop}) or allow it: [doctor] "
+            fixes.append(f"- pid {p.pid}: stop it ({stop}) or allow it: [doctor] "
                          f"allowed_gpu_processes = [\"{p.name}\"]")
-    if foreign:
-        return FAIL(f"{len(foreign)} foreign process(es) on the GPU: " + "; ".join(foreign), "; ".join(fixes))
+    if foreign:  # one line per process: the text output shows them as a list
+        return FAIL(f"{len(foreign)} foreign process(es) on the GPU:\n" + "\n".join(foreign),
+                    "\n".join(fixes))
     if scan.get("unreadable"):
         return WARN(f"could not read the fds of {scan['unreadable']} process(es): a process that only "
                     "polls NVML would be missed", "run `sudo zerod doctor` to see every process")

@@ -9,6 +9,13 @@ from .report import FAIL, PASS, SKIP, WARN, Ctx, check
 HARDEN = "`sudo zerod harden --apply` does this"
 
 
+def _size(n: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):g} {unit}"
+    return f"{n} bytes"
+
+
 @check("kernel.version", "Kernel >= 5.10 (5.15+ recommended)", "critical")
 def kernel_version(ctx: Ctx):
     rel = ctx.fact("kernel.release")
@@ -103,8 +110,8 @@ def memlock(ctx: Ctx):
     if soft is None:
         return PASS("memlock unlimited")
     if soft >= need:
-        return PASS(f"memlock {soft >> 20} MiB >= {need >> 20} MiB")
-    return WARN(f"memlock limited to {soft >> 20} MiB (< {need >> 20} MiB): pinned host buffers "
+        return PASS(f"memlock {_size(soft)} >= {_size(need)}")
+    return WARN(f"memlock limited to {_size(soft)} (< {_size(need)}): pinned host buffers "
                 "(the output ring, cudaHostRegister) fail or fall back to pageable copies",
                 "for the service: LimitMEMLOCK=infinity in zerod.service (`sudo zerod harden --apply` "
                 "writes the drop-in); for a shell: `* - memlock unlimited` in /etc/security/limits.d/")

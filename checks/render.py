@@ -14,6 +14,15 @@ COLOUR = {"pass": "green", "warn": "yellow", "fail": "red", "skip": "bright_blac
 WIDTH = 80
 
 
+def _wrap(text: str, width: int) -> list[str]:
+    """Wrap each line of `text`; a line starting with '- ' is a list item with a hanging indent."""
+    out: list[str] = []
+    for para in text.split("\n"):
+        sub = "  " if para.startswith("- ") else ""
+        out += textwrap.wrap(para, width, subsequent_indent=sub, break_on_hyphens=False) or [""]
+    return out
+
+
 def render(report: Report, colour: bool = False, verbose: bool = False) -> str:
     def style(text: str, status: str, bold: bool = False) -> str:
         if not colour:
@@ -23,10 +32,11 @@ def render(report: Report, colour: bool = False, verbose: bool = False) -> str:
         return click.style(text, fg=COLOUR[status], bold=bold)
 
     h = report.host
-    lines = [f"zerod doctor {report.version} - {h.get('hostname', '?')}, kernel {h.get('kernel') or '?'}"
-             + (f", {h['time']}" if h.get("time") else "")]
+    head = (f"zerod doctor {report.version} - {h.get('hostname', '?')}, kernel {h.get('kernel') or '?'}"
+            + (f", {h['time']}" if h.get("time") else ""))
     if h.get("facts_file"):
-        lines.append(f"(replayed from {h['facts_file']})")
+        head += f" (replayed from {h['facts_file']})"
+    lines = textwrap.wrap(head, WIDTH, subsequent_indent="  ", break_on_hyphens=False)
     idw = max((len(c.id) for c in report.checks), default=20)
     idw = min(idw, 26)
     indent = " " * (2 + 4 + 1)
@@ -38,7 +48,7 @@ def render(report: Report, colour: bool = False, verbose: bool = False) -> str:
             lines.append("")
             lines.append(AREAS.get(area, area))
         head = f"  {LABEL[c.status]:<4} {c.id:<{idw}} "
-        body = textwrap.wrap(c.message or c.title, WIDTH - len(head), break_on_hyphens=False) or [""]
+        body = _wrap(c.message or c.title, WIDTH - len(head)) or [""]
         lines.append("  " + style(f"{LABEL[c.status]:<4}", c.status, c.status in ("fail", "error"))
                      + f" {c.id:<{idw}} " + body[0])
         for more in body[1:]:
@@ -47,15 +57,16 @@ def render(report: Report, colour: bool = False, verbose: bool = False) -> str:
             lines.append(f"{indent}fix: as for {shown[c.remediation]} above")
         elif c.remediation and c.status in ("fail", "warn", "error"):
             shown[c.remediation] = c.id
-            lines.extend(textwrap.wrap(c.remediation, WIDTH, initial_indent=indent + "fix: ",
-                                       subsequent_indent=indent + "     ", break_on_hyphens=False))
+            fix = _wrap(c.remediation, WIDTH - len(indent) - 5)
+            lines.append(indent + "fix: " + fix[0])
+            lines.extend(indent + "     " + more for more in fix[1:])
         if verbose:
             for e in c.evidence:
                 v = e.get("error") or e.get("value")
                 lines.extend(textwrap.wrap(f"{e['name']} = {v} ({e.get('source', '')})", WIDTH,
                                            initial_indent=indent + "- ", subsequent_indent=indent + "  "))
     n = report.counts
-    summary = (f"{len(report.checks)} checks: {n['pass']} ok, {n['warn']} warn, {n['fail']} fail, "
+    summary = (f"{len(report.checks)} check{'s' if len(report.checks) != 1 else ''}: {n['pass']} ok, {n['warn']} warn, {n['fail']} fail, "
                f"{n['skip']} skipped, {n['error']} errors")
     if report.waived:
         summary += f" ({len(report.waived)} waived)"
