@@ -74,6 +74,8 @@ class Engine:
         if model_dir == "demo":
             from .demo import demo_model_dir
             model_dir = str(demo_model_dir())
+            log.warning("serving the built-in demo model from %s: random weights, it produces "
+                        "meaningless text", model_dir)
         self.model_dir = Path(model_dir)
         if not self.model_dir.is_dir():
             raise EngineError(f"model directory {self.model_dir} does not exist")

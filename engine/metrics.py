@@ -29,9 +29,12 @@ class _EngineCollector:
         s = self.snapshot()
         for name, doc in (("requests_running", "Requests being decoded or prefilled."),
                           ("requests_waiting", "Requests in the wait line."),
-                          ("kv_pages_total", "KV pages a request can get."),
                           ("kv_pages_free", "KV pages free now.")):
             yield GaugeMetricFamily(f"zerod_engine_{name}", doc, value=s[name])
+        # The DESIGN name ends in _total, which promtool accepts only on counters; the pool's
+        # size never changes while the engine lives, so a (constant) counter it is.
+        yield CounterMetricFamily("zerod_engine_kv_pages", "KV pages a request can get (the pool's size).",
+                                  value=s["kv_pages_total"])
         yield CounterMetricFamily("zerod_engine_allocator_retries",
                                   "torch CUDA caching allocator retries (num_alloc_retries); 0 on CPU.",
                                   value=s["allocator_retries"])

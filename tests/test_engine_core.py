@@ -261,3 +261,17 @@ def test_sampler_distribution_matches_softmax():
     tok = sample(rows, torch.full((n,), 1.0), torch.ones(n), torch.full((n,), 2, dtype=torch.int64),
                  seeds, torch.zeros(n, dtype=torch.int64), all_greedy=False, need_filter=True)
     assert set(tok.tolist()) == set(logits[0].topk(2).indices.tolist())
+
+
+def test_metrics_pass_promtool(eng):
+    import shutil
+    import subprocess
+
+    from prometheus_client import generate_latest
+
+    if not shutil.which("promtool"):
+        pytest.skip("promtool not installed")
+    generate(eng, [_prompt(4)], GREEDY)
+    r = subprocess.run(["promtool", "check", "metrics"], input=generate_latest(eng.metrics.registry),
+                       capture_output=True, timeout=30)
+    assert r.returncode == 0, r.stderr.decode()
