@@ -24,7 +24,7 @@ from .hf_config import ModelConfig, cos_sin_cache
 from .kv_pool import KVPool
 from .model import AttnMeta, LlamaModel
 from .output import HostRing, Request
-from .sampler import sample
+from .sampler import row_class, sample
 
 log = logging.getLogger("zerod.engine")
 
@@ -38,6 +38,11 @@ class Chunk:
     @property
     def completes(self) -> bool:
         return self.start + self.n == self.req.prompt_len
+
+
+def _cls(r: Request) -> int:
+    p = r.params
+    return row_class(p.temperature, p.top_k, p.top_p)
 
 
 def graph_buckets(max_bs: int) -> list[int]:
@@ -140,6 +145,7 @@ class ModelRunner:
             flts += [np.array([r.params.temperature for r in admitted], dtype=np.float32),
                      np.array([r.params.top_p for r in admitted], dtype=np.float32)]
         # prefill chunks
+        decodes = sorted(decodes, key=_cls)     # sampling wants rows grouped by class
         C = len(chunks)
         if C:
             toks = np.concatenate([np.asarray(c.req.prompt_ids[c.start:c.start + c.n], dtype=np.int64) for c in chunks])
@@ -152,7 +158,7 @@ class ModelRunner:
             np.cumsum(lens, out=cu[1:])
             ctx = np.fromiter((c.start + c.n for c in chunks), dtype=np.int64, count=C)
             p_slots = np.fromiter((c.req.slot for c in chunks), dtype=np.int64, count=C)
-            done = [i for i, c in enumerate(chunks) if c.completes]
+            done = sorted((i for i, c in enumerate(chunks) if c.completes), key=lambda i: _cls(chunks[i].req))
             s_idx = cu[1:][done] - 1
             s_slots = p_slots[done]
             ints += [toks, pos, smap, cu, ctx, p_slots, s_idx, s_slots]
@@ -205,12 +211,13 @@ class ModelRunner:
 
     def _sample(self, logits: torch.Tensor, slots: torch.Tensor, gen: torch.Tensor,
                 reqs: list[Request]) -> torch.Tensor:
-        all_greedy = all(r.params.temperature == 0.0 for r in reqs)
-        need_filter = any(r.params.top_k > 0 or r.params.top_p < 1.0 for r in reqs)
+        classes = [_cls(r) for r in reqs]      # reqs are sorted by class
+        n_filter = classes.count(0)
+        n_random = n_filter + classes.count(1)
         need_min = any(r.params.min_tokens > 0 for r in reqs)
         return sample(logits, self.temperature.index_select(0, slots), self.top_p.index_select(0, slots),
                       self.top_k.index_select(0, slots), self.seed.index_select(0, slots), gen,
-                      all_greedy=all_greedy, need_filter=need_filter,
+                      n_random=n_random, n_filter=n_filter,
                       suppress_ids=self.eos if need_min else None,
                       suppress_rows=(gen < self.min_tokens.index_select(0, slots)) if need_min else None)
 

@@ -24,14 +24,24 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+_VHASH: dict[tuple[int, str], torch.Tensor] = {}
+
+
+def _vocab_hash(vocab: int, device: torch.device) -> torch.Tensor:
+    key = (vocab, str(device))
+    h = _VHASH.get(key)
+    if h is None:
+        v = torch.arange(vocab, device=device, dtype=torch.int64)
+        h = _VHASH[key] = _mix32((v * 0x1E3779B1) & _M32)
+    return h
+
+
 def gumbel_noise(seeds: torch.Tensor, gen_idx: torch.Tensor, vocab: int) -> torch.Tensor:
     """[B, vocab] float32 Gumbel(0,1) noise from (seed, output index, token id)."""
     s = seeds.long()
     row = _mix32((_mix32(s & _M32) ^ ((s >> 32) & _M32)) & _M32)
     row = _mix32((row ^ _mix32(gen_idx.long() & _M32)) & _M32)          # [B]
-    v = torch.arange(vocab, device=seeds.device, dtype=torch.int64)
-    x = _mix32((row.unsqueeze(1) ^ ((v * 0x1E3779B1) & _M32)) & _M32)    # [B, V]
-    x = _mix32(x)
+    x = _mix32(row.unsqueeze(1) ^ _vocab_hash(vocab, seeds.device))      # [B, V], values < 2**32
     u = ((x >> 8).float() + 0.5) * (1.0 / 16777216.0)                    # (0, 1)
     return -torch.log(-torch.log(u))
 
@@ -52,27 +62,35 @@ def apply_top_k_top_p(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor)
     return torch.empty_like(x).scatter_(1, idx, srt)
 
 
+def row_class(temperature: float, top_k: int, top_p: float) -> int:
+    """Rows are ordered by class before sampling: 0 random + top-k/top-p, 1 random, 2 greedy."""
+    if temperature <= 0.0 or top_k == 1:
+        return 2
+    return 0 if (top_k > 0 or top_p < 1.0) else 1
+
+
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
            top_k: torch.Tensor, seeds: torch.Tensor, gen_idx: torch.Tensor, *,
-           all_greedy: bool, need_filter: bool,
+           n_random: int, n_filter: int,
            suppress_ids: torch.Tensor | None = None,
            suppress_rows: torch.Tensor | None = None) -> torch.Tensor:
-    """Next token per row, int64 [B]. logits float32 [B, V]; temperature 0 = greedy.
+    """Next token per row, int64 [B]. logits float32 [B, V].
 
-    all_greedy / need_filter are host-known flags for the batch (skip the work nobody
-    needs). suppress_ids [S] are masked in rows where suppress_rows [B] is true (min_tokens).
+    Rows come ordered by row_class: the first n_filter rows need top-k/top-p, the first
+    n_random rows are random (the rest greedy). These counts are host-known, so only the
+    rows that need noise or a sort pay for it, with plain slices (no host sync).
+    suppress_ids [S] are masked in rows where suppress_rows [B] is true (min_tokens).
     """
     if suppress_ids is not None and suppress_rows is not None:
         cols = torch.zeros(logits.shape[1], dtype=torch.bool, device=logits.device)
         cols[suppress_ids] = True
         logits = logits.masked_fill(suppress_rows.unsqueeze(1) & cols.unsqueeze(0), float("-inf"))
-    greedy_tok = logits.argmax(dim=-1)
-    if all_greedy:
-        return greedy_tok
-    greedy = temperature <= 0.0
-    t = torch.where(greedy, torch.ones_like(temperature), temperature)
-    x = logits / t.unsqueeze(1)
-    if need_filter:
-        x = apply_top_k_top_p(x, top_k, top_p)
-    tok = (x + gumbel_noise(seeds, gen_idx, x.shape[1])).argmax(dim=-1)
-    return torch.where(greedy, greedy_tok, tok)
+    if n_random == 0:
+        return logits.argmax(dim=-1)
+    x = logits[:n_random] / temperature[:n_random].unsqueeze(1)
+    if n_filter:
+        x = torch.cat([apply_top_k_top_p(x[:n_filter], top_k[:n_filter], top_p[:n_filter]), x[n_filter:]])
+    tok = (x + gumbel_noise(seeds[:n_random], gen_idx[:n_random], x.shape[1])).argmax(dim=-1)
+    if n_random == logits.shape[0]:
+        return tok
+    return torch.cat([tok, logits[n_random:].argmax(dim=-1)])

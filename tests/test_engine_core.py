@@ -253,13 +253,13 @@ def test_sampler_distribution_matches_softmax():
     rows = logits.expand(n, 8).contiguous()
     seeds = torch.arange(n, dtype=torch.int64) * 7919 + 13
     tok = sample(rows, torch.full((n,), 1.0), torch.ones(n), torch.full((n,), -1, dtype=torch.int64),
-                 seeds, torch.zeros(n, dtype=torch.int64), all_greedy=False, need_filter=False)
+                 seeds, torch.zeros(n, dtype=torch.int64), n_random=n, n_filter=0)
     freq = torch.bincount(tok, minlength=8).float() / n
     p = torch.softmax(logits[0], -1)
     assert (freq - p).abs().max() < 0.03, (freq, p)
     # top_k 2 only ever picks the two largest
     tok = sample(rows, torch.full((n,), 1.0), torch.ones(n), torch.full((n,), 2, dtype=torch.int64),
-                 seeds, torch.zeros(n, dtype=torch.int64), all_greedy=False, need_filter=True)
+                 seeds, torch.zeros(n, dtype=torch.int64), n_random=n, n_filter=n)
     assert set(tok.tolist()) == set(logits[0].topk(2).indices.tolist())
 
 
