@@ -316,23 +316,25 @@ def clock_events(ctx: Ctx):
 
 @check("gpu.mig_mode", "MIG mode as expected (off: the engine wants whole GPUs)", "major")
 def mig_mode(ctx: Ctx):
-    on, pending, unsupported = [], [], 0
+    on, pending, unsupported, idx = [], [], 0, []
     for g in gpus(ctx):
         mig = field(ctx, g, "mig")
         if mig is None:
             unsupported += 1
             continue
+        if mig[0] or mig[0] != mig[1]:
+            idx.append(str(g["index"]))
         if mig[0]:
             on.append(label(g))
         if mig[0] != mig[1]:
             pending.append(f"{label(g)} (pending {'on' if mig[1] else 'off'})")
     if on:
         return WARN(f"MIG is on for {', '.join(on)}: the engine sees one slice, not the whole GPU",
-                    "drain the GPU, then `sudo nvidia-smi -i N -mig 0` and reset it; or waive "
-                    "gpu.mig_mode if slices are intended")
+                    f"drain the GPU, then `sudo nvidia-smi -i {','.join(idx)} -mig 0` and reset it; "
+                    "or waive gpu.mig_mode if slices are intended")
     if pending:
         return WARN(f"a MIG change waits for a GPU reset: {', '.join(pending)}",
-                    "drain the GPU and `sudo nvidia-smi -r -i N`")
+                    f"drain the GPU and `sudo nvidia-smi -r -i {','.join(idx)}`")
     if unsupported:
         return PASS("MIG not supported on this GPU" if unsupported == 1 else "MIG not supported")
     return PASS("MIG off")
