@@ -4,6 +4,7 @@ control-API data over a Unix socket (tests/tui_fake_daemon.py)."""
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 import shutil
 import socket
@@ -12,6 +13,7 @@ import time
 
 import pytest
 from click.testing import CliRunner
+from rich.console import Console
 
 from tui_fake_daemon import NOW, FakeDaemon
 from zerod.tui.app import ZerodTop
@@ -42,7 +44,7 @@ def daemon(sock_path):
 
 
 def make_app(path: str, **kw) -> ZerodTop:
-    kw.setdefault("interval", 0.1)
+    kw.setdefault("interval", 0.3)
     kw.setdefault("timeout", 1.0)
     return ZerodTop(path, clock=lambda: NOW, **kw)
 
@@ -88,7 +90,10 @@ async def test_help_opens_and_closes(daemon):
         await until(pilot, lambda: app.snapshot is not None)
         await pilot.press("question_mark")
         assert isinstance(app.screen, HelpScreen)
-        assert "filter the processes table" in str(app.screen.query_one("#help-text").render())
+        console = Console(width=100, record=True, file=io.StringIO())
+        console.print(app.screen._text)
+        shown = console.export_text()
+        assert "filter the processes table" in shown and daemon.socket_path in shown
         await pilot.press("escape")
         assert not isinstance(app.screen, HelpScreen)
 

@@ -192,16 +192,7 @@ class ZerodTop(App[None]):
         self.main.query_one(PreflightPanel).show(snap.status, snap.checks, snap.gpus, now=now, narrow=narrow)
         self.main.query_one(EnginePanel).show(snap.status, snap.engine, snap.alerts, narrow)
         self.main.query_one(GpuList).show(snap.gpus, narrow)
-        procs = [p for p in (snap.processes.get("processes") or []) if isinstance(p, dict)]
-        table = self.main.query_one(ProcessTable)
-        shown = table.show(procs, narrow)
-        foreign = sum(1 for p in procs if p.get("role") == "foreign")
-        title = f"GPU processes ({len(procs)})"
-        if foreign:
-            title += f" · [bold red]{foreign} foreign[/]"
-        if table.filter:
-            title += f" · filter '{escape(table.filter)}': {len(shown)} shown"
-        set_title(self.main.query_one("#processes"), title)
+        self._render_processes(snap)
         alerts = [a for a in (snap.alerts.get("alerts") or []) if isinstance(a, dict)]
         self.main.query_one(AlertTable).show(alerts, now, narrow)
         firing = sum(1 for a in alerts if a.get("state") == "firing")
@@ -211,6 +202,18 @@ class ZerodTop(App[None]):
         if snap.errors:
             self.notify("; ".join(f"{k}: {v}" for k, v in snap.errors.items()),
                         title="The daemon answered with errors", severity="warning", timeout=4)
+
+    def _render_processes(self, snap: Snapshot) -> None:
+        procs = [p for p in (snap.processes.get("processes") or []) if isinstance(p, dict)]
+        table = self.main.query_one(ProcessTable)
+        shown = table.show(procs, self.narrow)
+        foreign = sum(1 for p in procs if p.get("role") == "foreign")
+        title = f"GPU processes ({len(procs)})"
+        if foreign:
+            title += f" · [bold red]{foreign} foreign[/]"
+        if table.filter:
+            title += f" · filter '{escape(table.filter)}': {len(shown)} shown"
+        set_title(self.main.query_one("#processes"), title)
 
     def _mounted(self) -> bool:
         """False while the app is closing and its widgets are going away."""
@@ -266,7 +269,7 @@ class ZerodTop(App[None]):
     def _filter_changed(self, event: Input.Changed) -> None:
         self.main.query_one(ProcessTable).filter = event.value
         if self.snapshot is not None:
-            self._render(self.snapshot)
+            self._render_processes(self.snapshot)
 
     @on(Input.Submitted, "#filter")
     def _filter_submitted(self, event: Input.Submitted) -> None:

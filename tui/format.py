@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import json
 from typing import Any
 
 NA = "–"
@@ -90,9 +91,15 @@ def evidence_text(evidence: Any) -> str:
     if isinstance(evidence, str):
         return evidence
     if isinstance(evidence, dict):
-        if "value" in evidence and set(evidence) <= {"value", "source", "name"}:
+        if "value" in evidence and set(evidence) <= {"value", "source", "name", "error"}:
+            value = evidence["value"]
+            if isinstance(value, (dict, list)):
+                value = json.dumps(value, separators=(",", ":"))
+            text = f"{evidence['name']}={value}" if evidence.get("name") else f"{value}"
+            if evidence.get("error"):
+                text += f" [{evidence['error']}]"
             src = evidence.get("source")
-            return f"{evidence['value']}" + (f" ({src})" if src else "")
+            return text + (f" ({src})" if src else "")
         return ", ".join(f"{k}={v}" for k, v in evidence.items())
     if isinstance(evidence, list):
         return "; ".join(evidence_text(e) for e in evidence)

@@ -46,7 +46,7 @@ class AlertTable(DataTable):
     def show(self, alerts: list[dict[str, Any]], now: float, narrow: bool) -> None:
         self._args = (alerts, now, narrow)
         self.alerts = newest_first([a for a in alerts if isinstance(a, dict)])
-        cols = ("STATE", "ALERT", "WHEN") if narrow else ("STATE", "SEVERITY", "ALERT", "WHEN", "SUMMARY")
+        cols = ("", "ALERT", "WHEN") if narrow else ("STATE", "SEVERITY", "ALERT", "WHEN", "SUMMARY")
         rows = [self._cells(a, now, narrow) for a in self.alerts]
         keys = [self._key(a, i) for i, a in enumerate(self.alerts)]
         avail = (self.size.width or self.app.size.width) - 1
@@ -83,7 +83,9 @@ class AlertTable(DataTable):
         else:
             when = Text(f"ended {fmt.ago(a.get('ends_at'), now)}", "dim")
         if narrow:
-            return [state, name, when]
+            if not firing:
+                when = Text(fmt.ago(a.get("ends_at"), now), "dim")
+            return [Text(state.plain[:1], state.style), name, when]
         sev = str(a.get("severity") or "?")
         summary = Text(str(a.get("summary") or ""), "" if firing else "dim")
         return [state, Text(sev, SEVERITY_STYLE.get(sev, "") if firing else "dim"), name, when, summary]

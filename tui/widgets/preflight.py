@@ -25,6 +25,8 @@ def preflight_text(status: dict[str, Any], checks: dict[str, Any], gpus: dict[st
                    now: float, narrow: bool) -> Text:
     t = Text()
     host = status.get("host") or checks.get("host") or "?"
+    if isinstance(host, dict):  # doctor's report: {"hostname", "kernel", …}
+        host = host.get("hostname") or "?"
     t.append(str(host), "bold")
     nvml = gpus.get("nvml") or {}
     if nvml.get("ok"):
@@ -55,12 +57,14 @@ def preflight_text(status: dict[str, Any], checks: dict[str, Any], gpus: dict[st
         t.append(str(c.get("id", "?")), style)
         if not narrow and c.get("title"):
             t.append(f"  {c['title']}")
-        ev = fmt.evidence_text(c.get("evidence"))
-        if ev and not narrow:
-            t.append(f"\n    {ev}", "dim")
         if c.get("remediation"):
             t.append("\n    fix: ", "bold")
             t.append(str(c["remediation"]), "cyan")
+        detail = str(c.get("message") or fmt.evidence_text(c.get("evidence")))
+        if detail and not narrow:
+            if len(detail) > 240:
+                detail = detail[:239] + "…"
+            t.append(f"\n    {detail}", "dim")
     return t
 
 
