@@ -290,6 +290,22 @@ def test_cli_top_passes_the_socket(monkeypatch):
     assert "/run/zerod/control.sock" in help_.output
 
 
+def test_cli_top_reads_the_socket_from_the_config(monkeypatch, tmp_path):
+    import zerod.tui.app as tui_app
+    from zerod.cli import cli
+
+    seen = {}
+    monkeypatch.setattr(tui_app, "run", lambda path, interval=1.0: seen.update(path=path))
+    monkeypatch.delenv("ZEROD_CONTROL_SOCKET", raising=False)
+    cfg = tmp_path / "zerod.toml"
+    cfg.write_text('[daemon]\ncontrol_socket = "/tmp/from-config.sock"\n')
+    result = CliRunner().invoke(cli, ["top", "--config", str(cfg)])
+    assert result.exit_code == 0, result.output
+    assert seen == {"path": "/tmp/from-config.sock"}
+    result = CliRunner().invoke(cli, ["top", "--config", str(tmp_path / "missing.toml")])
+    assert result.exit_code != 0 and "does not exist" in result.output
+
+
 def test_quit_key(daemon):
     async def go():
         app = make_app(daemon.socket_path)
