@@ -100,7 +100,9 @@ def fake_nvml(n=1, **over):
 
 
 def cfg(**kw):
-    return DaemonConfig.from_dict({"metrics_port": 0, **kw})
+    # full_scan_interval_s = 0: every poll scans in full (the injected rows change
+    # while /proc does not); the cheap path between scans has its own test
+    return DaemonConfig.from_dict({"metrics_port": 0, "full_scan_interval_s": 0, **kw})
 
 
 def firing(book, name):
@@ -416,3 +418,51 @@ def test_latency_regression_names_the_foreign_process_that_appeared_before():
     assert "datadog-agent.service" in a.description and "before the regression began" in a.description
     assert a.fix == "disable its GPU check" and a.labels["cause_pid"] == "488"
     assert lat.snapshot()["itl_p99_s"] > 0.1 and len(lat.snapshot()["history"]["itl_p99_s"]) == 91
+
+
+def test_cheap_check_between_full_scans_triggers_a_scan_on_change(tmp_path):
+    """Between full scans only new pids and NVML's lists are looked at: a new
+    pid holding /dev/nvidia* triggers a full scan at once; nothing new, none."""
+    from zerod.checks.facts import Roots
+
+    proc = tmp_path / "proc"
+    proc.mkdir()
+
+    def add(pid, name, dev):
+        d = proc / str(pid)
+        (d / "fd").mkdir(parents=True)
+        os.symlink(dev, d / "fd" / "3")
+        (d / "comm").write_text(name + "\n")
+        (d / "cmdline").write_text(name + "\0")
+        (d / "status").write_text("Uid:\t0\t0\t0\t0\n")
+        (d / "stat").write_text(f"{pid} ({name}) S 1 1 1 0 -1 0\n")
+        (d / "cgroup").write_text("0::/\n")
+
+    add(10, "bash", "/dev/null")
+    roots = Roots.make(procfs=str(proc), rootfs=str(tmp_path))
+    book = AlertBook()
+    w = GpuProcessWatcher(book, DaemonConfig.from_dict({"full_scan_interval_s": 60}), own_pids=lambda: set(),
+                          engine_pid=lambda: None, nvml_ok=lambda: False, roots=roots)
+    w.poll()
+    assert w.full_scans == 1 and w.last_full_reason == "first scan"
+    w.poll()
+    assert w.full_scans == 1  # nothing changed: no full scan
+    add(20, "nvtop", "/dev/nvidiactl")
+    w.poll()
+    assert w.full_scans == 2 and w.last_full_reason == "new pid 20 holds /dev/nvidia*"
+    [a] = firing(book, "ForeignGpuProcess")
+    assert a.key == "20"
+    import shutil
+
+    shutil.rmtree(proc / "20")
+    w.poll()
+    assert w.last_full_reason == "a holder is gone" and not firing(book, "ForeignGpuProcess")
+    # NVML lists a process the last scan did not see
+    N = fake_nvml(1)
+    N.nvmlDeviceGetComputeRunningProcesses = lambda g: [types.SimpleNamespace(pid=30, usedGpuMemory=1 << 30)]
+    N.nvmlDeviceGetGraphicsRunningProcesses = lambda g: []
+    s = NvmlSession(N)
+    assert s.ensure()
+    w.nvml_session = s
+    w.poll()
+    assert w.last_full_reason == "NVML lists a new process"

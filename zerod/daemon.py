@@ -389,7 +389,7 @@ class Daemon:
             self.processes = GpuProcessWatcher(
                 self.book, self.cfg, allowed=allowed, own_pids=lambda: {os.getpid()},
                 engine_pid=lambda: sup.pid, nvml_ok=lambda: self.nvml.ok, roots=self._proc_roots,
-                scan=self._scan)
+                scan=self._scan, nvml_session=self.nvml)
             self.xid = XidWatcher(self.nvml, self.book, self.cfg)
             self.engine_metrics = EngineMetricsWatcher(self.book, self.cfg, sup.url, engine_pid=lambda: sup.pid,
                                                        up=lambda: sup.fig.state == "healthy")

@@ -59,6 +59,7 @@ class DaemonConfig:
     drain_timeout_s: float = 30.0
     # watching
     watch_interval_s: float = 1.0
+    full_scan_interval_s: float = 5.0  # /proc fd scan of every process; 0: every tick
     nvml_retry_s: float = 30.0
     slo_itl_p99_s: float = 0.0  # 0: no latency alert
     slo_ttft_p99_s: float = 0.0
@@ -92,7 +93,7 @@ class DaemonConfig:
             if float(getattr(self, name)) <= 0:
                 raise DaemonConfigError(f"[daemon] {name} must be > 0")
         for name in ("slo_itl_p99_s", "slo_ttft_p99_s", "cause_window_s", "counter_alert_hold_s",
-                     "throttle_for_s", "restart_reset_after_s"):
+                     "throttle_for_s", "restart_reset_after_s", "full_scan_interval_s"):
             if float(getattr(self, name)) < 0:
                 raise DaemonConfigError(f"[daemon] {name} must be >= 0")
         if self.health_timeout_s < self.health_interval_s:

@@ -2,6 +2,14 @@
 (zerod.checks.gpu_processes, shared with doctor), each process classified as
 the engine, the daemon, allowed, or foreign.
 
+Cost: the full scan (readlink of every fd of every process) runs every
+`full_scan_interval_s` and whenever a cheap check each tick sees a change: a
+pid that was not there a tick ago and holds /dev/nvidia*, a pid in NVML's
+process lists that is not known yet, a known holder gone. So a new process on
+the GPU is seen within one tick; only a process that has run for a while and
+then opens the GPU without a CUDA context (an nvmlInit alone) waits for the
+next full scan.
+
 A foreign process raises `ForeignGpuProcess` at the first scan that sees it
 (<= `watch_interval_s` + one scan, so within 2 s), naming pid, command line,
 user, systemd unit or container, the GPU memory it holds, and a known agent's
@@ -12,6 +20,7 @@ latency watcher, which names them as the likely cause of a regression.
 from __future__ import annotations
 
 import collections
+import os
 import time
 from typing import Any, Callable
 
@@ -37,7 +46,8 @@ class GpuProcessWatcher(Watcher):
     def __init__(self, book: AlertBook, cfg: DaemonConfig, *, allowed: tuple[str, ...] = (),
                  own_pids: Callable[[], set[int]], engine_pid: Callable[[], int | None],
                  nvml_ok: Callable[[], bool] = lambda: True, roots: Any = None,
-                 scan: Callable[..., list] | None = None, clock=time.time) -> None:
+                 scan: Callable[..., list] | None = None, clock=time.time,
+                 nvml_session: Any = None) -> None:
         super().__init__()
         self.book = book
         self.cfg = cfg
@@ -49,6 +59,15 @@ class GpuProcessWatcher(Watcher):
         self.roots = roots
         self._scan = scan
         self.clock = clock
+        self.nvml_session = nvml_session
+        self.full_scan_interval_s = cfg.full_scan_interval_s
+        self.procfs = getattr(roots, "procfs", None) or "/proc"
+        self._known_pids: set[int] | None = None
+        self._invisible: set[int] = set()  # NVML pids this /proc does not show
+        self._last_full: float | None = None
+        self.full_scans = 0
+        self.quick_checks = 0
+        self.last_full_reason: str | None = None
         self.rows: list[dict[str, Any]] = []
         self.scan_stats: dict[str, Any] = {}
         self.first_seen: dict[int, float] = {}
@@ -62,9 +81,72 @@ class GpuProcessWatcher(Watcher):
         self.scan_stats = stats
         return procs
 
+    # --- the cheap check between full scans
+    def _pids(self) -> set[int]:
+        try:
+            return {int(p) for p in os.listdir(self.procfs) if p.isdigit()}
+        except OSError:
+            return set()
+
+    def _holds_gpu(self, pid: int) -> bool:
+        d = f"{self.procfs}/{pid}/fd"
+        try:
+            fds = os.listdir(d)
+        except OSError:
+            return False
+        for fd in fds:
+            try:
+                if os.readlink(f"{d}/{fd}").startswith("/dev/nvidia"):
+                    return True
+            except OSError:
+                continue
+        return False
+
+    def _nvml_pids(self) -> set[int] | None:
+        s = self.nvml_session
+        if s is None or not s.ok:
+            return None
+        N = s.nvml
+        out: set[int] = set()
+        for dev in s.devices:
+            for fn in (N.nvmlDeviceGetComputeRunningProcesses, N.nvmlDeviceGetGraphicsRunningProcesses):
+                try:
+                    out.update(p.pid for p in fn(dev.handle))
+                except Exception:
+                    return None  # cannot tell: let the full scan decide
+        return out
+
+    def full_scan_reason(self, mono: float) -> str | None:
+        """Why a full scan is due now, or None (nothing changed)."""
+        pids = self._pids()
+        known, self._known_pids = self._known_pids, pids
+        if self._last_full is None or known is None:
+            return "first scan"
+        if self.full_scan_interval_s <= 0 or mono - self._last_full >= self.full_scan_interval_s:
+            return "periodic"
+        listed = {r["pid"] for r in self.rows}
+        if listed - pids - self._invisible:
+            return "a holder is gone"
+        for pid in sorted(pids - known):
+            if self._holds_gpu(pid):
+                return f"new pid {pid} holds /dev/nvidia*"
+        nv = self._nvml_pids()
+        if nv is not None and nv - listed:
+            return "NVML lists a new process"
+        return None
+
     def poll(self) -> None:
+        mono = time.monotonic()
+        reason = self.full_scan_reason(mono)
+        self.quick_checks += 1
+        if reason is None:
+            return
+        self.last_full_reason = reason
+        self._last_full = mono
+        self.full_scans += 1
         gp = _gp()
         procs = self.scan()
+        self._invisible = {p.pid for p in procs if not getattr(p, "visible", True)}
         now = self.clock()
         own = set(self.own_pids())
         eng = self.engine_pid()
@@ -133,3 +215,7 @@ class GpuProcessWatcher(Watcher):
 
     def snapshot(self) -> dict[str, Any]:
         return {"processes": list(self.rows)}
+
+    def stats(self) -> dict:
+        return {**super().stats(), "full_scans": self.full_scans, "quick_checks": self.quick_checks,
+                "last_full_reason": self.last_full_reason, "scan": dict(self.scan_stats)}
