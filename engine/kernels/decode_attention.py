@@ -125,9 +125,14 @@ def _sm_count(device_index: int) -> int:
 
 def choose_num_splits(batch: int, num_kv_heads: int, max_tokens: int, sm_count: int,
                       min_tokens_per_split: int = 256, max_splits: int = 64) -> int:
-    """Splits so that batch*Hk*splits fills the GPU ~4 programs deep; shapes only."""
+    """Splits so that batch*Hk*splits is about two programs per SM; shapes only.
+
+    Measured on the H200 (docs/perf.md, 2026-11-30): B=32 at 4K context ran 146 us with
+    4 splits (the first heuristic, 4 programs per SM) and 137 us with 2; B=1 at 16K is
+    flat from 64 to 128 splits; B=200 is best unsplit.
+    """
     per = batch * num_kv_heads
-    want = triton.cdiv(4 * sm_count, per)
+    want = triton.cdiv(2 * sm_count, per)
     cap = max(1, max_tokens // min_tokens_per_split)
     s = min(want, cap, max_splits)
     return 1 if s <= 1 else triton.next_power_of_2(s)
