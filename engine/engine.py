@@ -134,6 +134,11 @@ class Engine:
         self.runner = ModelRunner(cfg, mc, self.model, self.pool, dev, self.max_model_len,
                                   self.tokenizer.eos_token_ids)
         self.runner.capture_graphs()
+        if dev.type == "cuda":
+            try:
+                self.runner.warmup()
+            except Exception as exc:  # noqa: BLE001 - a slower first request, not a failed start
+                log.warning("prefill warm-up failed (%s); kernels compile on first use", exc)
 
         # ---- state
         self.metrics = EngineMetrics(self._snapshot)

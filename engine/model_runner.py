@@ -317,3 +317,26 @@ class ModelRunner:
             return self.model.logits(fwd(n - 1, n, decode=True))[0]
         finally:
             self.pool.release(pages)
+
+    @torch.inference_mode()
+    def warmup(self) -> None:
+        """Run the prefill paths once per Triton specialisation class (a batch or token count
+        of 1, a multiple of 16, anything else; with and without a cached prefix), so no kernel
+        is compiled while serving. Everything reads and writes the scratch page 0 only."""
+        dev, ps = self.device, self.ps
+        for n_seqs in (1, 3, 16, 17):
+            for L in (1, 5, 16):
+                for prefix in (0, 7):
+                    T, ctx = n_seqs * L, prefix + L
+                    if ctx >= self.max_model_len or T > self.cfg.max_num_batched_tokens:
+                        continue
+                    pos = torch.arange(prefix, ctx, dtype=torch.int64, device=dev).repeat(n_seqs)
+                    meta = AttnMeta(slot_mapping=pos % ps,
+                                    block_tables=torch.zeros(n_seqs, (ctx + ps - 1) // ps, dtype=torch.int32, device=dev),
+                                    context_lens=torch.full((n_seqs,), ctx, dtype=torch.int32, device=dev),
+                                    cu_seqlens_q=torch.arange(0, T + 1, L, dtype=torch.int32, device=dev),
+                                    no_prefix=prefix == 0, seqlens_q=[L] * n_seqs)
+                    hidden = self.model(torch.zeros(T, dtype=torch.int64, device=dev), pos, self.pool.kv, meta)
+                    self.model.logits(hidden[L - 1::L])
+        if self.cuda:
+            torch.cuda.synchronize(dev)

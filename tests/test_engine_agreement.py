@@ -91,3 +91,17 @@ def test_logits_through_all_attention_paths_match_transformers(ckpt):
             want = m(torch.tensor([p])).logits[0, -1]
         torch.testing.assert_close(got, want, atol=2e-4, rtol=2e-4)
     assert eng.pool.free == eng.pool.total
+
+
+def test_warmup_touches_only_the_scratch_page(ckpt):
+    family, d, prompts, ref = ckpt
+    eng = Engine(EngineConfig(model=str(d), block_size=4, kv_pages=100, max_num_batched_tokens=300))
+    before = eng.pool.kv[:, :, 1:].clone()
+    eng.runner.warmup()                       # on CUDA the engine does this at start
+    assert torch.equal(eng.pool.kv[:, :, 1:], before)
+    eng.start()
+    try:
+        sp = SamplingParams(max_tokens=NEW, temperature=0.0, ignore_eos=True)
+        assert [r["token_ids"] for r in generate(eng, prompts[:4], sp)] == ref[:4]
+    finally:
+        eng.shutdown(0)
