@@ -447,7 +447,11 @@ def test_cheap_check_between_full_scans_triggers_a_scan_on_change(tmp_path):
     assert w.full_scans == 1 and w.last_full_reason == "first scan"
     w.poll()
     assert w.full_scans == 1  # nothing changed: no full scan
-    add(20, "nvtop", "/dev/nvidiactl")
+    add(20, "nvtop", "/dev/null")  # starts without the GPU …
+    w.poll()
+    assert w.full_scans == 1
+    os.unlink(proc / "20" / "fd" / "3")
+    os.symlink("/dev/nvidiactl", proc / "20" / "fd" / "3")  # … and opens it a tick later
     w.poll()
     assert w.full_scans == 2 and w.last_full_reason == "new pid 20 holds /dev/nvidia*"
     [a] = firing(book, "ForeignGpuProcess")

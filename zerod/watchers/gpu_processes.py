@@ -29,6 +29,9 @@ from zerod.daemon_config import DaemonConfig
 from zerod.watchers import Watcher
 
 
+YOUNG_S = 30.0  # a process this new is checked for /dev/nvidia* every tick
+
+
 def _gp():
     from zerod.checks import gpu_processes
 
@@ -64,6 +67,7 @@ class GpuProcessWatcher(Watcher):
         self.procfs = getattr(roots, "procfs", None) or "/proc"
         self._known_pids: set[int] | None = None
         self._invisible: set[int] = set()  # NVML pids this /proc does not show
+        self._born: dict[int, float] = {}  # pid -> when first listed (monotonic), while young
         self._last_full: float | None = None
         self.full_scans = 0
         self.quick_checks = 0
@@ -120,6 +124,14 @@ class GpuProcessWatcher(Watcher):
         """Why a full scan is due now, or None (nothing changed)."""
         pids = self._pids()
         known, self._known_pids = self._known_pids, pids
+        # young processes (first listed < YOUNG_S ago) are looked at every tick:
+        # a program opens the GPU some time after it starts (imports, CUDA init)
+        if known is not None:  # at the first listing nothing is new
+            for pid in pids - known:
+                self._born[pid] = mono
+        for pid in list(self._born):
+            if pid not in pids or mono - self._born[pid] > YOUNG_S:
+                del self._born[pid]
         if self._last_full is None or known is None:
             return "first scan"
         if self.full_scan_interval_s <= 0 or mono - self._last_full >= self.full_scan_interval_s:
@@ -127,8 +139,8 @@ class GpuProcessWatcher(Watcher):
         listed = {r["pid"] for r in self.rows}
         if listed - pids - self._invisible:
             return "a holder is gone"
-        for pid in sorted(pids - known):
-            if self._holds_gpu(pid):
+        for pid in sorted(self._born):
+            if pid not in listed and self._holds_gpu(pid):
                 return f"new pid {pid} holds /dev/nvidia*"
         nv = self._nvml_pids()
         if nv is not None and nv - listed:
