@@ -147,7 +147,11 @@ try:
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         agents.append(p)
         t_open = wait(lambda: time.time() if holds_gpu(p.pid) else None, 120, f"{name} opening /dev/nvidia*")
-        line = p.stdout.readline()  # "ready" once it holds its memory / NVML handle
+        line = ""
+        while "ready" not in line:  # "ready" once it holds its memory / NVML handle
+            line = p.stdout.readline()
+            if not line:
+                raise SystemExit(f"FAILED: {name} ended before it was ready")
         t_held = time.time()
 
         def alert():

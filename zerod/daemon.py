@@ -124,10 +124,14 @@ class Daemon:
                      c["pass"], c["warn"], c["fail"], c["skip"], c["error"], (time.monotonic() - t0) * 1000)
             demo_waived = sorted(k for k, v in report.waived.items() if v == DEMO_WAIVER)
             if demo_waived:
+                found: list[str] = []
+                for x in report.checks:
+                    if x.id in demo_waived and x.message:
+                        m = x.message.split("; found ", 1)[-1]
+                        if m not in found and "see gpu.driver_loaded" not in m:
+                            found.append(m)
                 log.warning("preflight: --demo waives the GPU checks (%s); they found: %s",
-                            ", ".join(demo_waived),
-                            "; ".join(f"{x.id}: {x.message}" for x in report.checks
-                                      if x.id in demo_waived and x.message)[:600] or "nothing")
+                            ", ".join(demo_waived), " | ".join(found)[:600] or "nothing")
             for cid, why in sorted(report.waived.items()):
                 if why != DEMO_WAIVER:
                     log.warning("preflight: %s waived in [doctor] waivers (%s)", cid, why)
