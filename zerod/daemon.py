@@ -414,9 +414,12 @@ class Daemon:
             done, _ = await asyncio.wait([stop_wait, *tasks], return_when=asyncio.FIRST_COMPLETED)
             if stop_wait not in done:
                 for t in done:
-                    if t.exception():
-                        log.critical("task %s died: %r", t.get_name(), t.exception())
-                        raise t.exception()
+                    exc = t.exception()
+                    log.critical("internal task %s ended: %r; stopping", t.get_name(), exc,
+                                 exc_info=(type(exc), exc, exc.__traceback__) if exc else None)
+                self.notifier.stopping(f"internal error in {', '.join(t.get_name() for t in done)}")
+                await sup.stop()
+                return EX_FAIL
             for t in tasks:  # the watch loop ends here: no WATCHDOG=1 after STOPPING=1
                 if t.get_name() == "tick":
                     t.cancel()
