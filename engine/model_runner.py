@@ -81,7 +81,9 @@ class ModelRunner:
         # host ring of sampled ids + pinned input staging, one per ring slot
         self.ring = HostRing(cfg.ring_depth, S, device)
         T = cfg.max_num_batched_tokens
-        self.int_cap = 3 * pool.num_pages + 5 * S + 4 * T + 2 * S + 16
+        # admissions: 3 ints per page + 5 per request; prefill: 3 per token + 5 per chunk
+        # (chunks <= tokens); decode: 2 per request
+        self.int_cap = 3 * pool.num_pages + 8 * S + 8 * T + 16
         self.flt_cap = 2 * S
         pin = self.cuda
         self.stage_i = [torch.zeros(self.int_cap, dtype=torch.int64, pin_memory=pin) for _ in range(cfg.ring_depth)]

@@ -275,3 +275,17 @@ def test_metrics_pass_promtool(eng):
     r = subprocess.run(["promtool", "check", "metrics"], input=generate_latest(eng.metrics.registry),
                        capture_output=True, timeout=30)
     assert r.returncode == 0, r.stderr.decode()
+
+
+def test_many_one_token_prompts_with_tiny_budget(ckpt):
+    """Staging buffers hold the worst case: every admission, one-token chunks, full decode."""
+    e = Engine(EngineConfig(model=str(ckpt), kv_pages=200, max_num_seqs=32, max_num_batched_tokens=8,
+                            block_size=4, max_model_len=64))
+    e.start()
+    try:
+        res = generate(e, [[5 + i] for i in range(32)] + [_prompt(20, 9)],
+                       SamplingParams(max_tokens=6, temperature=0.5, top_k=3, ignore_eos=True))
+        assert all(r["finish_reason"] == "length" and len(r["token_ids"]) == 6 for r in res)
+        assert e.stats().kv_pages_free == e.stats().kv_pages_total
+    finally:
+        e.shutdown(0)
