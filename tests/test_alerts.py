@@ -171,3 +171,41 @@ async def test_unreachable_alertmanager_is_retried_not_fatal():
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+def test_daemon_pushes_engine_alerts_to_a_real_alertmanager(alertmanager, tmp_path):
+    """End to end: `zerod run` with [alerts] alertmanager_url; the engine's
+    allocator retries go up in its /metrics; Alertmanager holds AllocatorRetries."""
+    import sys
+
+    from test_daemon_lifecycle import FAKE_ENGINE, Daemon, free_port  # same folder
+
+    port = free_port()
+    script = tmp_path / "fake_engine.py"
+    script.write_text(FAKE_ENGINE)
+    state = tmp_path / "state.json"
+    state.write_text("{}")
+    d = Daemon(tmp_path, f"""
+[engine]
+port = {port}
+[daemon]
+control_socket = "{tmp_path / 'control.sock'}"
+metrics_port = -1
+engine_command = ["{sys.executable}", "{script}", "{port}", "{state}"]
+[alerts]
+alertmanager_url = "{alertmanager}"
+labels = {{ cluster = "test" }}
+""")
+    try:
+        d.wait_message("READY=1", timeout=30)
+        state.write_text(json.dumps({"retries": 5}))
+
+        def in_am():
+            return [a for a in _am_alerts(alertmanager) if a["labels"].get("alertname") == "AllocatorRetries"]
+
+        [a] = d.wait_for(in_am, 10, "AllocatorRetries in Alertmanager")
+        assert a["labels"]["cluster"] == "test" and a["labels"]["job"] == "zerod"
+        assert a["status"]["state"] == "active" and "+5 retries" in a["annotations"]["summary"]
+        assert d.stop() == 0
+    finally:
+        d.kill()
