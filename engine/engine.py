@@ -11,7 +11,6 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
-import os
 import queue
 import random
 import threading

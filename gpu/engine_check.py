@@ -28,7 +28,6 @@ import math
 import os
 import platform
 import random
-import statistics
 import sys
 import tempfile
 import threading
