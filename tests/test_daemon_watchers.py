@@ -417,6 +417,7 @@ def test_latency_regression_names_the_foreign_process_that_appeared_before():
     assert a.key == "itl" and "likely cause: datadog-agent (pid 488)" in a.summary
     assert "datadog-agent.service" in a.description and "before the regression began" in a.description
     assert a.fix == "disable its GPU check" and a.labels["cause_pid"] == "488"
+    assert a.labels["slo"] == "itl_p99" and a.labels["process"] == "datadog-agent"  # what zerod top reads
     assert lat.snapshot()["itl_p99_s"] > 0.1 and len(lat.snapshot()["history"]["itl_p99_s"]) == 91
 
 

@@ -120,8 +120,8 @@ class LatencyWatcher(Watcher):
                     desc += "; also: " + ", ".join(f"{o['name']} (pid {o['pid']})" for o in causes[1:])
                 fix = c.get("fix")
             self.book.fire("LatencyRegression", what, severity="warning", summary=summary, description=desc,
-                           labels={"metric": what, **({"cause_pid": causes[0]["pid"],
-                                                       "cause": causes[0]["name"]} if causes else {})},
+                           labels={"slo": f"{what}_p99", **({"gpu": causes[0]["gpu"], "process": causes[0]["name"],
+                                                             "cause_pid": causes[0]["pid"]} if causes else {})},
                            fix=fix or "look for other load on the GPU (zerod top) and for throttling")
 
     def likely_causes(self, since: float) -> list[dict[str, Any]]:
