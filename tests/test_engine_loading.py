@@ -142,3 +142,22 @@ def test_max_model_len_beyond_pool_refused(ckpt):
         Engine(EngineConfig(model=str(ckpt), kv_pages=4, max_model_len=256))
     e = Engine(EngineConfig(model=str(ckpt), kv_pages=5))          # default: capped to the pool
     assert e.max_model_len == 4 * 16
+
+
+def test_demo_model_created_once_in_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    e = Engine(EngineConfig(model="demo", kv_pages=64))
+    d = tmp_path / "zerod" / "demo"
+    assert (d / "config.json").exists() and "meaningless" in (d / "README.txt").read_text()
+    stamp = (d / "model.safetensors").stat().st_mtime_ns
+    assert e.model_name == "demo"
+    prompt = e.tokenizer.encode(e.tokenizer.apply_chat_template([{"role": "user", "content": "Hello"}]),
+                                add_special_tokens=False)
+    e.start()
+    try:
+        r = generate(e, [prompt], SamplingParams(max_tokens=8, temperature=0.7, seed=1))[0]
+        assert r["finish_reason"] in ("length", "stop") and r["token_ids"]
+    finally:
+        e.shutdown(0)
+    Engine(EngineConfig(model="demo", kv_pages=64))
+    assert (d / "model.safetensors").stat().st_mtime_ns == stamp   # not rebuilt
