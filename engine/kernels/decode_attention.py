@@ -125,14 +125,17 @@ def _sm_count(device_index: int) -> int:
 
 def choose_num_splits(batch: int, num_kv_heads: int, max_tokens: int, sm_count: int,
                       min_tokens_per_split: int = 256, max_splits: int = 64) -> int:
-    """Splits so that batch*Hk*splits is about two programs per SM; shapes only.
+    """Splits from shapes only (a captured graph serves every context length).
 
-    Measured on the H200 (docs/perf.md, 2026-11-30): B=32 at 4K context ran 146 us with
-    4 splits (the first heuristic, 4 programs per SM) and 137 us with 2; B=1 at 16K is
-    flat from 64 to 128 splits; B=200 is best unsplit.
+    About two programs per SM for batches over 8; four for batches up to 8, where one long
+    sequence among short ones must still spread over the GPU by itself (each sequence's
+    slice length is ctx/splits, so short sequences leave most of their splits idle).
+    Measured on the H200 (docs/perf.md, 2026-11-30, graph-timed): B=32 at 4K context
+    146 us with 4 splits, 137 us with 2; B=1 at 16K flat from 64 to 128 splits, 43 us at
+    16; B=4 with one 16K sequence 32 us with 32 splits, 47 us with 16; B=200 best unsplit.
     """
     per = batch * num_kv_heads
-    want = triton.cdiv(2 * sm_count, per)
+    want = triton.cdiv((4 if batch <= 8 else 2) * sm_count, per)
     cap = max(1, max_tokens // min_tokens_per_split)
     s = min(want, cap, max_splits)
     return 1 if s <= 1 else triton.next_power_of_2(s)
