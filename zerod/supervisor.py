@@ -203,10 +203,14 @@ class EngineSupervisor:
 
     async def _sleep(self, seconds: float) -> None:
         end = time.monotonic() + seconds
+        # short naps only while systemd must hear EXTEND_TIMEOUT_USEC (before
+        # READY) or the stop may come: once serving, one wake-up per interval
+        nap = 0.2 if not self._ready_sent else 1.0
         while not self._stopping and time.monotonic() < end:
             self.progress_at = time.monotonic()
             self._extend_start()
-            await asyncio.sleep(min(0.2, max(0.0, end - time.monotonic())))
+            await asyncio.sleep(min(nap, max(0.0, end - time.monotonic())))
+        self.progress_at = time.monotonic()
 
     def _extend_start(self) -> None:
         """Tell systemd we are still starting (the model loads), until the
