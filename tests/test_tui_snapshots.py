@@ -4,6 +4,7 @@ every relative time on screen is fixed. Update with `pytest --snapshot-update`."
 
 from __future__ import annotations
 
+import copy
 import shutil
 import tempfile
 import time
@@ -92,3 +93,25 @@ def test_filter_and_help_80x24(snap_compare, daemon):
         await pilot.press("slash", *"dcgm", "enter", "question_mark")
 
     assert snap_compare(app, terminal_size=(80, 24), run_before=run_before)
+
+
+def test_eight_gpus_and_many_processes_120x40(snap_compare, daemon):
+    """An 8-GPU host: one line per GPU, one of them throttling hard with XIDs; the
+    processes table scrolls."""
+    gpu = daemon.data["gpus"]["gpus"][0]
+    gpus = []
+    for i in range(8):
+        g = copy.deepcopy(gpu)
+        g["index"] = i
+        if i == 3:
+            g.update(clock_events_active=["hw_slowdown", "hw_thermal_slowdown"], temperature_celsius=89,
+                     xid_events_total={"79": 1})
+        gpus.append(g)
+    daemon.data["gpus"]["gpus"] = gpus
+    procs = daemon.data["processes"]["processes"]
+    for i in range(12):
+        p = copy.deepcopy(procs[1])
+        p.update(pid=6000 + i, gpu=i % 8, name=f"python3", gpu_memory_bytes=120_000_000_000 - i)
+        procs.append(p)
+    app = app_for(daemon)
+    assert snap_compare(app, terminal_size=(120, 40), run_before=loaded(app))

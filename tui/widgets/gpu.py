@@ -7,11 +7,12 @@ from typing import Any
 
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.containers import Grid, Vertical, VerticalScroll
+from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from zerod.tui.widgets.line import Line, set_title
 
 from zerod.tui import format as fmt
 from zerod.tui.widgets.metric import MetricRow
+from zerod.tui.widgets.spark import Spark
 
 # Reasons that cost speed and are not the normal state of a busy GPU.
 BAD_REASONS = {"hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"}
@@ -87,8 +88,62 @@ class GpuPanel(Vertical):
         self.set_class(bad or bool(g.get("ecc_volatile_uncorrected")), "-alarm")
 
 
+def gpu_row_text(g: dict[str, Any], narrow: bool) -> Text:
+    """One GPU on one line (hosts with several GPUs)."""
+    t = Text(no_wrap=True, overflow="ellipsis")
+    util = fmt.num(g.get("utilization_ratio"))
+    t.append(f"{fmt.pct(util):>4}", "bold" if util is not None and util > 0.9 else "")
+    t.append("  mem ", "dim")
+    t.append(f"{fmt.gib(g.get('memory_used_bytes'))}/{fmt.gib(g.get('memory_total_bytes'))}G")
+    temp = fmt.num(g.get("temperature_celsius"))
+    t.append("  ")
+    t.append(f"{temp:.0f}°C" if temp is not None else fmt.NA, "bold red" if (temp or 0) >= 85 else "")
+    power, limit = fmt.num(g.get("power_watts")), fmt.num(g.get("power_limit_watts"))
+    t.append("  ")
+    t.append(f"{power:.0f}/{limit:.0f}W" if power is not None and limit else
+             (f"{power:.0f}W" if power is not None else fmt.NA))
+    reasons = [r for r in (g.get("clock_events_active") or []) if isinstance(r, str)]
+    bad = [r for r in reasons if r in BAD_REASONS]
+    if bad:
+        t.append("  " + ",".join(bad), "bold red")
+    elif reasons and not narrow:
+        t.append("  " + ",".join(r for r in reasons if r not in INFO_REASONS), "yellow")
+    xids = g.get("xid_events_total") or {}
+    if isinstance(xids, dict) and xids:
+        t.append("  XID " + " ".join(f"{k}×{v}" for k, v in sorted(xids.items())), "bold red")
+    if g.get("ecc_volatile_uncorrected"):
+        t.append(f"  ECC {g.get('ecc_volatile_uncorrected')}", "bold red")
+    if g.get("pcie_replays_total"):
+        t.append(f"  replays {g.get('pcie_replays_total')}", "bold red")
+    if not narrow:
+        t.append(f"  SM {g.get('sm_clock_mhz') if g.get('sm_clock_mhz') is not None else fmt.NA}MHz", "dim")
+    return t
+
+
+class GpuRow(Horizontal):
+    """Compact form: label, utilization sparkline, the rest as text."""
+
+    def __init__(self, index: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.index = index
+
+    def compose(self) -> ComposeResult:
+        yield Line("", classes="gpu-row-label")
+        yield Spark(0.0, 1.0, classes="gpu-row-spark")
+        yield Line("", classes="gpu-row-value")
+
+    def show(self, g: dict[str, Any], narrow: bool) -> None:
+        self.query_one(".gpu-row-label", Line).set(Text(f"GPU {g.get('index', '?')}", "bold"))
+        self.query_one(Spark).set(fmt.series((g.get("history") or {}).get("utilization_ratio")))
+        self.query_one(".gpu-row-value", Line).set(gpu_row_text(g, narrow))
+        bad = any(r in BAD_REASONS for r in (g.get("clock_events_active") or []))
+        self.set_class(bad or bool(g.get("ecc_volatile_uncorrected")), "-alarm")
+
+
 class GpuList(VerticalScroll):
-    """One GpuPanel per GPU; a line of its own when NVML is unavailable."""
+    """One GpuPanel per GPU on hosts with one or two GPUs (one at 80 columns); one
+    GpuRow per GPU inside a single border above that. A line of its own when NVML is
+    unavailable."""
 
     def compose(self) -> ComposeResult:
         yield Line("waiting for the daemon…", classes="gpu-note")
@@ -105,19 +160,25 @@ class GpuList(VerticalScroll):
             note.display = True
         else:
             note.display = False
-        panels = list(self.query(GpuPanel))
-        if [p.index for p in panels] != [g.get("index") for g in items]:
-            for p in panels:
+        compact = len(items) > (1 if narrow else 2)
+        kind = GpuRow if compact else GpuPanel
+        self.set_class(compact, "-compact")
+        if compact:
+            set_title(self, f"GPUs ({len(items)}) · utilization over time, then now")
+        current = list(self.query(kind))
+        others = list(self.query(GpuRow if kind is GpuPanel else GpuPanel))
+        if others or [p.index for p in current] != [g.get("index") for g in items]:
+            for p in current + others:
                 p.remove()
-            panels = [GpuPanel(g.get("index"), classes="gpu-panel") for g in items]
-            if panels:
-                self.mount_all(panels)
-            # Freshly mounted panels compose on the next tick; fill them then.
-            self.call_after_refresh(self._fill, items, narrow)
+            fresh = [kind(g.get("index"), classes="gpu-panel" if kind is GpuPanel else "gpu-row")
+                     for g in items]
+            if fresh:
+                self.mount_all(fresh)
+            # Freshly mounted widgets compose on the next tick; fill them then.
+            self.call_after_refresh(self._fill, kind, items, narrow)
             return
-        self._fill(items, narrow)
+        self._fill(kind, items, narrow)
 
-    def _fill(self, items, narrow) -> None:
-        for panel, g in zip(self.query(GpuPanel), items):
-            panel.show(g, narrow)
-        self.set_class(len(items) > 1, "-multi")
+    def _fill(self, kind, items, narrow) -> None:
+        for w, g in zip(self.query(kind), items):
+            w.show(g, narrow)
