@@ -469,3 +469,52 @@ async def test_health_follows_engine_and_engine_503(fake):
     async with aiohttp.ClientSession() as s:
         async with s.get(srv.url + "/health") as r:
             assert r.status == 200
+
+
+def _raw_stream(port, version):
+    import socket
+
+    body = json.dumps({"prompt": "hi", "max_tokens": 12, "stream": True}).encode()
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(b"POST /v1/completions HTTP/%s\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\nConnection: close\r\n\r\n%b" % (version, len(body), body))
+    s.settimeout(10)
+    buf = b""
+    while True:
+        d = s.recv(65536)
+        if not d:
+            break
+        buf += d
+    s.close()
+    head, _, rest = buf.partition(b"\r\n\r\n")
+    return head.decode(), rest
+
+
+def _dechunk(rest):
+    out = b""
+    while True:
+        size, _, rest = rest.partition(b"\r\n")
+        n = int(size, 16)
+        if n == 0:
+            assert rest == b"\r\n"
+            return out
+        out += rest[:n]
+        assert rest[n:n + 2] == b"\r\n"
+        rest = rest[n + 2:]
+
+
+@pytest.mark.parametrize("version", [b"1.1", b"1.0"])
+def test_stream_wire_framing(fake, version):
+    eng, srv = fake
+    head, rest = _raw_stream(srv.port, version)
+    assert " 200 " in head.splitlines()[0]
+    if version == b"1.1":
+        assert "Transfer-Encoding: chunked" in head
+        body = _dechunk(rest)
+    else:
+        assert "chunked" not in head
+        body = rest
+    frames = body.decode().split("\n\n")
+    assert frames[-2:] == ["data: [DONE]", ""]
+    texts = [json.loads(f[6:])["choices"][0]["text"] for f in frames[:-2]]
+    assert "".join(texts) == "t1 t2 t3 t4 ét6 t7 t8 t9 ét11 t12 "
