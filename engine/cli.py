@@ -99,7 +99,8 @@ def _check_model(ctx, param, value):
               help="KV pool size in pages of --block-size tokens (CPU budget; on CUDA it "
                    "overrides --gpu-memory-utilization's sizing).")
 @click.option("--kv-cache-memory-bytes", type=ByteSize(), default=None,
-              help="KV pool budget in bytes when --kv-pages is not given (e.g. 2GiB).")
+              help="CPU: KV pool budget in bytes when --kv-pages is not given (e.g. 2GiB; "
+                   "default 256 MiB).")
 @click.option("--block-size", type=click.IntRange(min=1), default=16, show_default=True,
               help="KV page size in tokens (a power of two).")
 @click.option("--device", type=Device(), default="auto", show_default=True,

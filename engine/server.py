@@ -314,7 +314,7 @@ class OpenAIServer:
             st.rid = self.engine.submit(prompt_ids, params, self.router.callback(st))
         except RequestRejected as exc:
             headers = {}
-            if exc.status == 429:
+            if exc.status in (429, 503):
                 ra = exc.retry_after if exc.retry_after is not None else 1
                 headers["Retry-After"] = str(max(1, int(-(-float(ra) // 1))))
             raise P.APIError(int(exc.status), exc.message, headers=headers,

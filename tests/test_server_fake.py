@@ -464,6 +464,7 @@ async def test_health_follows_engine_and_engine_503(fake):
     try:
         st, headers, raw = await _post(srv.url + "/v1/completions", {"prompt": "x"})
         assert st == 503 and json.loads(raw)["error"]["type"] == "service_unavailable"
+        assert headers["Retry-After"] == "5"
     finally:
         eng.submit = orig
     async with aiohttp.ClientSession() as s:
