@@ -317,3 +317,17 @@ def test_quit_key(daemon):
             await pilot.pause()
             assert not app.is_running
     asyncio.run(go())
+
+
+async def test_adapts_when_the_terminal_shrinks(daemon):
+    app = make_app(daemon.socket_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.snapshot is not None)
+        table = app.query_one(ProcessTable)
+        assert len(table.columns) == 7 and app.screen.has_class("-wide")
+        await pilot.resize_terminal(80, 24)
+        await until(pilot, lambda: len(table.columns) == 4)
+        assert app.screen.has_class("-narrow") and app.screen.has_class("-short")
+        assert rows(table) == ["2211", "48211", "48190", "1312"]
+        await pilot.resize_terminal(120, 40)
+        await until(pilot, lambda: len(table.columns) == 7)
