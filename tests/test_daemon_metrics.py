@@ -8,7 +8,6 @@ import subprocess
 
 import pytest
 
-from zerod.alerts import AlertBook
 from zerod.daemon import Daemon
 from zerod.daemon_metrics import make_registry, render
 from test_daemon_watchers import fake_nvml  # noqa: E402  (same folder)

@@ -14,7 +14,7 @@ import collections
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 from zerod.alerts import AlertBook
 from zerod.daemon_config import DaemonConfig

@@ -17,7 +17,7 @@ from typing import Any
 from zerod.alerts import AlertBook
 from zerod.daemon_config import DaemonConfig
 from zerod.watchers import Watcher
-from zerod.watchers.nvml_session import NvmlSession, is_gpu_lost, is_not_supported
+from zerod.watchers.nvml_session import NvmlSession, is_gpu_lost
 
 # NVML clocks event (throttle) reason bits -> the names of docs/control-api.md
 CLOCK_EVENT_REASONS = {
