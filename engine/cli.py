@@ -116,12 +116,16 @@ def _check_model(ctx, param, value):
               show_default=True,
               help="On SIGTERM: seconds in-flight requests get to finish before they are "
                    "ended.")
+@click.option("--default-max-tokens", type=click.IntRange(min=1), default=None,
+              help="Cap for requests that send no max_tokens (chat; completions default to "
+                   "16 as OpenAI). Default: what the context leaves, which reserves KV pages "
+                   "for the whole context at admission.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 def serve(model, served_model_name, tokenizer, dtype, load_format, max_model_len,
           max_num_seqs, max_num_batched_tokens, max_waiting, gpu_memory_utilization, kv_pages,
           kv_cache_memory_bytes, block_size, device, enforce_eager, seed, host, port, api_key,
-          drain_timeout, log_level):
+          drain_timeout, default_max_tokens, log_level):
     """Serve MODEL over an OpenAI-compatible HTTP API (/v1/completions,
     /v1/chat/completions, /v1/models, /health, /metrics)."""
     logging.basicConfig(level=getattr(logging, log_level.upper()), stream=sys.stderr,
@@ -188,7 +192,8 @@ def serve(model, served_model_name, tokenizer, dtype, load_format, max_model_len
         engine.start()
         asyncio.run(serve_async(engine, host, port,
                                 served_model_names=names or None, api_key=api_key,
-                                drain_timeout=drain_timeout, on_ready=ready))
+                                drain_timeout=drain_timeout,
+                                default_max_tokens=default_max_tokens, on_ready=ready))
     except EngineError as exc:
         click.echo(f"zerod serve: error: {exc}", err=True)
         code = 1

@@ -395,8 +395,13 @@ def parse_chat(body: dict[str, Any]) -> CompletionRequest:
     return req
 
 
-def check_context(req: CompletionRequest, prompt_len: int, max_model_len: int) -> int:
-    """Settle max_tokens against the context; return it or raise a 400 (vLLM's wording)."""
+def check_context(req: CompletionRequest, prompt_len: int, max_model_len: int,
+                  default_max_tokens: int | None = None) -> int:
+    """Settle max_tokens against the context; return it or raise a 400 (vLLM's wording).
+
+    A request without max_tokens gets what the context leaves, capped by
+    `default_max_tokens` when the server sets one (the engine reserves KV pages for
+    prompt + max_tokens at admission, so "the whole context" is a large reservation)."""
     where = "messages" if req.kind == "chat" else "prompt"
     if prompt_len >= max_model_len:
         raise bad(f"This model's maximum context length is {max_model_len} tokens. However, "
@@ -405,7 +410,8 @@ def check_context(req: CompletionRequest, prompt_len: int, max_model_len: int) -
                   f"{where}.", "messages" if req.kind == "chat" else "prompt",
                   "context_length_exceeded")
     if req.max_tokens is None:
-        return max_model_len - prompt_len
+        left = max_model_len - prompt_len
+        return min(left, default_max_tokens) if default_max_tokens else left
     if prompt_len + req.max_tokens > max_model_len:
         raise bad(f"This model's maximum context length is {max_model_len} tokens. However, "
                   f"you requested {prompt_len + req.max_tokens} tokens ({prompt_len} in the "

@@ -135,8 +135,10 @@ def _error_response(err: P.APIError) -> web.Response:
 
 class OpenAIServer:
     def __init__(self, engine: Any, *, served_model_names: list[str] | None = None,
-                 api_key: str | None = None, drain_timeout: float = 30.0) -> None:
+                 api_key: str | None = None, drain_timeout: float = 30.0,
+                 default_max_tokens: int | None = None) -> None:
         self.engine = engine
+        self.default_max_tokens = default_max_tokens
         name = getattr(engine, "model_name", None) or "model"
         self.model_names = list(served_model_names or [name])
         self.default_model = self.model_names[0]
@@ -307,7 +309,8 @@ class OpenAIServer:
                         ) -> web.StreamResponse:
         model = self._model(req.model)
         prompt_ids = await self._prompt_ids(req)
-        max_tokens = P.check_context(req, len(prompt_ids), self.max_model_len)
+        max_tokens = P.check_context(req, len(prompt_ids), self.max_model_len,
+                                     self.default_max_tokens)
         params = P.build_sampling_params(SamplingParams, req, max_tokens)
         st = _Req()
         try:
@@ -550,11 +553,12 @@ async def _start(server: OpenAIServer, host: str, port: int) -> tuple[web.AppRun
 
 async def serve_async(engine: Any, host: str, port: int, *, served_model_names=None,
                       api_key: str | None = None, drain_timeout: float = 30.0,
+                      default_max_tokens: int | None = None,
                       on_ready: Callable[[int], None] | None = None,
                       stop_event: asyncio.Event | None = None,
                       handle_signals: bool = True) -> None:
     server = OpenAIServer(engine, served_model_names=served_model_names, api_key=api_key,
-                          drain_timeout=drain_timeout)
+                          drain_timeout=drain_timeout, default_max_tokens=default_max_tokens)
     loop = asyncio.get_running_loop()
     stop = stop_event or asyncio.Event()
     if handle_signals:

@@ -57,6 +57,8 @@ def test_context_and_sampling_params():
                       "stream": True, "stream_options": {"include_usage": True}})
     assert r.messages == [{"role": "user", "content": "ab"}] and r.include_usage
     assert P.check_context(r, 10, 100) == 90  # chat default: what the context leaves
+    assert P.check_context(r, 10, 100, default_max_tokens=32) == 32
+    assert P.check_context(r, 90, 100, default_max_tokens=32) == 10
     sp = P.build_sampling_params(SamplingParams, r, 90)
     assert (sp.temperature, sp.top_k, sp.stop, sp.seed, sp.max_tokens) == (0.0, 0, ["x"], 7, 90)
     r.max_tokens = 91
