@@ -369,6 +369,8 @@ class Daemon:
             log.critical("%s", exc)
             self._set_status(str(exc).splitlines()[0])
             pool.shutdown(wait=False)
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
             return EX_CONFIG
         runners = []
         tasks: list[asyncio.Task] = []
@@ -449,3 +451,5 @@ class Daemon:
             self.nvml.close()
             pool.shutdown(wait=False, cancel_futures=True)
             self.notifier.close()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
