@@ -548,8 +548,18 @@ class ChunkEncoder:
     exactly what `json.dumps` of the OpenAI chunk object gives (tested).
     """
 
-    __slots__ = ("kind", "rid", "created", "model", "include_usage", "_head", "_mid",
-                 "_tail", "_fin_mid", "_usage_tail")
+    __slots__ = (
+        "_fin_mid",
+        "_head",
+        "_mid",
+        "_tail",
+        "_usage_tail",
+        "created",
+        "include_usage",
+        "kind",
+        "model",
+        "rid",
+    )
 
     def __init__(self, kind: str, rid: str, created: int, model: str,
                  include_usage: bool) -> None:

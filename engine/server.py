@@ -34,10 +34,10 @@ import os
 import signal
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from aiohttp import web
-
 from zerod.engine import protocol as P
 from zerod.engine.config import RequestRejected, SamplingParams
 
@@ -53,7 +53,7 @@ _ABORTED = object()  # pushed into a stream by the server itself when draining e
 class _Req:
     """One request's hand-off state (touched only on the event loop)."""
 
-    __slots__ = ("items", "waiter", "finished", "rid", "error", "sink", "touched")
+    __slots__ = ("error", "finished", "items", "rid", "sink", "touched", "waiter")
 
     def __init__(self) -> None:
         self.items: list[Any] = []
@@ -151,8 +151,6 @@ class OpenAIServer:
         self.inflight: set[_Req] = set()
         self.router: OutputRouter | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
-        self.requests_rejected = collections.Counter()
-        self._sp_names = P._field_names(SamplingParams)
 
     # ----------------------------------------------------------------- app
 
@@ -182,8 +180,6 @@ class OpenAIServer:
                                      "requests", headers={"Retry-After": "5"})
             return await handler(request)
         except P.APIError as err:
-            if err.status == 429:
-                self.requests_rejected["429"] += 1
             return _error_response(err)
         except web.HTTPException as exc:
             if exc.status < 400:
@@ -422,7 +418,7 @@ class OpenAIServer:
 class _SSEFormatter:
     """Engine outputs -> the SSE bytes of one stream (state: counts, finished)."""
 
-    __slots__ = ("enc", "include_usage", "prompt_len", "completion_tokens", "finished")
+    __slots__ = ("completion_tokens", "enc", "finished", "include_usage", "prompt_len")
 
     def __init__(self, enc: P.ChunkEncoder, include_usage: bool, prompt_len: int) -> None:
         self.enc = enc
@@ -474,7 +470,7 @@ class _DirectSink:
     the transport's buffer: a stream's total output is bounded by max_tokens.
     """
 
-    __slots__ = ("st", "fmt", "transport", "chunked", "done")
+    __slots__ = ("chunked", "done", "fmt", "st", "transport")
 
     def __init__(self, st: _Req, fmt: _SSEFormatter, transport: Any, chunked: bool,
                  done: asyncio.Future) -> None:
@@ -594,7 +590,7 @@ class ServerThread:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def start(self) -> "ServerThread":
+    def start(self) -> ServerThread:
         self._thread.start()
         self._ready.wait(30)
         if self._error:

@@ -10,7 +10,6 @@ import os
 
 import pytest
 from click.testing import CliRunner
-
 from zerod.engine import bench as B
 from zerod.engine.server import ServerThread
 

@@ -15,7 +15,7 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
-from zerod.engine.server import ServerThread  # noqa: E402
+from zerod.engine.server import ServerThread
 
 MAX_LEN = 256
 
@@ -35,7 +35,7 @@ def live():
 
 def _metric(url: str, name: str) -> float:
     text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
-    m = re.search(rf"^{name} ([0-9.e+-]+)$", text, re.M)
+    m = re.search(rf"^{name} ([0-9.e+-]+)$", text, re.MULTILINE)
     assert m, f"{name} not in /metrics"
     return float(m.group(1))
 
@@ -120,7 +120,7 @@ async def test_random_disconnects_free_every_page(live):
             try:
                 await asyncio.wait_for(s.post(srv.url + "/v1/completions", json=body),
                                        rng.uniform(0.001, 0.05))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
@@ -158,7 +158,6 @@ def test_real_engine_bad_inputs_then_still_serving(live):
 
 def test_bench_against_live_engine(live, tmp_path):
     from click.testing import CliRunner
-
     from zerod.engine.bench import bench
 
     eng, srv = live

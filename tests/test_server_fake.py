@@ -16,7 +16,6 @@ from dataclasses import dataclass
 import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry, Gauge
-
 from zerod.engine.config import RequestRejected
 from zerod.engine.server import ServerThread
 
@@ -472,9 +471,8 @@ async def test_health_follows_engine_and_engine_503(fake):
         assert headers["Retry-After"] == "5"
     finally:
         eng.submit = orig
-    async with aiohttp.ClientSession() as s:
-        async with s.get(srv.url + "/health") as r:
-            assert r.status == 200
+    async with aiohttp.ClientSession() as s, s.get(srv.url + "/health") as r:
+        assert r.status == 200
 
 
 def _raw_stream(port, version):

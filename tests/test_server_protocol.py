@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from zerod.engine import protocol as P
 from zerod.engine.config import SamplingParams
 
