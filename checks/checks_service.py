@@ -67,6 +67,11 @@ def engine_config(ctx: Ctx):
     if not (layers and kvh and hd):
         return FAIL(f"{path}/config.json lacks num_hidden_layers/num_key_value_heads/head_dim", fix_path)
     weights = m.get("weights_bytes") or 0
+    dummy = ctx.cfg.load_format == "dummy"
+    if not weights and dummy and m.get("params_estimate"):
+        # --load-format dummy: random weights of the config's shape, sized from it
+        weights = m["params_estimate"] * dtype_bytes(
+            ctx.cfg.dtype if ctx.cfg.dtype != "auto" else m.get("torch_dtype"))
     if not weights:
         return FAIL(f"no *.safetensors weights in {path}", fix_path + " (or `--load-format dummy` for tests)")
     max_len = ctx.cfg.max_model_len or m.get("max_position_embeddings") or 0

@@ -30,6 +30,7 @@ class DoctorConfig:
     max_model_len: int | None = None
     max_num_seqs: int = 256
     dtype: str = "auto"
+    load_format: str = "auto"  # "dummy": random weights, nothing to find on disk
     # net.bind_exposure
     bind_address: str = "127.0.0.1"
     api_key_set: bool = False
@@ -74,6 +75,7 @@ class DoctorConfig:
         "max_model_len": "max_model_len",
         "max_num_seqs": "max_num_seqs",
         "dtype": "dtype",
+        "load_format": "load_format",
         "host": "bind_address",
     }
 

@@ -1,0 +1,39 @@
+"""engine.config against a config-only model folder: real weights must be there,
+unless the engine is told to use dummy weights (benchmarks), when doctor sizes the
+weights from config.json instead."""
+
+from __future__ import annotations
+
+import json
+
+from test_checks_helpers import h200
+
+from zerod.checks import DoctorConfig, run_checks
+from zerod.checks import probe_model
+
+LLAMA3_8B = {"architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
+             "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+             "vocab_size": 128256, "max_position_embeddings": 8192, "torch_dtype": "bfloat16",
+             "tie_word_embeddings": False}
+
+
+def _check(tmp_path, **engine):
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA3_8B))
+    cfg = DoctorConfig.from_dict({}, engine={"model": str(tmp_path), **engine})
+    facts = h200()
+    probe_model.probe(facts, cfg.model)
+    return next(c for c in run_checks(facts, cfg, only=["engine.config"]).checks)
+
+
+def test_config_only_folder_fails_without_dummy(tmp_path):
+    c = _check(tmp_path)
+    assert c.status == "fail"
+    assert "no *.safetensors weights" in c.message
+    assert "--load-format dummy" in c.remediation
+
+
+def test_dummy_weights_are_sized_from_the_config(tmp_path):
+    c = _check(tmp_path, load_format="dummy", max_model_len=8192)
+    assert c.status == "pass", c.message
+    # 8.03 B parameters in bf16: about 15 GiB of weights
+    assert "weights 15.0 GiB" in c.message
