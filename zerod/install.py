@@ -20,7 +20,10 @@ UNIT = "etc/systemd/system/zerod.service"
 NUMA_DROPIN = "etc/systemd/system/zerod.service.d/50-numa.conf"
 SYSCTL_DROPIN = "etc/sysctl.d/60-zerod.conf"
 CONFIG = "etc/zerod/zerod.toml"
-DATA = Path(__file__).resolve().parent.parent / "systemd"
+# systemd/ beside the package in a checkout; zerod/systemd/ in an installed wheel.
+DATA = next((d for d in (Path(__file__).resolve().parent.parent / "systemd",
+                         Path(__file__).resolve().parent / "systemd") if (d / "zerod.service").is_file()),
+            Path(__file__).resolve().parent / "systemd")
 
 
 class InstallError(Exception):
