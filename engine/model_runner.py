@@ -45,6 +45,12 @@ def _cls(r: Request) -> int:
     return row_class(p.temperature, p.top_k, p.top_p)
 
 
+# A prompt that arrives alone (the idle-TTFT case) is prefilled by a CUDA graph captured
+# for a padded token count: eager, its ~400 launches (a third of them Triton, each costing
+# tens of microseconds of Python) take longer than the GPU work of a short prompt.
+PREFILL_GRAPH_TOKENS = (16, 32, 64, 128, 256, 512)
+
+
 def graph_buckets(max_bs: int) -> list[int]:
     out = [b for b in (1, 2, 4, 8) if b <= max_bs]
     b = 16
@@ -95,6 +101,20 @@ class ModelRunner:
         self.g_slots = torch.full((S,), self.pad_slot, dtype=torch.int64, device=dev)
         self.g_pos = torch.zeros(S, dtype=torch.int64, device=dev)
         self.buckets: list[int] = []
+        # prefill graph buffers: a padded batch of two sequences, the prompt (L tokens) and
+        # a dummy one (T - L tokens, block-table row of zeros: it reads and writes only the
+        # scratch page 0), so the shapes are fixed per T and the real rows are exact.
+        Tp = max((t for t in PREFILL_GRAPH_TOKENS
+                  if t <= cfg.max_num_batched_tokens and t < max_model_len), default=0)
+        self.pgraphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.pad_prefill = False   # set when the graphs are captured (tests set it on the CPU)
+        self.p_toks = torch.zeros(Tp, dtype=torch.int64, device=dev)
+        self.p_pos = torch.zeros(Tp, dtype=torch.int64, device=dev)
+        self.p_smap = torch.zeros(Tp, dtype=torch.int64, device=dev)
+        self.p_cu = torch.zeros(3, dtype=torch.int32, device=dev)
+        self.p_ctx = torch.zeros(2, dtype=torch.int32, device=dev)
+        self.p_bt = torch.zeros(2, (Tp + self.ps - 1) // self.ps, dtype=torch.int32, device=dev)
+        self.p_sidx = torch.zeros(1, dtype=torch.int64, device=dev)
 
     # ------------------------------------------------------------------ staging
     def _ship(self, ring_idx: int, ints: list[np.ndarray], flts: list[np.ndarray]):
@@ -149,7 +169,23 @@ class ModelRunner:
         # prefill chunks
         decodes = sorted(decodes, key=_cls)     # sampling wants rows grouped by class
         C = len(chunks)
-        if C:
+        padT = self._prefill_bucket(chunks)
+        if padT:
+            c = chunks[0]
+            L, ps = c.n, self.ps
+            dummy = np.arange(padT - L, dtype=np.int64)
+            toks = np.zeros(padT, dtype=np.int64)
+            toks[:L] = c.req.prompt_ids
+            pos = np.concatenate([np.arange(L, dtype=np.int64), dummy])
+            pages = np.asarray(c.req.pages, dtype=np.int64)[np.arange(L) // ps]
+            smap = np.concatenate([pages * ps + pos[:L] % ps, dummy % ps])
+            cu = np.array([0, L, padT], dtype=np.int64)
+            ctx = np.array([L, padT - L], dtype=np.int64)
+            p_slots = np.array([c.req.slot], dtype=np.int64)
+            done = [0]
+            s_idx = np.array([L - 1], dtype=np.int64)
+            ints += [toks, pos, smap, cu, ctx, p_slots, s_idx, p_slots]
+        elif C:
             toks = np.concatenate([np.asarray(c.req.prompt_ids[c.start:c.start + c.n], dtype=np.int64) for c in chunks])
             pos = np.concatenate([np.arange(c.start, c.start + c.n, dtype=np.int64) for c in chunks])
             pages = np.concatenate([np.asarray(c.req.pages, dtype=np.int64)[
@@ -188,6 +224,14 @@ class ModelRunner:
         if C:
             toks_d, pos_d, smap_d, cu_d, ctx_d, pslots_d, sidx_d, sslots_d = di[k:k + 8]
             k += 8
+        if padT:
+            logits = self._prefill_padded(padT, toks_d, pos_d, smap_d, cu_d, ctx_d, pslots_d, sidx_d)
+            tok = self._sample(logits, sslots_d, torch.zeros_like(sslots_d), [chunks[0].req])
+            self.last_tokens.index_copy_(0, sslots_d, tok)
+            tokens_ring[:1].copy_(tok, non_blocking=True)
+            n_out = 1
+            out_rows.append(chunks[0].req)
+        elif C:
             w = max((c.start + c.n + self.ps - 1) // self.ps for c in chunks)
             meta = AttnMeta(slot_mapping=smap_d, block_tables=self.block_table[pslots_d, :w],
                             context_lens=ctx_d.to(torch.int32), cu_seqlens_q=cu_d.to(torch.int32),
@@ -210,6 +254,59 @@ class ModelRunner:
             tokens_ring[n_out:n_out + B].copy_(tok, non_blocking=True)
             out_rows += decodes
         return out_rows
+
+    # ------------------------------------------------------------------ padded prefill
+    def _prefill_bucket(self, chunks: list[Chunk]) -> int:
+        """The padded token count for a lone, whole, uncached prompt; 0 = the general path."""
+        if not self.pad_prefill or len(chunks) != 1:
+            return 0
+        c = chunks[0]
+        if c.start != 0 or not c.completes:
+            return 0
+        return next((t for t in PREFILL_GRAPH_TOKENS if t > c.n and t <= self.p_toks.numel()), 0)
+
+    def _prefill_padded(self, T: int, toks, pos, smap, cu, ctx, pslots, sidx) -> torch.Tensor:
+        self.p_toks[:T].copy_(toks)
+        self.p_pos[:T].copy_(pos)
+        self.p_smap[:T].copy_(smap)
+        self.p_cu.copy_(cu)
+        self.p_ctx.copy_(ctx)
+        w = (T + self.ps - 1) // self.ps
+        self.p_bt[0, :w].copy_(self.block_table.index_select(0, pslots)[0, :w])
+        self.p_sidx.copy_(sidx)
+        if T in self.pgraphs:
+            g, out = self.pgraphs[T]
+            g.replay()
+            return out
+        return self._prefill_padded_forward(T)
+
+    def _prefill_padded_forward(self, T: int) -> torch.Tensor:
+        w = (T + self.ps - 1) // self.ps
+        meta = AttnMeta(slot_mapping=self.p_smap[:T], block_tables=self.p_bt[:, :w],
+                        context_lens=self.p_ctx, cu_seqlens_q=self.p_cu)
+        hidden = self.model(self.p_toks[:T], self.p_pos[:T], self.pool.kv, meta)
+        return self.model.logits(hidden.index_select(0, self.p_sidx))
+
+    def _capture_prefill_graphs(self, pool) -> None:
+        """A graph per padded token count, captured on a dummy prompt of one token."""
+        for T in (t for t in PREFILL_GRAPH_TOKENS if t <= self.p_toks.numel()):
+            self.p_toks[:T].zero_()
+            self.p_pos[:T].copy_(torch.cat([torch.zeros(1, dtype=torch.int64, device=self.device),
+                                            torch.arange(T - 1, dtype=torch.int64, device=self.device)]))
+            self.p_smap[:T].copy_(self.p_pos[:T] % self.ps)
+            self.p_cu.copy_(torch.tensor([0, 1, T], dtype=torch.int32))
+            self.p_ctx.copy_(torch.tensor([1, T - 1], dtype=torch.int32))
+            self.p_bt.zero_()
+            self.p_sidx.zero_()
+            for _ in range(2):  # Triton compiles / autotunes outside the capture
+                self._prefill_padded_forward(T)
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=pool):
+                out = self._prefill_padded_forward(T)
+            pool = g.pool()
+            self.pgraphs[T] = (g, out)
+        self.pad_prefill = bool(self.pgraphs)
 
     def _sample(self, logits: torch.Tensor, slots: torch.Tensor, gen: torch.Tensor,
                 reqs: list[Request]) -> torch.Tensor:
@@ -282,6 +379,17 @@ class ModelRunner:
             log.warning("CUDA graph capture failed (%s); decode runs eager", exc)
             self.graphs.clear()
             self.buckets = []
+            torch.cuda.synchronize()
+            return
+        if not ops.has_kernel("prefill_attention"):
+            return  # the padded batch needs the paged prefill kernel (graph-safe, no host sync)
+        try:
+            self._capture_prefill_graphs(pool)
+            log.info("captured prefill CUDA graphs for %s padded tokens", sorted(self.pgraphs))
+        except Exception as exc:  # noqa: BLE001
+            log.warning("prefill CUDA graph capture failed (%s); prompts prefill eager", exc)
+            self.pgraphs.clear()
+            self.pad_prefill = False
             torch.cuda.synchronize()
 
     # ------------------------------------------------------------------ checks
