@@ -169,7 +169,9 @@ class ModelRunner:
         # prefill chunks
         decodes = sorted(decodes, key=_cls)     # sampling wants rows grouped by class
         C = len(chunks)
-        padT = self._prefill_bucket(chunks)
+        # Only on an idle engine: with decodes running, a padded prefill per step for each
+        # trickling arrival measured worse on the H200 (200 streams: TTFT p99 170 -> 422 ms).
+        padT = 0 if decodes else self._prefill_bucket(chunks)
         if padT:
             c = chunks[0]
             L, ps = c.n, self.ps
