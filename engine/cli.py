@@ -90,6 +90,9 @@ def _check_model(ctx, param, value):
               help="Most requests running at once.")
 @click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=2048,
               show_default=True, help="Prompt tokens per step (chunked prefill budget).")
+@click.option("--max-prefill-tokens-idle", type=click.IntRange(min=1), default=16384,
+              show_default=True, help="Prompt tokens per step while nothing decodes (a long "
+                                      "prompt then goes in whole, unchunked).")
 @click.option("--max-waiting", type=click.IntRange(min=0), default=1024, show_default=True,
               help="Wait line bound; beyond it requests get 429 with Retry-After.")
 @click.option("--gpu-memory-utilization", type=click.FloatRange(0.05, 1.0), default=0.90,
@@ -123,7 +126,8 @@ def _check_model(ctx, param, value):
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 def serve(model, served_model_name, tokenizer, dtype, load_format, max_model_len,
-          max_num_seqs, max_num_batched_tokens, max_waiting, gpu_memory_utilization, kv_pages,
+          max_num_seqs, max_num_batched_tokens, max_prefill_tokens_idle, max_waiting,
+          gpu_memory_utilization, kv_pages,
           kv_cache_memory_bytes, block_size, device, enforce_eager, seed, host, port, api_key,
           drain_timeout, default_max_tokens, log_level):
     """Serve MODEL over an OpenAI-compatible HTTP API (/v1/completions,
@@ -142,7 +146,8 @@ def serve(model, served_model_name, tokenizer, dtype, load_format, max_model_len
         "model": model, "served_model_name": names[0] if names else None,
         "tokenizer": tokenizer, "dtype": dtype, "load_format": load_format,
         "max_model_len": max_model_len, "max_num_seqs": max_num_seqs,
-        "max_num_batched_tokens": max_num_batched_tokens, "max_waiting": max_waiting,
+        "max_num_batched_tokens": max_num_batched_tokens,
+        "max_prefill_tokens_idle": max_prefill_tokens_idle, "max_waiting": max_waiting,
         "gpu_memory_utilization": gpu_memory_utilization, "kv_pages": kv_pages,
         "kv_cache_memory_bytes": kv_cache_memory_bytes, "block_size": block_size,
         "device": device, "enforce_eager": enforce_eager, "seed": seed,

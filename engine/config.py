@@ -39,6 +39,9 @@ class EngineConfig:
     max_model_len: int | None = None       # default: config's max_position_embeddings (capped by the pool)
     max_num_seqs: int = 256                # most requests running at once
     max_num_batched_tokens: int = 2048     # prompt tokens per step (chunked prefill budget)
+    # prompt tokens per step while nothing decodes: no stream to stall, so a long prompt
+    # goes in whole (one flash-attention prefill instead of chunks over a cached prefix)
+    max_prefill_tokens_idle: int = 16384
     max_waiting: int = 1024                # wait line bound; beyond it submit answers 429
     block_size: int = 16                   # KV page size in tokens
     gpu_memory_utilization: float = 0.90   # CUDA: fraction of the GPU the engine may hold
@@ -48,6 +51,11 @@ class EngineConfig:
     cuda_graph_max_bs: int = 256           # largest decode batch captured; larger run eager
     seed: int = 0                          # seeds dummy weights and requests without a seed
     ring_depth: int = 4                    # steps in flight between the step loop and the poller
+
+    @property
+    def prefill_token_cap(self) -> int:
+        """The most prompt tokens one step can take (sizes staging and activations)."""
+        return max(self.max_num_batched_tokens, self.max_prefill_tokens_idle)
 
     def __post_init__(self) -> None:
         def bad(msg: str) -> None:
@@ -61,7 +69,8 @@ class EngineConfig:
             bad(f"load_format {self.load_format!r} is not one of {', '.join(_LOAD_FORMATS)}")
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             bad(f"device {self.device!r} is not auto, cpu, cuda or cuda:N")
-        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "ring_depth",
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_prefill_tokens_idle",
+                     "block_size", "ring_depth",
                      "cuda_graph_max_bs"):
             if int(getattr(self, name)) < 1:
                 bad(f"{name} must be >= 1")

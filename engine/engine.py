@@ -176,7 +176,7 @@ class Engine:
         torch.cuda.empty_cache()
         free, total = torch.cuda.mem_get_info(dev)
         # activation headroom: a prefill of the token budget + decode logits/sampling of a full batch
-        T = cfg.max_num_batched_tokens
+        T = cfg.prefill_token_cap
         act = T * (6 * mc.hidden_size + 3 * mc.intermediate_size + 2 * (mc.q_size + 2 * mc.kv_size)) * 4
         act += cfg.max_num_seqs * mc.vocab_size * 4 * 8
         act += T * T * 2 if T <= 8192 else 0      # a block-diagonal prefill mask
@@ -375,7 +375,8 @@ class Engine:
             if self._stop.is_set():
                 break
             admitted = self._admit()
-            budget = self.config.max_num_batched_tokens
+            budget = (self.config.max_num_batched_tokens if self._decoding
+                      else self.config.prefill_token_cap)
             chunks: list[Chunk] = []
             for r in self._prefilling:
                 if budget <= 0:

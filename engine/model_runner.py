@@ -86,7 +86,7 @@ class ModelRunner:
         self.eos = torch.tensor(eos_ids or [0], dtype=torch.int64, device=dev)
         # host ring of sampled ids + pinned input staging, one per ring slot
         self.ring = HostRing(cfg.ring_depth, S, device)
-        T = cfg.max_num_batched_tokens
+        T = cfg.prefill_token_cap
         # admissions: 3 ints per page + 5 per request; prefill: 3 per token + 5 per chunk
         # (chunks <= tokens); decode: 2 per request
         self.int_cap = 3 * pool.num_pages + 8 * S + 8 * T + 16
@@ -440,7 +440,7 @@ class ModelRunner:
             for L in (1, 5, 16):
                 for prefix in (0, 7):
                     T, ctx = n_seqs * L, prefix + L
-                    if ctx >= self.max_model_len or T > self.cfg.max_num_batched_tokens:
+                    if ctx >= self.max_model_len or T > self.cfg.prefill_token_cap:
                         continue
                     pos = torch.arange(prefix, ctx, dtype=torch.int64, device=dev).repeat(n_seqs)
                     meta = AttnMeta(slot_mapping=pos % ps,

@@ -50,7 +50,8 @@ def _prompts(vocab):
 def test_greedy_agrees_with_transformers(ckpt):
     family, d, prompts, ref = ckpt
     # block_size 4: every prompt and decode crosses pages; token budget 16: long prompts prefill in chunks
-    eng = Engine(EngineConfig(model=str(d), block_size=4, kv_pages=400, max_num_batched_tokens=16))
+    eng = Engine(EngineConfig(model=str(d), block_size=4, kv_pages=400, max_num_batched_tokens=16,
+                              max_prefill_tokens_idle=16))
     eng.start()
     try:
         sp = SamplingParams(max_tokens=NEW, temperature=0.0, ignore_eos=True)

@@ -314,3 +314,33 @@ def test_padded_prefill_gives_the_same_tokens(ckpt):
             e.shutdown(0)
     assert out[True] == out[False]
     assert all(len(t) == 16 for t in out[True])
+
+
+def test_long_prompt_goes_in_whole_only_while_nothing_decodes(ckpt):
+    """Chunked prefill exists so a long prompt cannot stall running streams; with nothing
+    decoding there is nothing to stall, and the prompt goes in one step."""
+    e = Engine(EngineConfig(model=str(ckpt), block_size=4, kv_pages=300, max_model_len=128,
+                            max_num_batched_tokens=8, max_prefill_tokens_idle=64, max_num_seqs=4))
+    e.start()
+    try:
+        lone = generate(e, [_prompt(60, 1)], SamplingParams(max_tokens=1, temperature=0))[0]
+        assert lone["finish_reason"] == "length"
+        assert e.stats().steps == 1          # 60 prompt tokens in one step, not 8 chunks of 8
+        # a long prompt arriving while another request decodes is chunked by 8 tokens
+        first, done = threading.Event(), threading.Event()
+        outs = []
+
+        def on_short(o):
+            first.set()
+            if o.finished:
+                done.set()
+
+        e.submit(_prompt(4, 2), SamplingParams(max_tokens=100, temperature=0, ignore_eos=True), on_short)
+        assert first.wait(10)
+        steps0 = e.stats().steps
+        long = generate(e, [_prompt(60, 3)], SamplingParams(max_tokens=1, temperature=0))[0]
+        assert long["finish_reason"] == "length"
+        assert e.stats().steps - steps0 >= 60 // 8   # prefilled in chunks of <= 8 tokens
+        assert done.wait(30)
+    finally:
+        e.shutdown(0)
