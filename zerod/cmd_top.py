@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import click
 
-DEFAULT_SOCKET = "/run/zerod/control.sock"
+from zerod.daemon_config import default_socket
+
+DEFAULT_SOCKET = default_socket()
 
 
 def _configured_socket(config_path: str | None) -> str:

@@ -25,11 +25,16 @@ class DaemonConfigError(ValueError):
     pass
 
 
-def _default_socket() -> str:
+def default_socket() -> str:
+    """The control socket both `zerod run` and `zerod top` use unless told otherwise:
+    systemd's RuntimeDirectory, /run/zerod as root, else the user's runtime dir."""
     rt = os.environ.get("RUNTIME_DIRECTORY")  # systemd's RuntimeDirectory=zerod
     if rt:
         return os.path.join(rt.split(":")[0], "control.sock")
-    return "/run/zerod/control.sock"
+    if os.geteuid() == 0:
+        return "/run/zerod/control.sock"
+    base = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/zerod-{os.geteuid()}"
+    return os.path.join(base, "zerod", "control.sock")
 
 
 @dataclass
@@ -37,7 +42,7 @@ class DaemonConfig:
     # outputs
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 9477  # 0: any free port (tests); -1: no /metrics endpoint
-    control_socket: str = field(default_factory=_default_socket)
+    control_socket: str = field(default_factory=default_socket)
     allow_write_actions: bool = False
     # preflight
     preflight: bool = True
