@@ -31,40 +31,13 @@ stamp "2 daemon + top under load"
 OUT=$W timeout 190 bash gpu/daemon_evidence.sh > "$W/daemon-console.txt" 2>&1 &
 DPID=$!
 SOCK=$W/daemon/run/control.sock
-python3 - "$SOCK" <<'PY' >> "$W/timeline.txt" 2>&1
-import json, socket, sys, time
-def get(path):
-    s = socket.socket(socket.AF_UNIX); s.settimeout(3); s.connect(sys.argv[1])
-    s.sendall(f"GET {path} HTTP/1.0\r\nHost: z\r\n\r\n".encode()); b = b""
-    while (c := s.recv(65536)): b += c
-    return json.loads(b.partition(b"\r\n\r\n")[2])
-t0 = time.time()
-while time.time() - t0 < 150:
-    try:
-        if get("/v1/status")["engine"]["state"] == "healthy": print("engine healthy", round(time.time() - t0, 1)); break
-    except Exception: pass
-    time.sleep(0.5)
-PY
+python3 gpu/control_wait.py "$SOCK" healthy 150 >> "$W/timeline.txt" 2>&1
 sleep 24  # the daemon's idle-CPU window stays unloaded
 stamp "load on the daemon's engine"
 timeout 80 python3 -m zerod bench --port 8000 --input-len 512 --output-len 512 --num-prompts 96 \
     --max-concurrency 32 --warmup 0 --no-progress --out "$W/daemon-load.json" > "$W/daemon-load.txt" 2>&1 &
 LPID=$!
-python3 - "$SOCK" <<'PY' >> "$W/timeline.txt" 2>&1
-import json, socket, sys, time
-def get(path):
-    s = socket.socket(socket.AF_UNIX); s.settimeout(3); s.connect(sys.argv[1])
-    s.sendall(f"GET {path} HTTP/1.0\r\nHost: z\r\n\r\n".encode()); b = b""
-    while (c := s.recv(65536)): b += c
-    return json.loads(b.partition(b"\r\n\r\n")[2])
-t0 = time.time()
-while time.time() - t0 < 40:  # screenshot once a foreign process is on the GPU
-    try:
-        if any(a["alertname"] == "ForeignGpuProcess" and a["state"] == "firing" for a in get("/v1/alerts")["alerts"]):
-            print("foreign alert firing", round(time.time() - t0, 1)); break
-    except Exception: pass
-    time.sleep(0.3)
-PY
+python3 gpu/control_wait.py "$SOCK" foreign 40 >> "$W/timeline.txt" 2>&1  # screenshot with a foreign process on the GPU
 stamp "zerod top"
 OUT=$W/top timeout 40 python3 gpu/top_screenshot.py "$SOCK" --out "$W/top" --polls 3 > "$W/top-console.txt" 2>&1
 wait $LPID; wait $DPID; echo "daemon rc $?" >> "$W/daemon-console.txt"; pack

@@ -9,7 +9,7 @@ from textual.binding import Binding
 from textual.widgets import DataTable
 
 from zerod.tui import format as fmt
-from zerod.tui.widgets.fit import crop, widths
+from zerod.tui.widgets.fit import refill, widths
 
 SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 
@@ -55,23 +55,7 @@ class AlertTable(DataTable):
         if shape == self._shape:
             return
         self._shape = shape
-        keep = None
-        if self.row_count:
-            try:
-                keep = self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value
-            except Exception:
-                keep = None
-        self.clear(columns=True)
-        for label, w in zip(cols, ws):
-            self.add_column(label, width=w)
-        seen: set[str] = set()
-        for k, r in zip(keys, rows):
-            if k in seen:  # a daemon bug must not crash the dashboard
-                k = f"{k}#{len(seen)}"
-            seen.add(k)
-            self.add_row(*map(crop, r), key=k)
-        if keep in keys:
-            self.move_cursor(row=keys.index(keep), animate=False)
+        refill(self, cols, ws, list(zip(keys, rows)))
 
     @staticmethod
     def _cells(a: dict[str, Any], now: float, narrow: bool) -> list[Text | str]:

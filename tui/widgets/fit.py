@@ -27,3 +27,26 @@ def crop(cell: Text | str) -> Text:
     t.no_wrap = True
     t.overflow = "ellipsis"
     return t
+
+
+def refill(table, labels: Sequence[str], ws: Sequence[int],
+           keyed_rows: Sequence[tuple[str, Sequence[Text | str]]]) -> None:
+    """Rebuild a DataTable's columns and rows, the cursor staying on the same row key.
+    A repeated key (a daemon bug) gets a suffix instead of crashing the dashboard."""
+    keep = None
+    if table.row_count:
+        try:
+            keep = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+        except Exception:
+            keep = None
+    table.clear(columns=True)
+    for label, w in zip(labels, ws):
+        table.add_column(label, width=w)
+    keys: list[str] = []
+    for k, cells in keyed_rows:
+        if k in keys:
+            k = f"{k}#{len(keys)}"
+        keys.append(k)
+        table.add_row(*map(crop, cells), key=k)
+    if keep in keys:
+        table.move_cursor(row=keys.index(keep), animate=False)

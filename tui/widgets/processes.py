@@ -9,7 +9,7 @@ from textual.binding import Binding
 from textual.widgets import DataTable, Input
 
 from zerod.tui import format as fmt
-from zerod.tui.widgets.fit import crop, widths
+from zerod.tui.widgets.fit import refill, widths
 
 ROLE_ORDER = {"foreign": 0, "engine": 1, "daemon": 2, "allowed": 3}
 ROLE_CELL = {"foreign": ("⚠ foreign", "bold red"), "engine": ("★ engine", "bold green"),
@@ -85,22 +85,7 @@ class ProcessTable(DataTable):
         if shape == self._shape:
             return rows
         self._shape = shape
-        keep = None
-        if self.row_count:
-            try:
-                keep = self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value
-            except Exception:
-                keep = None
-        self.clear(columns=True)
-        for label, w in zip(cols, ws):
-            self.add_column(label, width=w)
-        for p, c in zip(rows, cells):
-            self.add_row(*map(crop, c), key=str(p.get("pid")))
-        if keep is not None:
-            for i, p in enumerate(rows):
-                if str(p.get("pid")) == keep:
-                    self.move_cursor(row=i, animate=False)
-                    break
+        refill(self, cols, ws, [(str(p.get("pid")), c) for p, c in zip(rows, cells)])
         return rows
 
     @staticmethod
