@@ -41,3 +41,24 @@ def test_the_fd_scan_saw_doctor_itself_and_knew_it():
 def test_walltime_within_budget():
     w = json.loads((RESULTS / "walltime.json").read_text())
     assert w["median_s"] <= 1.0 and w["exit_codes"] == [0]
+
+
+def test_stand_in_agents_on_the_h200_are_named_with_their_fix():
+    """Second device run (gpu/results/doctor/2026-11-30-f6a34a2/): one process holding
+    2.5 GiB as dcgm-exporter (in NVML's list) and one that only called nvmlInit as
+    datadog-agent (in no NVML list: the fd scan alone finds it)."""
+    from test_checks_helpers import load
+
+    f = load("h200-foreign-agents")
+    report = run_checks(f)
+    r = {c.id: c for c in report.checks}["gpu.foreign_processes"]
+    assert r.status == "fail" and report.exit_code == 2
+    assert "dcgm-exporter" in r.message and "datadog-agent" in r.message
+    assert "2.5 GiB" in r.message and "fd scan; no CUDA context" in r.message
+    assert "dcgm-exporter" in r.remediation and "/etc/datadog-agent/conf.d/nvml.d" in r.remediation
+    procs = {p["name"]: p for p in f.value("gpu.processes")}
+    assert procs["dcgm-exporter"]["source"] != "fd" and procs["dcgm-exporter"]["gpu_memory_bytes"] > 2 << 30
+    assert procs["datadog-agent"]["source"] == "fd"
+    # what doctor printed on the device is what the snapshot replays to
+    there = json.loads((RESULTS / "2026-11-30-f6a34a2" / "doctor-foreign.json").read_text())
+    assert {c["id"]: c["status"] for c in there["checks"]} == {c.id: c.status for c in report.checks}
