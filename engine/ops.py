@@ -7,6 +7,8 @@ that function is called with the same arguments instead of the reference.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 import torch.nn.functional as F
 
@@ -19,6 +21,18 @@ except Exception:  # noqa: BLE001 - a broken kernels package must not break the 
 
 # Ops that callers may turn off (tests compare kernel against reference this way).
 DISABLED: set[str] = set()
+
+
+@contextmanager
+def kernels_disabled(names):
+    """Within the block the named ops run their torch reference, even on CUDA."""
+    saved = set(DISABLED)
+    DISABLED.update(names)
+    try:
+        yield
+    finally:
+        DISABLED.clear()
+        DISABLED.update(saved)
 
 
 def _kernel(name: str, t: torch.Tensor):

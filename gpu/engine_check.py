@@ -131,9 +131,7 @@ def agreement(dev, dtype, smoke):
         variants = {}
 
         def run(name, disabled=(), **kw):
-            saved = set(ops.DISABLED)
-            ops.DISABLED.update(disabled)
-            try:
+            with ops.kernels_disabled(disabled):
                 e = Engine(EngineConfig(model=str(d), device=str(dev), dtype="bfloat16" if dtype == torch.bfloat16 else "float32",
                                         block_size=16, kv_pages=2000, max_model_len=512,
                                         max_num_batched_tokens=64, max_num_seqs=16, **kw))
@@ -158,9 +156,6 @@ def agreement(dev, dtype, smoke):
                     batched=[r["token_ids"] for r in res], alone=[r["token_ids"] for r in alone],
                     finish=[r["finish_reason"] for r in res],
                     pages_free_after=e.stats().kv_pages_free == e.stats().kv_pages_total)
-            finally:
-                ops.DISABLED.clear()
-                ops.DISABLED.update(saved)
 
         run("graphs+kernels")
         run("eager+kernels", enforce_eager=True)

@@ -124,13 +124,8 @@ def refs():
             fn = getattr(ops, name)
 
             def call(*a, **kw):
-                saved = set(ops.DISABLED)
-                ops.DISABLED.update(KERNEL_NAMES)
-                try:
+                with ops.kernels_disabled(KERNEL_NAMES):
                     return fn(*a, **kw)
-                finally:
-                    ops.DISABLED.clear()
-                    ops.DISABLED.update(saved)
             return call
         r = {n: wrap(n) for n in KERNEL_NAMES if hasattr(ops, n)}
         if len(r) == len(KERNEL_NAMES):

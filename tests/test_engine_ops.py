@@ -111,3 +111,16 @@ def test_gumbel_noise_is_batch_independent():
     assert not torch.equal(all3[0], all3[1])
     assert torch.isfinite(all3).all()
     assert not torch.equal(gumbel_noise(seeds[:1], gen[:1] + 1, 50), all3[:1])
+
+
+def test_kernels_disabled_restores_what_was_off_before():
+    from zerod.engine import ops
+
+    ops.DISABLED.add("rms_norm")
+    try:
+        with ops.kernels_disabled(["decode_attention"]):
+            assert {"rms_norm", "decode_attention"} <= ops.DISABLED
+            assert not ops.has_kernel("decode_attention")
+        assert "decode_attention" not in ops.DISABLED and "rms_norm" in ops.DISABLED
+    finally:
+        ops.DISABLED.discard("rms_norm")

@@ -36,13 +36,8 @@ def _ops_references():
         fn = getattr(ops, name)
 
         def call(*a, **kw):
-            saved = set(ops.DISABLED)
-            ops.DISABLED.update(KERNEL_NAMES)
-            try:
+            with ops.kernels_disabled(KERNEL_NAMES):
                 return fn(*a, **kw)
-            finally:
-                ops.DISABLED.clear()
-                ops.DISABLED.update(saved)
 
         return call
 
