@@ -1,4 +1,4 @@
-"""EngineConfig (the `zerod serve` flags, vLLM names), SamplingParams, the engine's errors.
+"""EngineConfig (the `zerod serve` flags, vLLM names) and the engine's errors.
 
 Dataclasses validated when built: a bad value raises EngineError / ValueError at once,
 never half-way through loading a model.
@@ -6,8 +6,7 @@ never half-way through loading a model.
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 class EngineError(Exception):
@@ -86,46 +85,3 @@ class EngineConfig:
             bad("kv_pages must be >= 2 (page 0 is a scratch page)")
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
             bad("kv_cache_memory_bytes must be > 0")
-
-    def replace(self, **kw) -> "EngineConfig":
-        return dataclasses.replace(self, **kw)
-
-
-@dataclass
-class SamplingParams:
-    """vLLM / OpenAI names. temperature 0 = greedy. top_k 0 or -1 = off.
-    max_tokens None = up to max_model_len."""
-
-    max_tokens: int | None = 16
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    seed: int | None = None
-    stop: list[str] = field(default_factory=list)
-    stop_token_ids: list[int] = field(default_factory=list)
-    ignore_eos: bool = False
-    min_tokens: int = 0
-
-    def __post_init__(self) -> None:
-        if isinstance(self.stop, str):
-            self.stop = [self.stop]
-        self.stop = [s for s in (self.stop or []) if s]
-        self.stop_token_ids = [int(t) for t in (self.stop_token_ids or [])]
-        if self.max_tokens is not None and self.max_tokens < 1:
-            raise ValueError("max_tokens must be >= 1")
-        if not self.temperature >= 0.0:
-            raise ValueError("temperature must be >= 0")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError("top_p must be in (0, 1]")
-        if self.top_k is None:
-            self.top_k = -1
-        if self.top_k < -1:
-            raise ValueError("top_k must be -1, 0 (off) or >= 1")
-        if self.min_tokens < 0:
-            raise ValueError("min_tokens must be >= 0")
-        if self.seed is not None:
-            self.seed = int(self.seed) & 0x7FFFFFFF_FFFFFFFF
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1

@@ -15,19 +15,20 @@ import queue
 import random
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-from .config import EngineConfig, EngineError, RequestRejected, SamplingParams
+from .config import EngineConfig, EngineError, RequestRejected
 from .hf_config import load_model_config, parse_dtype
 from .kv_pool import KVPool, page_bytes
 from .loader import build_model
 from .metrics import EngineMetrics
 from .model_runner import Chunk, ModelRunner
-from .output import FinishRecord, OutputPoller, Request, RequestOutput, StepRecord, set_os_thread_name
+from .output import FinishRecord, OutputPoller, StepRecord, set_os_thread_name
+from .interface import EngineStats
+from .request import Request, RequestOutput, SamplingParams
 from .tokenizer import Tokenizer
 
 __all__ = ["Engine", "EngineConfig", "EngineError", "EngineStats", "RequestOutput",
@@ -36,21 +37,6 @@ __all__ = ["Engine", "EngineConfig", "EngineError", "EngineStats", "RequestOutpu
 log = logging.getLogger("zerod.engine")
 
 _CPU_KV_BUDGET = 256 << 20
-
-
-@dataclass
-class EngineStats:
-    running: int
-    waiting: int
-    kv_pages_total: int
-    kv_pages_free: int
-    healthy: bool
-    device: str
-    model: str
-    max_model_len: int
-    steps: int
-    cuda_graphs: bool
-    error: str | None = None
 
 
 def _resolve_device(name: str) -> torch.device:
@@ -76,6 +62,7 @@ class Engine:
             log.warning("serving the built-in demo model from %s: random weights, it produces "
                         "meaningless text", model_dir)
         self.model_dir = Path(model_dir)
+        self.model_path = cfg.model
         if not self.model_dir.is_dir():
             raise EngineError(f"model directory {self.model_dir} does not exist")
         self.device = dev = _resolve_device(cfg.device)

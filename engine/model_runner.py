@@ -23,7 +23,8 @@ from .config import EngineConfig
 from .hf_config import ModelConfig, cos_sin_cache
 from .kv_pool import KVPool
 from .model import AttnMeta, LlamaModel
-from .output import HostRing, Request
+from .output import HostRing
+from .request import Request
 from .sampler import row_class, sample
 
 log = logging.getLogger("zerod.engine")

@@ -1,5 +1,4 @@
-"""The output side: RequestOutput, the per-request state, the pinned host ring and the
-output poller thread.
+"""The output side: the pinned host ring and the output poller thread.
 
 The step loop copies each step's sampled token ids into one slot of a pinned host ring
 (non_blocking) and records a CUDA event; it then hands the poller a StepRecord. The
@@ -19,7 +18,7 @@ from typing import Callable
 
 import torch
 
-from .config import SamplingParams
+from .request import Request, RequestOutput
 from .tokenizer import IncrementalDetokenizer, Tokenizer
 
 log = logging.getLogger("zerod.engine")
@@ -33,46 +32,6 @@ def set_os_thread_name(name: str) -> None:
         libc.prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
     except Exception:  # noqa: BLE001
         pass
-
-
-@dataclass
-class RequestOutput:
-    request_id: str
-    token_ids: list[int]          # new ids since the last output
-    text: str                     # new text since the last output (valid UTF-8, no stop string)
-    finished: bool
-    finish_reason: str | None     # "stop" | "length" | "abort" | "error" | None
-    prompt_tokens: int
-    completion_tokens: int
-    error: str | None = None
-
-
-@dataclass(eq=False)
-class Request:
-    id: str
-    prompt_ids: list[int]
-    params: SamplingParams
-    on_output: Callable[[RequestOutput], None]
-    max_tokens: int
-    seed: int
-    arrival: float = field(default_factory=time.monotonic)
-    # step-loop side
-    pages: list[int] = field(default_factory=list)
-    slot: int = -1
-    num_prefilled: int = 0        # prompt tokens whose KV is in the cache
-    num_scheduled: int = 0        # output tokens scheduled on the device
-    released: bool = False
-    # poller side
-    out_ids: list[int] = field(default_factory=list)
-    detok: IncrementalDetokenizer | None = None
-    pending: str = ""             # text held back (possible stop-string prefix)
-    finished: bool = False
-    first_token_at: float | None = None
-    last_token_at: float | None = None
-
-    @property
-    def prompt_len(self) -> int:
-        return len(self.prompt_ids)
 
 
 class HostRing:

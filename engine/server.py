@@ -39,7 +39,8 @@ from typing import Any
 
 from aiohttp import web
 from zerod.engine import protocol as P
-from zerod.engine.config import RequestRejected, SamplingParams
+from zerod.engine.config import RequestRejected
+from zerod.engine.request import SamplingParams
 
 log = logging.getLogger("zerod.engine.server")
 

@@ -7,7 +7,8 @@ import shutil
 
 import pytest
 
-from zerod.engine.config import EngineConfig, EngineError, SamplingParams
+from zerod.engine.config import EngineConfig, EngineError
+from zerod.engine.request import SamplingParams
 from zerod.engine.demo import generate, make_checkpoint, write_tokenizer
 from zerod.engine.engine import Engine
 

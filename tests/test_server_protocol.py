@@ -6,7 +6,7 @@ import json
 
 import pytest
 from zerod.engine import protocol as P
-from zerod.engine.config import SamplingParams
+from zerod.engine.request import SamplingParams
 
 
 @pytest.mark.parametrize("kind", ["chat", "completion"])
