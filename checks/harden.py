@@ -19,6 +19,7 @@ inside `rootfs` (checks/rootfs.py): a symlink leading out of it is refused.
 
 from __future__ import annotations
 
+import copy
 import datetime as _dt
 import glob
 import json
@@ -254,7 +255,8 @@ def apply(pl: Plan) -> list[str]:
     if not pl.changes:
         return []
     old_state = _load_state(pl.rootfs)
-    state = old_state or {"version": 1, "records": []}
+    # a copy: on failure old_state is written back as it was
+    state = copy.deepcopy(old_state) if old_state else {"version": 1, "records": []}
     state["applied"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     known = {r["path"] for r in state["records"]}
     made: list[str] = []
