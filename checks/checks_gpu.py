@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .clock_events import CLOCK_EVENTS
 from .gpu_processes import KNOWN_AGENTS, GpuProcess, classify, describe, is_foreign, match_agent
 from .report import FAIL, PASS, SKIP, WARN, CheckFailed, Ctx, check
 from .xid import describe as xid_describe
@@ -276,18 +277,6 @@ def pcie_link(ctx: Ctx):
     if notes and all("not reported" in n for n in notes):
         return SKIP("; ".join(notes))
     return PASS("; ".join(notes) if notes else "every link at full width and generation")
-
-
-CLOCK_EVENTS = {
-    0x1: ("gpu_idle", None), 0x2: ("applications_clocks_setting", None), 0x4: ("sw_power_cap", None),
-    0x8: ("hw_slowdown", "fail"), 0x10: ("sync_boost", None), 0x20: ("sw_thermal_slowdown", "warn"),
-    0x40: ("hw_thermal_slowdown", "fail"), 0x80: ("hw_power_brake_slowdown", "fail"),
-    0x100: ("display_clock_setting", None),
-}
-
-
-def clock_event_names(mask: int) -> list[str]:
-    return [name for bit, (name, _) in CLOCK_EVENTS.items() if mask & bit]
 
 
 @check("gpu.clock_events", "No hardware slowdown, thermal or power-brake throttling", "major")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .checks_gpu import version_tuple
-from .probe_sysfs import parse_cpulist
+from .cpulist import parse_cpulist
 from .report import FAIL, PASS, SKIP, WARN, Ctx, check
 
 HARDEN = "`sudo zerod harden --apply` does this"
@@ -78,15 +78,15 @@ def gpu_affinity(ctx: Ctx):
     if len(nodes) <= 1:
         return PASS("one NUMA node: every CPU and all memory are local to the GPU")
     status = ctx.fact("self.status")
-    cpus = parse_cpulist(status.get("Cpus_allowed_list"))
-    mems = parse_cpulist(status.get("Mems_allowed_list"))
+    cpus = set(parse_cpulist(status.get("Cpus_allowed_list")))
+    mems = set(parse_cpulist(status.get("Mems_allowed_list")))
     fails, warns = [], []
     for d in pci:
         node = d.get("numa_node")
         if node is None or node < 0:
             warns.append(f"{d['bdf']} reports no NUMA node (numa_node = -1)")
             continue
-        local = parse_cpulist(nodes.get(str(node)))
+        local = set(parse_cpulist(nodes.get(str(node))))
         if cpus and not (cpus & local):
             fails.append(f"{d['bdf']} is on node {node} (CPUs {nodes.get(str(node))}) but zerod may only "
                          f"run on CPUs {status.get('Cpus_allowed_list')}")

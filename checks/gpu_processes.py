@@ -2,8 +2,8 @@
 
 NVML lists processes with a CUDA context (and the memory they hold). A monitoring
 agent that only calls nvmlInit holds /dev/nvidiactl and /dev/nvidiaN open but is in
-no NVML list: only the fd scan finds it (seen on the device H200,
-shared/fixtures/h200-foreign-process-probe.json). Both are cheap (NVML queries
+no NVML list: only the fd scan finds it (seen on the device H200; the snapshot
+tests/fixtures/facts/h200-foreign-agents.json replays it). Both are cheap (NVML queries
 < 0.1 ms, the fd scan 3-4 ms over 130 fds there), so the daemon runs this every second.
 """
 

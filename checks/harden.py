@@ -6,13 +6,20 @@ governor written live and persisted with a systemd-tmpfiles rule; the memlock
 limit of the zerod unit as a drop-in. Never automated: GPU clocks, power limits,
 persistence, ECC or MIG - those are printed for a person to run.
 
-`apply` records every previous value in /var/lib/zerod/harden-state.json before it
-writes anything, and undoes what it did if a step fails, so nothing is left
-half-applied. `rollback` restores the recorded values. All paths are under `rootfs`.
+The persisted files always hold the whole desired state (every setting harden
+manages on this host), never just what drifted since the last apply: a second
+apply after one value drifted must not drop the others from the next boot.
+
+`apply` records every previous value, and the folders it will create, in
+/var/lib/zerod/harden-state.json before it writes anything, and undoes what it did
+if a step fails, so nothing is left half-applied. `rollback` restores the recorded
+values and removes the files and folders apply created. Every path is resolved
+inside `rootfs` (checks/rootfs.py): a symlink leading out of it is refused.
 """
 
 from __future__ import annotations
 
+import copy
 import datetime as _dt
 import glob
 import json
@@ -20,6 +27,7 @@ import os
 from dataclasses import asdict, dataclass, field
 
 from .probe_sysfs import selected
+from .rootfs import RootEscape, inside_root, resolve_in_root
 
 SYSCTL_DROPIN = "etc/sysctl.d/60-zerod.conf"
 TMPFILES_DROPIN = "etc/tmpfiles.d/60-zerod.conf"
@@ -33,6 +41,9 @@ SYSCTLS = {
     "kernel.numa_balancing": ("0", "automatic NUMA balancing migrates the engine's pages: latency spikes"),
     "kernel.io_uring_disabled": ("0", "io_uring for async model loading and networking"),
 }
+# THP setting -> (the value harden replaces, what it writes instead); any other value is fine.
+THP_SETTINGS = {"enabled": ("always", "madvise"), "defrag": ("always", "defer+madvise")}
+GOVERNORS = "sys/devices/system/cpu/cpu[0-9]*/cpufreq/scaling_governor"
 
 
 def sysctl_dropin_text() -> str:
@@ -83,7 +94,10 @@ class Plan:
 
 
 def _p(rootfs: str, rel: str) -> str:
-    return os.path.join(rootfs, rel)
+    try:
+        return resolve_in_root(rootfs, rel)
+    except RootEscape as exc:
+        raise HardenError(str(exc)) from None
 
 
 def _read(path: str) -> str | None:
@@ -97,11 +111,12 @@ def _read(path: str) -> str | None:
 
 
 def _tmpfiles_text(thp: dict[str, str], governor: str | None) -> str:
+    """The whole boot-time rule: every THP setting and the governor, not only what drifted."""
     lines = ["# zerod: sysfs settings for LLM inference hosts, applied at boot by systemd-tmpfiles."]
     for name, value in thp.items():
-        lines.append(f"w /sys/kernel/mm/transparent_hugepage/{name} - - - - {value}")
+        lines.append(f"w /{THP}/{name} - - - - {value}")
     if governor:
-        lines.append(f"w /sys/devices/system/cpu/cpu*/cpufreq/scaling_governor - - - - {governor}")
+        lines.append(f"w /{GOVERNORS.replace('[0-9]', '')} - - - - {governor}")
     return "\n".join(lines) + "\n"
 
 
@@ -122,29 +137,30 @@ def plan(rootfs: str = "/", facts=None, governor: str = "performance") -> Plan:
         now = _read(dropin)
         pl.changes.append(Change("sysctl drop-in", "file", [dropin], None if now is None else now,
                                  sysctl_dropin_text(), "keeps the sysctls across reboots"))
-    # 2. transparent hugepages
-    thp_want: dict[str, str] = {}
-    for name, bad, want in (("enabled", "always", "madvise"), ("defrag", "always", "defer+madvise")):
+    # 2. transparent hugepages: at boot, what harden sets, or the value already fine
+    thp_boot: dict[str, str] = {}
+    for name, (bad, want) in THP_SETTINGS.items():
         path = _p(rootfs, f"{THP}/{name}")
         raw = _read(path)
         if raw is None:
             continue
         now = selected(raw)
+        thp_boot[name] = want if now == bad else now
         if now == bad:
-            thp_want[name] = want
             pl.changes.append(Change(f"THP {name}", "value", [path], now, want,
                                      "khugepaged compaction stalls the engine's threads", "/" + TMPFILES_DROPIN))
     # 3. CPU governor, where cpufreq exists
-    gov_paths = sorted(glob.glob(_p(rootfs, "sys/devices/system/cpu/cpu[0-9]*/cpufreq/scaling_governor")))
+    root = os.path.realpath(rootfs)
+    gov_paths = sorted(_p(rootfs, rel) for rel in glob.glob(GOVERNORS, root_dir=root))
     nows = {p: (_read(p) or "").strip() for p in gov_paths}
     wrong = [p for p, v in nows.items() if v != governor]
     if wrong:
         seen = sorted(set(nows[p] for p in wrong))
         pl.changes.append(Change(f"CPU governor ({len(wrong)} CPUs)", "value", wrong, ",".join(seen), governor,
                                  "a slow-ramping CPU adds kernel-launch latency", "/" + TMPFILES_DROPIN))
-    if thp_want or wrong:
+    if thp_boot or gov_paths:
         tmp = _p(rootfs, TMPFILES_DROPIN)
-        text = _tmpfiles_text(thp_want, governor if wrong else None)
+        text = _tmpfiles_text(thp_boot, governor if gov_paths else None)
         if _read(tmp) != text:
             pl.changes.append(Change("tmpfiles rule", "file", [tmp], _read(tmp), text,
                                      "re-applies THP/governor at boot"))
@@ -199,13 +215,18 @@ def check_rights(pl: Plan) -> None:
                             "(nothing was changed)")
 
 
-def _write(path: str, text: str, made: list[str]) -> None:
-    d = os.path.dirname(path)
+def _missing_dirs(path: str) -> list[str]:
+    """The folders writing `path` would create, parent first."""
     missing = []
+    d = os.path.dirname(path)
     while d and not os.path.isdir(d):
         missing.append(d)
         d = os.path.dirname(d)
-    for m in reversed(missing):
+    return missing[::-1]
+
+
+def _write(path: str, text: str, made: list[str]) -> None:
+    for m in _missing_dirs(path):
         os.mkdir(m)
         made.append(m)
     with open(path, "w") as f:
@@ -234,14 +255,19 @@ def apply(pl: Plan) -> list[str]:
     if not pl.changes:
         return []
     old_state = _load_state(pl.rootfs)
-    state = old_state or {"version": 1, "records": []}
+    # a copy: on failure old_state is written back as it was
+    state = copy.deepcopy(old_state) if old_state else {"version": 1, "records": []}
     state["applied"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     known = {r["path"] for r in state["records"]}
     made: list[str] = []
     undo: list[tuple[str, str, str | None]] = []  # (kind, path, content before), in write order
     done: list[str] = []
     try:
-        # Record first (write-ahead): a crash mid-way still leaves a state to roll back.
+        # Record first (write-ahead): a crash mid-way still leaves a state to roll back,
+        # with the folders about to be made, so that rollback removes them too.
+        dirs = state.setdefault("dirs", [])
+        for p in [p for c in pl.changes for p in c.paths] + [_p(pl.rootfs, STATE_FILE)]:
+            dirs += [d for d in _missing_dirs(p) if d not in dirs]
         for c in pl.changes:
             for p in c.paths:
                 if p not in known:
@@ -303,20 +329,30 @@ def _undo(undo: list[tuple[str, str, str | None]], made: list[str]) -> list[str]
     return errors
 
 
+def _inside(rootfs: str, path: str) -> str:
+    try:
+        return inside_root(rootfs, path)
+    except RootEscape as exc:
+        raise HardenError(f"{exc}; the state file was not used (nothing was changed)") from None
+
+
 def rollback(rootfs: str = "/") -> list[str]:
-    """Restore what `apply` recorded; return what was restored."""
+    """Restore what `apply` recorded, then remove the folders it made; return what was done."""
     state = _load_state(rootfs)
     if state is None:
         return []
     if os.path.realpath(rootfs) == "/" and os.geteuid() != 0:
         raise HardenRefused("zerod harden --rollback needs root: run it with sudo (nothing was changed)")
-    denied = [r["path"] for r in state["records"] if not _writable(r["path"])]
+    # Resolved again: a symlink planted since apply must not redirect the restore.
+    paths = {r["path"]: _inside(rootfs, r["path"]) for r in state["records"]}
+    dirs = [_inside(rootfs, d) for d in state.get("dirs", [])]
+    denied = [p for p in paths.values() if not _writable(p)]
     if denied:
         raise HardenRefused(f"cannot write {', '.join(denied)} (permission denied): run as root "
                             "(nothing was changed)")
     done, failed = [], []
     for r in reversed(state["records"]):
-        path, before = r["path"], r["before"]
+        path, before = paths[r["path"]], r["before"]
         try:
             if before is None:
                 if os.path.lexists(path):
@@ -334,6 +370,14 @@ def rollback(rootfs: str = "/") -> list[str]:
         _save_state(rootfs, state, [])
         raise HardenError("\n".join(done) + "\nthe failed records stay in " + _p(rootfs, STATE_FILE))
     os.unlink(_p(rootfs, STATE_FILE))
+    for d in reversed(dirs):  # deepest first; a folder someone has put files in stays
+        try:
+            os.rmdir(d)
+            done.append(f"removed folder {d}")
+        except FileNotFoundError:
+            pass
+        except OSError:
+            done.append(f"kept folder {d} (not empty)")
     return done
 
 

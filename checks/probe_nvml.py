@@ -12,6 +12,7 @@ import threading
 from typing import Any
 
 from .facts import Facts
+from .pci import normalize_bdf
 
 _lock = threading.Lock()
 _session: Any = None  # the pynvml module once nvmlInit succeeded
@@ -64,12 +65,6 @@ def _s(v: Any) -> Any:
     return v.decode() if isinstance(v, bytes) else v
 
 
-def sysfs_bdf(bus_id: str) -> str:
-    """NVML's '00000000:00:06.0' -> sysfs' '0000:00:06.0'."""
-    bus_id = _s(bus_id).lower()
-    return bus_id[-12:] if len(bus_id) >= 12 else bus_id
-
-
 def probe(facts: Facts) -> None:
     try:
         N = session()
@@ -119,7 +114,7 @@ def _gpu(N, index: int) -> dict[str, Any]:
     get("uuid", "nvmlDeviceGetUUID", conv=_s)
     get("minor", "nvmlDeviceGetMinorNumber")
     get("cc", "nvmlDeviceGetCudaComputeCapability", conv=list)
-    get("bus_id", "nvmlDeviceGetPciInfo", conv=lambda p: sysfs_bdf(p.busId))
+    get("bus_id", "nvmlDeviceGetPciInfo", conv=lambda p: normalize_bdf(p.busId))
     get("memory", "nvmlDeviceGetMemoryInfo",
         conv=lambda m: {"total": m.total, "free": m.free, "used": m.used})
     get("persistence", "nvmlDeviceGetPersistenceMode")

@@ -97,18 +97,3 @@ def _numa(facts: Facts, roots: Roots) -> None:
         return
     facts.put("numa.nodes", {n[4:]: _read(os.path.join(base, n, "cpulist")) or "" for n in nodes},
               f"{base}/node*/cpulist")
-
-
-def parse_cpulist(s: str | None) -> set[int]:
-    """'0-3,8,10-11' -> {0,1,2,3,8,10,11}."""
-    out: set[int] = set()
-    for part in (s or "").replace("\n", "").split(","):
-        part = part.strip()
-        if not part:
-            continue
-        if "-" in part:
-            a, b = part.split("-", 1)
-            out.update(range(int(a), int(b) + 1))
-        else:
-            out.add(int(part))
-    return out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
@@ -10,7 +11,7 @@ from .config import DoctorConfig
 from .facts import Facts
 
 STATUSES = ("pass", "warn", "fail", "skip", "error")
-# Stable IDs, in the order the report shows them (DESIGN.md's catalogue).
+# Stable IDs, in the order the report shows them (the catalogue of docs/checks.md).
 CATALOGUE = (
     "gpu.driver_loaded", "gpu.compute_capability", "gpu.driver_version", "gpu.cuda_compat",
     "gpu.persistence_mode", "gpu.ecc_health", "gpu.pcie_link", "gpu.clock_events", "gpu.mig_mode",
@@ -127,7 +128,18 @@ class Ctx:
         self.evidence.append(e)
 
 
-def _select(ids: Iterable[str], patterns: Iterable[str] | None) -> set[str]:
+class UnknownCheck(ValueError):
+    """--only/--skip named something no check matches (an operator's typo)."""
+
+    def __init__(self, pattern: str, ids: list[str]) -> None:
+        names = ids + sorted({i.split(".")[0] for i in ids})
+        self.pattern = pattern
+        self.closest = difflib.get_close_matches(pattern, names, n=3, cutoff=0.0)
+        super().__init__(f"no check matches {pattern!r}; closest: {', '.join(self.closest)} "
+                         f"(`zerod doctor --json` lists every ID)")
+
+
+def _select(ids: list[str], patterns: Iterable[str] | None) -> set[str]:
     """IDs matched by patterns: an exact ID, an area ('gpu'), or a glob ('gpu.*')."""
     out: set[str] = set()
     for pat in patterns or ():
@@ -136,9 +148,16 @@ def _select(ids: Iterable[str], patterns: Iterable[str] | None) -> set[str]:
                 continue
             hit = {i for i in ids if i == p or i.split(".")[0] == p or fnmatch.fnmatch(i, p)}
             if not hit:
-                raise ValueError(f"no check matches {p!r}; known: {', '.join(ids)}")
+                raise UnknownCheck(p, ids)
             out |= hit
     return out
+
+
+def select_checks(only: Iterable[str] | None = None, skip: Iterable[str] | None = None) -> set[str]:
+    """The IDs --only/--skip leave to run; UnknownCheck for a pattern that matches none."""
+    ids = [i for i in CATALOGUE if i in REGISTRY]
+    chosen = _select(ids, only) if only else set(ids)
+    return chosen - (_select(ids, skip) if skip else set())
 
 
 @dataclass
@@ -184,8 +203,7 @@ def run_checks(facts: Facts, config: DoctorConfig | None = None, only: Iterable[
 
     cfg = config or DoctorConfig()
     ids = [i for i in CATALOGUE if i in REGISTRY]
-    chosen = _select(ids, only) if only else set(ids)
-    chosen -= _select(ids, skip) if skip else set()
+    chosen = select_checks(only, skip)
     unknown_waivers = sorted(set(cfg.waivers) - set(ids))
     results: list[CheckResult] = []
     waived: dict[str, str] = {}

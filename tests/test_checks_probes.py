@@ -8,7 +8,12 @@ from test_checks_helpers import load
 
 from zerod.checks import Facts, Roots, probe_facts, run_checks
 from zerod.checks.probe_net import netlink_addresses
-from zerod.checks.probe_sysfs import parse_cpulist, selected
+import pytest
+
+from zerod.checks.clock_events import CLOCK_EVENTS, reasons_from_mask
+from zerod.checks.cpulist import parse_cpulist
+from zerod.checks.pci import normalize_bdf
+from zerod.checks.probe_sysfs import selected
 from zerod.checks.probe_torch import torch_install
 from zerod.checks.render import render
 from zerod.checks.xid import describe, parse_kmsg_xids
@@ -27,8 +32,32 @@ def test_xid_lines_from_kmsg_and_dmesg():
 
 def test_small_parsers():
     assert selected("always [madvise] never\n") == "madvise"
-    assert parse_cpulist("0-3,8,10-11\n") == {0, 1, 2, 3, 8, 10, 11}
-    assert parse_cpulist("") == set()
+    assert parse_cpulist("0-3,8,10-11\n") == [0, 1, 2, 3, 8, 10, 11]
+    assert parse_cpulist("3,1-2,2") == [1, 2, 3]
+    assert parse_cpulist("") == parse_cpulist(None) == []
+
+
+@pytest.mark.parametrize("text", ["x", "3-1", "0-99999999", "-1", "1-2-3"])
+def test_cpulist_refuses_what_the_kernel_never_writes(text):
+    with pytest.raises(ValueError):
+        parse_cpulist(text)
+
+
+def test_pci_bus_ids_as_sysfs_names_them():
+    assert normalize_bdf("00000000:18:00.0") == "0000:18:00.0"  # NVML's 8-digit domain
+    assert normalize_bdf(b"00000000:AF:00.0") == "0000:af:00.0"  # old nvml-ml-py gives bytes
+    assert normalize_bdf("0000:3b:00.0\n") == "0000:3b:00.0"
+    assert normalize_bdf("00010000:01:00.0") == "10000:01:00.0"  # a VMD domain keeps its digits
+    assert normalize_bdf("garbage") == "garbage"
+
+
+def test_daemon_and_doctor_name_clock_events_alike():
+    from zerod.watchers import nvml_stats
+
+    mask = 0x8 | 0x20 | 0x100
+    assert nvml_stats.reasons_from_mask(mask) == reasons_from_mask(mask) == [
+        "hw_slowdown", "sw_thermal_slowdown", "display_clock_setting"]
+    assert [CLOCK_EVENTS[b].level for b in (0x8, 0x20, 0x100)] == ["fail", "warn", None]
 
 
 def test_netlink_lists_loopback():

@@ -8,8 +8,11 @@ import gzip
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -171,7 +174,7 @@ def test_bad_inputs_never_print_a_traceback(tmp_path):
     p = run("--facts", str(bad))
     assert p.returncode == 2 and "cannot read facts snapshot" in p.stderr and "Traceback" not in p.stderr
     p = run("--only", "gpu.nope")
-    assert p.returncode == 2 and "no check matches" in p.stderr and "Traceback" not in p.stderr
+    assert p.returncode == 64 and "no check matches" in p.stderr and "Traceback" not in p.stderr
     # a snapshot whose values make a check raise: that check errors, the rest report
     broken = dump(edit_gpu0(h200(), cc="garbage", memory="garbage"), tmp_path / "broken.json")
     p = run("--facts", broken, "--json")
@@ -179,6 +182,55 @@ def test_bad_inputs_never_print_a_traceback(tmp_path):
     errs = {c["id"] for c in d["checks"] if c["status"] == "error"}
     assert errs == {"gpu.compute_capability", "gpu.memory_headroom"}
     assert p.returncode == 1 and "Traceback" not in p.stderr + p.stdout
+
+
+@pytest.mark.parametrize("option,typo,closest", [
+    ("--only", "no.such.check", None),
+    ("--only", "gpu.clock_event", "gpu.clock_events"),
+    ("--skip", "kernal", "kernel"),
+    ("--only", "kernel,numa_balancing", "kernel.numa_balancing"),
+])
+def test_unknown_check_id_is_exit_64_naming_the_closest(option, typo, closest):
+    """A typo in --only/--skip is a usage error (EX_USAGE), never "a check failed" (2)."""
+    p = run("--facts", str(FACTS_DIR / "v100.json"), option, typo)  # v100 alone would exit 2
+    assert p.returncode == 64, p.stderr
+    assert p.stdout == "" and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    bad = typo.split(",")[-1]
+    assert p.stderr.startswith(f"zerod doctor: no check matches {bad!r}; closest: ")
+    named = p.stderr.split("closest: ", 1)[1].split(" (", 1)[0].split(", ")
+    assert len(named) == 3 and set(named) <= set(CATALOGUE) | {i.split(".")[0] for i in CATALOGUE}
+    if closest:
+        assert named[0] == closest
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
+                                reason="drops to an unprivileged user with setpriv, which needs root")
+
+
+@needs_root
+def test_unreadable_default_config_is_said_and_defaults_are_used():
+    """`zerod install` writes the config 0640: an operator without rights still gets a report."""
+    root = Path(tempfile.mkdtemp(prefix="zerod-doctor-"))
+    try:
+        fake_tree(root)
+        (root / "etc/zerod").mkdir(parents=True)
+        (root / "etc/zerod/zerod.toml").write_text("[engine]\napi_key = 'secret'\n")
+        for dirpath, _, files in os.walk(root):
+            os.chmod(dirpath, 0o755)
+            for f in files:
+                if not os.path.islink(os.path.join(dirpath, f)):
+                    os.chmod(os.path.join(dirpath, f), 0o644)
+        os.chmod(root / "etc/zerod/zerod.toml", 0o640)
+        p = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable,
+                            "-m", "zerod", "doctor", "--rootfs", str(root), "--only", "kernel.version"],
+                           capture_output=True, text=True, cwd=REPO, timeout=60,
+                           env={**cli_env(), "HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"})
+        assert p.returncode == 2, p.stderr  # kernel 5.4 fails: the report ran
+        assert f"cannot read {root}/etc/zerod/zerod.toml (permission denied)" in p.stderr
+        assert "default settings" in p.stderr and "Traceback" not in p.stderr
+        assert "kernel.version" in p.stdout
+    finally:
+        shutil.rmtree(root)
 
 
 # -- re-rooting: a fake host tree ------------------------------------------------------------

@@ -182,3 +182,86 @@ def test_plan_as_json(tmp_path):
     assert keys[0] == "kernel.numa_balancing" and "zerod.service memlock" in keys
     c = d["changes"][0]
     assert (c["now"], c["after"], c["persist"]) == ("1", "0", "/etc/sysctl.d/60-zerod.conf")
+
+
+def test_a_drifted_value_never_shrinks_the_persisted_state(tmp_path):
+    """Apply, one value drifts, apply again: the boot-time files still hold every setting."""
+    root = host(tmp_path)
+    assert harden("--apply", "--rootfs", str(root)).exit_code == 0
+    persisted = {rel: (root / rel).read_text() for rel in (H.TMPFILES_DROPIN, H.SYSCTL_DROPIN, H.MEMLOCK_DROPIN)}
+    tmpfiles = persisted[H.TMPFILES_DROPIN]
+    assert "enabled - - - - madvise" in tmpfiles and "defrag - - - - madvise" in tmpfiles
+    assert "scaling_governor - - - - performance" in tmpfiles
+    for drift in ("sys/kernel/mm/transparent_hugepage/enabled", "sys/devices/system/cpu/cpu1/cpufreq/scaling_governor"):
+        (root / drift).write_text("[always] madvise never\n" if "hugepage" in drift else "powersave\n")
+        r = harden("--apply", "--rootfs", str(root))
+        assert r.exit_code == 0 and "applied:" in r.output, r.output
+        assert {rel: (root / rel).read_text() for rel in persisted} == persisted, drift
+    assert thp(root) == "madvise"
+    # and rollback still goes back to the very first values
+    assert harden("--rollback", "--rootfs", str(root)).exit_code == 0
+    assert thp(root) == "always" and not (root / H.TMPFILES_DROPIN).exists()
+
+
+def test_rollback_removes_the_folders_apply_made(tmp_path):
+    root = host(tmp_path)
+    dirs_before = sorted(p for p, _, _ in os.walk(root))
+    assert harden("--apply", "--rootfs", str(root)).exit_code == 0
+    assert (root / "etc/systemd/system/zerod.service.d").is_dir() and (root / "var/lib/zerod").is_dir()
+    r = harden("--rollback", "--rootfs", str(root))
+    assert r.exit_code == 0 and "removed folder" in r.output, r.output
+    assert sorted(p for p, _, _ in os.walk(root)) == dirs_before
+
+
+def test_rollback_keeps_a_made_folder_someone_filled(tmp_path):
+    root = host(tmp_path)
+    assert harden("--apply", "--rootfs", str(root)).exit_code == 0
+    mine = root / "etc/systemd/system/zerod.service.d/50-numa.conf"  # e.g. written by zerod install
+    mine.write_text("[Service]\n")
+    r = harden("--rollback", "--rootfs", str(root))
+    assert r.exit_code == 0 and "kept folder" in r.output and "not empty" in r.output
+    assert mine.read_text() == "[Service]\n" and not (root / H.MEMLOCK_DROPIN).exists()
+
+
+def _escape(root: Path, outside: Path, how: str) -> None:
+    """etc/sysctl.d as a symlink out of the root: absolute, or relative climbing with ../."""
+    outside.mkdir()
+    link = root / "etc/sysctl.d"
+    os.symlink(str(outside) if how == "absolute" else os.path.relpath(outside, link.parent), link)
+
+
+@pytest.mark.parametrize("how", ["absolute", "relative"])
+@pytest.mark.parametrize("mode", [[], ["--apply"]])
+def test_a_symlink_out_of_rootfs_is_refused(tmp_path, how, mode):
+    root = host(tmp_path / "root")
+    outside = tmp_path / "host-etc-sysctl.d"  # stands for the real /etc/sysctl.d
+    _escape(root, outside, how)
+    before = snapshot(root)
+    r = harden(*mode, "--rootfs", str(root))
+    assert r.exit_code == 1, r.output
+    assert "etc/sysctl.d" in r.output and "outside" in r.output and "Traceback" not in r.output
+    assert list(outside.iterdir()) == [] and snapshot(root) == before
+
+
+def test_rollback_refuses_a_symlink_planted_after_apply(tmp_path):
+    root = host(tmp_path / "root")
+    assert harden("--apply", "--rootfs", str(root)).exit_code == 0
+    shutil.rmtree(root / "etc/sysctl.d")
+    outside = tmp_path / "host-etc-sysctl.d"
+    _escape(root, outside, "absolute")
+    r = harden("--rollback", "--rootfs", str(root))
+    assert r.exit_code == 1 and "outside" in r.output and "nothing was changed" in r.output
+    assert list(outside.iterdir()) == [] and (root / H.STATE_FILE).exists()
+    assert (root / "proc/sys/kernel/numa_balancing").read_text().strip() == "0"  # not half rolled back
+
+
+def test_relative_links_inside_rootfs_are_followed(tmp_path):
+    """Real sysfs: cpuN/cpufreq -> ../cpufreq/policyN."""
+    root = host(tmp_path)
+    cpu = root / "sys/devices/system/cpu"
+    (cpu / "cpufreq/policy2").mkdir(parents=True)
+    shutil.move(cpu / "cpu2/cpufreq/scaling_governor", cpu / "cpufreq/policy2/scaling_governor")
+    (cpu / "cpu2/cpufreq").rmdir()
+    os.symlink("../cpufreq/policy2", cpu / "cpu2/cpufreq")
+    assert harden("--apply", "--rootfs", str(root)).exit_code == 0
+    assert (cpu / "cpufreq/policy2/scaling_governor").read_text().strip() == "performance"

@@ -4,11 +4,15 @@ the sysctl drop-in, a NUMA drop-in from the GPU's node, the example config
 
 from __future__ import annotations
 
+import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
 
-from zerod.install import default_exec_start, plan_install, write_plan
+import pytest
+
+from zerod.install import InstallError, default_exec_start, plan_install, write_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -32,7 +36,9 @@ def test_install_writes_unit_dropins_and_config(tmp_path):
                         bus_id="00000000:18:00.0")
     done = write_plan(plan)
     unit = (root / "etc/systemd/system/zerod.service").read_text()
-    assert "ExecStart=/opt/zerod/bin/zerod run --config /etc/zerod/zerod.toml" in unit
+    assert "ExecStart=/opt/zerod/bin/zerod run --config ${CREDENTIALS_DIRECTORY}/zerod.toml" in unit
+    assert "LoadCredential=zerod.toml:/etc/zerod/zerod.toml" in unit
+    assert "LoadCredential=api_key:/etc/zerod/api_key" in unit
     assert unit.count("ExecStart=") == 1
     numa = (root / "etc/systemd/system/zerod.service.d/50-numa.conf").read_text()
     assert "CPUAffinity=8-15" in numa and "NUMAPolicy=bind" in numa and "NUMAMask=1" in numa
@@ -79,7 +85,7 @@ def test_cli_dry_run_writes_nothing_and_real_run_writes(tmp_path):
     assert r.returncode == 0, r.stderr
     unit = (root / "etc/systemd/system/zerod.service").read_text()
     exec_line = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
-    assert exec_line.endswith(" run --config /etc/zerod/zerod.toml")
+    assert exec_line.endswith(" run --config ${CREDENTIALS_DIRECTORY}/zerod.toml")
     assert Path(exec_line[len("ExecStart="):].split()[0]).exists()
 
 
@@ -90,9 +96,54 @@ def test_install_refuses_clearly_without_rights(tmp_path):
     r = subprocess.run([sys.executable, "-m", "zerod", "install", "--rootfs", str(ro)],
                        cwd=ROOT, capture_output=True, text=True, timeout=60)
     ro.chmod(0o700)
-    import os
-
     if os.geteuid() == 0:  # root writes anyway
         assert r.returncode == 0
     else:
         assert r.returncode != 0 and "cannot write" in r.stderr and "Traceback" not in r.stderr
+
+
+def _install(root: Path):
+    return write_plan(plan_install(rootfs=str(root), exec_start="/opt/zerod/bin/zerod", bus_id=None, nvml=_NoNvml()))
+
+
+@pytest.mark.parametrize("group_line,gid", [("zerod:x:4242:alice,bob\n", 4242), ("", 0)])
+def test_config_is_0640_root_and_the_zerod_group(tmp_path, group_line, gid):
+    """The config may hold the API key: never readable by everyone."""
+    root = tmp_path / "root"
+    (root / "etc").mkdir(parents=True)
+    (root / "etc/group").write_text("root:x:0:\nadm:x:4:\n" + group_line)
+    _install(root)
+    st = os.stat(root / "etc/zerod/zerod.toml")
+    assert stat.S_IMODE(st.st_mode) == 0o640
+    assert stat.S_IMODE(os.stat(root / "etc/systemd/system/zerod.service").st_mode) == 0o644
+    if os.geteuid() == 0:  # only root can give the file away
+        assert (st.st_uid, st.st_gid) == (0, gid)
+
+
+def test_an_older_world_readable_config_is_closed_not_rewritten(tmp_path):
+    root = tmp_path / "root"
+    cfg = root / "etc/zerod/zerod.toml"
+    cfg.parent.mkdir(parents=True)
+    cfg.write_text("[engine]\napi_key = 'sk-mine'\n")
+    cfg.chmod(0o644)
+    done = dict(_install(root))
+    assert done[str(cfg)] == "kept (exists), now mode 640"
+    assert stat.S_IMODE(cfg.stat().st_mode) == 0o640 and "sk-mine" in cfg.read_text()
+    assert dict(_install(root))[str(cfg)] == "kept (exists)"  # already closed: untouched
+
+
+@pytest.mark.parametrize("how", ["absolute", "relative"])
+def test_a_symlink_out_of_rootfs_is_refused(tmp_path, how):
+    """An image whose etc/systemd/system points at the host's: install must not write there."""
+    root = tmp_path / "root"
+    outside = tmp_path / "host-systemd-system"
+    outside.mkdir()
+    link = root / "etc/systemd/system"
+    link.parent.mkdir(parents=True)
+    os.symlink(str(outside) if how == "absolute" else os.path.relpath(outside, link.parent), link)
+    with pytest.raises(InstallError, match="outside"):
+        _install(root)
+    r = subprocess.run([sys.executable, "-m", "zerod", "install", "--rootfs", str(root)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "etc/systemd/system" in r.stderr and "Traceback" not in r.stderr
+    assert list(outside.iterdir()) == [] and not (root / "etc/zerod").exists()

@@ -59,6 +59,21 @@ def test_unit_is_the_hardened_gpu_service():
         assert line in text, line
 
 
+def test_config_and_api_key_are_optional_credentials():
+    """Both files reach the dynamic user as credentials; a missing file falls back to the
+    SetCredential= of the same ID (systemd.exec(5)), which must mean "defaults" / "no key"."""
+    text = (SYSTEMD / "zerod.service").read_text()
+    load = dict(re.findall(r"^LoadCredential=([^:\n]+):(.+)$", text, flags=re.M))
+    fallback = {k: v.encode().decode("unicode_escape")  # systemd C-unescapes the value
+                for k, v in re.findall(r"^SetCredential=([^:\n]+):(.+)$", text, flags=re.M)}
+    assert load == {"zerod.toml": "/etc/zerod/zerod.toml", "api_key": "/etc/zerod/api_key"}
+    assert set(fallback) == set(load)
+    assert tomllib.loads(fallback["zerod.toml"]) == {}  # every section at its defaults
+    assert fallback["api_key"].strip() == ""
+    exec_start = re.search(r"^ExecStart=(.*)$", text, flags=re.M).group(1)
+    assert exec_start.endswith(" run --config ${CREDENTIALS_DIRECTORY}/zerod.toml")
+
+
 def _section_keys(text: str) -> dict[str, set[str]]:
     """Keys written (commented out) under each [section] of the example."""
     out: dict[str, set[str]] = {}

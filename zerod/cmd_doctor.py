@@ -3,6 +3,10 @@
 Imports nothing heavy: no torch (its CUDA version is read from torch/version.py
 as text), no engine, no Textual. Never prints a traceback: an unexpected error
 is one line on stderr and exit 2.
+
+Exit codes (docs/checks.md): 0 all pass, 1 warnings only, 2 a check failed (or
+bad options, a bad config or snapshot: click's usage errors), 64 (EX_USAGE) an
+--only/--skip naming no check, so a typo never reads as a failing host.
 """
 
 from __future__ import annotations
@@ -13,20 +17,26 @@ import sys
 
 import click
 
+EXIT_UNKNOWN_CHECK = 64  # EX_USAGE (sysexits.h)
 EPILOG = ("Exit: 0 all checks pass (skips allowed), 1 warnings only (a check that could not "
-          "run counts as a warning), 2 any failure.")
+          "run counts as a warning), 2 any failure, 64 --only/--skip names no check.")
 
 
 def _load_config(config: str | None, rootfs: str | None) -> dict:
-    from zerod.config import ConfigError, load_config
+    from zerod.config import DEFAULT_PATH, ConfigError, load_config
 
     try:
         if config:
             return load_config(config)
-        if rootfs:  # a re-rooted host brings its own /etc/zerod/zerod.toml, if any
-            p = os.path.join(rootfs, "etc/zerod/zerod.toml")
-            return load_config(p) if os.path.exists(p) else {}
-        return load_config(None)
+        # the default file; a re-rooted host brings its own, if any
+        p = os.path.join(rootfs, "etc/zerod/zerod.toml") if rootfs else str(DEFAULT_PATH)
+        if not os.path.exists(p):
+            return {}
+        if not os.access(p, os.R_OK):  # `zerod install` makes it 0640: it may hold the API key
+            click.echo(f"zerod doctor: cannot read {p} (permission denied): checking with the default "
+                       f"settings; run as root, or in the file's group, to use it", err=True)
+            return {}
+        return load_config(p)
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from None
 
@@ -44,10 +54,15 @@ def _load_config(config: str | None, rootfs: str | None) -> dict:
 @click.option("-v", "--verbose", is_flag=True, help="Show the evidence under each check.")
 def doctor(as_json, only, skip, procfs, sysfs, rootfs, save_facts, facts_file, config, verbose):
     """Preflight: read the host and say, check by check, what is wrong and the fix."""
+    from zerod.checks.report import UnknownCheck
+
     try:
         code = _doctor(as_json, only, skip, procfs, sysfs, rootfs, save_facts, facts_file, config, verbose)
     except click.exceptions.ClickException:
         raise
+    except UnknownCheck as exc:
+        click.echo(f"zerod doctor: {exc}", err=True)
+        code = EXIT_UNKNOWN_CHECK
     except Exception as exc:  # noqa: BLE001 - never a traceback
         click.echo(f"zerod doctor: internal error: {type(exc).__name__}: {exc}", err=True)
         code = 2
@@ -57,6 +72,9 @@ def doctor(as_json, only, skip, procfs, sysfs, rootfs, save_facts, facts_file, c
 def _doctor(as_json, only, skip, procfs, sysfs, rootfs, save_facts, facts_file, config, verbose) -> int:
     from zerod.checks import DoctorConfig, DoctorConfigError, Facts, Roots, probe_facts, run_checks
     from zerod.checks.render import render
+    from zerod.checks.report import select_checks
+
+    select_checks(only, skip)  # a typo'd ID: say so before probing anything
 
     try:
         cfg = DoctorConfig.from_config(_load_config(config, rootfs))
@@ -75,10 +93,7 @@ def _doctor(as_json, only, skip, procfs, sysfs, rootfs, save_facts, facts_file, 
             facts.save(save_facts)
         except OSError as exc:
             raise click.UsageError(f"cannot write {save_facts}: {exc.strerror}") from None
-    try:
-        report = run_checks(facts, cfg, only=only or None, skip=skip or None)
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from None
+    report = run_checks(facts, cfg, only=only or None, skip=skip or None)
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=1, default=str))
     else:

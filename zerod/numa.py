@@ -20,24 +20,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from zerod.checks.cpulist import parse_cpulist
+from zerod.checks.pci import normalize_bdf
+
 MPOL_PREFERRED = 1
 MPOL_BIND = 2
 _SYS_SET_MEMPOLICY = {"x86_64": 238, "aarch64": 237, "ppc64le": 261}
-
-
-def parse_cpulist(text: str) -> list[int]:
-    """'0-3,8,10-11' -> [0, 1, 2, 3, 8, 10, 11]."""
-    cpus: list[int] = []
-    for part in text.strip().split(","):
-        part = part.strip()
-        if not part:
-            continue
-        if "-" in part:
-            lo, hi = part.split("-", 1)
-            cpus.extend(range(int(lo), int(hi) + 1))
-        else:
-            cpus.append(int(part))
-    return sorted(set(cpus))
 
 
 def format_cpulist(cpus: list[int] | set[int]) -> str:
@@ -52,15 +40,6 @@ def format_cpulist(cpus: list[int] | set[int]) -> str:
         out.append(str(s[i]) if i == j else f"{s[i]}-{s[j]}")
         i = j + 1
     return ",".join(out)
-
-
-def normalize_bdf(bus_id: str) -> str:
-    """NVML's '00000000:18:00.0' -> sysfs's '0000:18:00.0'."""
-    bus_id = bus_id.strip().lower()
-    dom, _, rest = bus_id.partition(":")
-    if not rest:
-        return bus_id
-    return f"{int(dom, 16):04x}:{rest}"
 
 
 def gpu_numa_node(bus_id: str, sysfs: str | os.PathLike[str] = "/sys") -> int | None:

@@ -15,22 +15,11 @@ import time
 from typing import Any
 
 from zerod.alerts import AlertBook
+from zerod.checks.clock_events import CLOCK_EVENT_REASONS, reasons_from_mask
 from zerod.daemon_config import DaemonConfig
 from zerod.watchers import Watcher
 from zerod.watchers.nvml_session import NvmlSession, is_gpu_lost
 
-# NVML clocks event (throttle) reason bits -> the names of docs/control-api.md
-CLOCK_EVENT_REASONS = {
-    0x1: "gpu_idle",
-    0x2: "applications_clocks_setting",
-    0x4: "sw_power_cap",
-    0x8: "hw_slowdown",
-    0x10: "sync_boost",
-    0x20: "sw_thermal_slowdown",
-    0x40: "hw_thermal_slowdown",
-    0x80: "hw_power_brake_slowdown",
-    0x100: "display_clock_setting",
-}
 HISTORY = 600
 _TEMPERATURE_GPU = 0
 _CLOCK_SM, _CLOCK_MEM = 1, 2
@@ -43,10 +32,6 @@ REASON_FIX = {
     "sw_thermal_slowdown": "the driver lowers clocks to stay under its thermal limit: check cooling",
     "sw_power_cap": "at the power limit: expected under full load; raise it with nvidia-smi -pl if the board allows",
 }
-
-
-def reasons_from_mask(mask: int) -> list[str]:
-    return [name for bit, name in CLOCK_EVENT_REASONS.items() if mask & bit]
 
 
 class NvmlStatsWatcher(Watcher):
