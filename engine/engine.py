@@ -9,6 +9,7 @@ error; a CUDA error (sticky: the context is lost) fails every request and health
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import queue
@@ -70,35 +71,16 @@ class Engine:
         t0 = time.monotonic()
         self.model_path = cfg.model
         self.model_dir = self._model_dir(cfg.model)
-        self.device = dev = _resolve_device(cfg.device)
-        if dev.type == "cuda":
-            torch.cuda.set_device(dev)
+        self.device = _resolve_device(cfg.device)
         mc = self.model_config = load_model_config(self.model_dir)
-        dtype_name = serving_dtype(cfg.dtype, mc.torch_dtype, dev.type)
-        self.dtype = parse_dtype(dtype_name)
         self.tokenizer = Tokenizer(cfg.tokenizer or self.model_dir, extra_eos_ids=mc.eos_token_ids)
         self.model_name = cfg.served_model_name or (
             "demo" if cfg.model == "demo" else self.model_dir.name)
         self.vocab_size = mc.vocab_size
-        self.model = build_model(mc, self.model_dir, "dummy" if cfg.load_format == "dummy" else "safetensors",
-                                 self.dtype, dev, seed=cfg.seed)
-        if dev.type == "cuda" and not self.model.ops.head_dim_kernels:
-            log.warning("head_dim %d is not a power of two >= 16: attention runs the torch reference",
-                        mc.head_dim)
-        plan = plan_kv(cfg, mc, dtype_name, dev.type,
-                       _cuda_free_total(dev) if dev.type == "cuda" and cfg.kv_pages is None else None)
-        if plan.max_model_len < wanted_context(cfg, mc):
-            log.info("max_model_len capped to %d tokens (the KV pool's size)", plan.max_model_len)
-        self.max_model_len = plan.max_model_len
-        self.pool = KVPool(mc, plan.num_pages, cfg.block_size, self.dtype, dev)
-        self.runner = ModelRunner(cfg, mc, self.model, self.pool, dev, self.max_model_len,
-                                  self.tokenizer.eos_token_ids)
-        self.runner.capture_graphs()
-        if dev.type == "cuda":
-            try:
-                self.runner.warmup()
-            except Exception as exc:  # noqa: BLE001 - a slower first request, not a failed start
-                log.warning("prefill warm-up failed (%s); kernels compile on first use", exc)
+        # the device is current only while the engine builds on it (and in its step
+        # thread): constructing an engine leaves the process's current device alone
+        with torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext():
+            self._build_device_side()
 
         self.scheduler = Scheduler(cfg, self.pool)
         self.metrics = EngineMetrics(self._snapshot)
@@ -119,8 +101,33 @@ class Engine:
         self._started = False
         self.ready_seconds = time.monotonic() - t0
         log.info("engine ready: %s on %s (%s), %d KV pages of %d tokens, max_model_len %d, graphs %s, %.1fs",
-                 self.model_name, dev, dtype_name, self.pool.total, cfg.block_size, self.max_model_len,
-                 bool(self.runner.graphs), self.ready_seconds)
+                 self.model_name, self.device, self.dtype, self.pool.total, cfg.block_size,
+                 self.max_model_len, bool(self.runner.graphs), self.ready_seconds)
+
+    def _build_device_side(self) -> None:
+        """Weights, then the KV pool sized from what they leave, the runner, graphs, warm-up."""
+        cfg, mc, dev = self.config, self.model_config, self.device
+        dtype_name = serving_dtype(cfg.dtype, mc.torch_dtype, dev.type)
+        self.dtype = parse_dtype(dtype_name)
+        self.model = build_model(mc, self.model_dir, "dummy" if cfg.load_format == "dummy" else "safetensors",
+                                 self.dtype, dev, seed=cfg.seed)
+        if dev.type == "cuda" and not self.model.ops.head_dim_kernels:
+            log.warning("head_dim %d is not a power of two >= 16: attention runs the torch reference",
+                        mc.head_dim)
+        plan = plan_kv(cfg, mc, dtype_name, dev.type,
+                       _cuda_free_total(dev) if dev.type == "cuda" and cfg.kv_pages is None else None)
+        if plan.max_model_len < wanted_context(cfg, mc):
+            log.info("max_model_len capped to %d tokens (the KV pool's size)", plan.max_model_len)
+        self.max_model_len = plan.max_model_len
+        self.pool = KVPool(mc, plan.num_pages, cfg.block_size, self.dtype, dev)
+        self.runner = ModelRunner(cfg, mc, self.model, self.pool, dev, self.max_model_len,
+                                  self.tokenizer.eos_token_ids)
+        self.runner.capture_graphs()
+        if dev.type == "cuda":
+            try:
+                self.runner.warmup()
+            except Exception as exc:  # noqa: BLE001 - a slower first request, not a failed start
+                log.warning("prefill warm-up failed (%s); kernels compile on first use", exc)
 
     @staticmethod
     def _model_dir(model: str) -> Path:
