@@ -4,7 +4,8 @@
     report = run_checks(facts, config)     # pure: the same facts give the same report
     report.exit_code, report.to_dict()
 
-Nothing here imports torch, the engine, the daemon or the dashboard.
+Nothing here imports torch, the daemon or the dashboard; of the engine only its torch-free
+sizing formula (`zerod.engine.sizing`), so doctor sizes a model as the engine does.
 """
 
 from . import checks_gpu, checks_host, checks_service  # noqa: F401 - register the checks

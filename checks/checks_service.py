@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import ipaddress
 
+from zerod.engine.config import EngineError
+from zerod.engine.sizing import DTYPE_BYTES, kv_bytes_per_token, serving_dtype  # torch-free: the engine's own formula
+
 from .checks_gpu import GiB
-from .probe_model import dtype_bytes
 from .report import FAIL, PASS, SKIP, WARN, Ctx, check
 
 BIND_FIX = ("bind to loopback ([engine] host = \"127.0.0.1\") behind a reverse proxy that "
@@ -66,12 +68,15 @@ def engine_config(ctx: Ctx):
     layers, kvh, hd = m.get("num_hidden_layers"), m.get("num_key_value_heads"), m.get("head_dim")
     if not (layers and kvh and hd):
         return FAIL(f"{path}/config.json lacks num_hidden_layers/num_key_value_heads/head_dim", fix_path)
+    try:
+        dtype = serving_dtype(ctx.cfg.dtype, m.get("torch_dtype"), "cuda")
+    except EngineError as exc:
+        return FAIL(f"the engine cannot serve {path}: {exc}", "set [engine] dtype to bfloat16, float16 or float32")
     weights = m.get("weights_bytes") or 0
     dummy = ctx.cfg.load_format == "dummy"
     if not weights and dummy and m.get("params_estimate"):
         # --load-format dummy: random weights of the config's shape, sized from it
-        weights = m["params_estimate"] * dtype_bytes(
-            ctx.cfg.dtype if ctx.cfg.dtype != "auto" else m.get("torch_dtype"))
+        weights = m["params_estimate"] * DTYPE_BYTES[dtype]
     if not weights:
         return FAIL(f"no *.safetensors weights in {path}", fix_path + " (or `--load-format dummy` for tests)")
     max_len = ctx.cfg.max_model_len or m.get("max_position_embeddings") or 0
@@ -85,9 +90,9 @@ def engine_config(ctx: Ctx):
     if not totals:
         return SKIP(f"model {path} found ({weights / GiB:.1f} GiB of weights); no GPU to size it against")
     budget = ctx.cfg.gpu_memory_utilization * min(totals) * len(totals)
-    per_token = 2 * layers * kvh * hd * dtype_bytes(ctx.cfg.dtype if ctx.cfg.dtype != "auto" else m.get("torch_dtype"))
+    per_token = kv_bytes_per_token(layers, kvh, hd, dtype)
     kv = budget - weights - GiB  # 1 GiB for activations and graphs
-    ctx.ev("kv_budget", {"budget_bytes": int(budget), "weights_bytes": weights,
+    ctx.ev("kv_budget", {"budget_bytes": int(budget), "weights_bytes": weights, "dtype": dtype,
                          "kv_bytes_per_token": per_token, "max_model_len": max_len}, "computed")
     fix = ("lower [engine] max_model_len or max_num_seqs, raise gpu_memory_utilization (<= 0.92), "
            "or use a larger GPU / more GPUs")

@@ -3,6 +3,7 @@
 Layout (docs/engine-interface.md): kv[num_layers, 2, num_pages, page_size, Hk, D].
 Page 0 is a scratch page (padded graph rows write there); it is never handed out.
 reserve/release are O(pages) list operations: nothing is allocated on the device after start.
+How many pages there are is sizing.py's business.
 """
 
 from __future__ import annotations
@@ -13,11 +14,6 @@ import torch
 
 from .config import EngineError
 from .hf_config import ModelConfig
-
-
-def page_bytes(mc: ModelConfig, page_size: int, dtype: torch.dtype) -> int:
-    elem = torch.tensor([], dtype=dtype).element_size()
-    return mc.num_layers * 2 * page_size * mc.num_kv_heads * mc.head_dim * elem
 
 
 class KVPool:

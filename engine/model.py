@@ -62,6 +62,7 @@ class LlamaModel(nn.Module):
         self.lm_head = self.embed if mc.tie_word_embeddings else _p(
             mc.vocab_size, mc.hidden_size, dtype=dtype, device=device)
         self.scale = mc.head_dim ** -0.5
+        self.ops = ops.model_ops(mc.head_dim)     # kernels, or references where head_dim does not fit them
         self.cos_sin: torch.Tensor | None = None  # set by the runner (ops.apply_rope layout)
 
     # ------------------------------------------------------------------ attention
@@ -74,16 +75,17 @@ class LlamaModel(nn.Module):
         q = q.reshape(t, mc.num_heads, mc.head_dim)
         k = k.reshape(t, mc.num_kv_heads, mc.head_dim)
         v = v.reshape(t, mc.num_kv_heads, mc.head_dim)
-        q, k = ops.apply_rope(q, k, positions, self.cos_sin)
+        mops = self.ops
+        q, k = mops.apply_rope(q, k, positions, self.cos_sin)
         k_cache, v_cache = kv[0], kv[1]
-        ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        mops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         if meta.cu_seqlens_q is None:
-            o = ops.decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, self.scale)
+            o = mops.decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, self.scale)
         elif (meta.no_prefix and q.is_cuda and meta.seqlens_q is not None
-              and (len(meta.seqlens_q) <= 8 or not ops.has_kernel("prefill_attention"))):
+              and (len(meta.seqlens_q) <= 8 or not mops.has_kernel("prefill_attention"))):
             o = _sdpa_varlen(q, k, v, meta.seqlens_q, self.scale)
         else:
-            o = ops.prefill_attention(q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q,
+            o = mops.prefill_attention(q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q,
                                       meta.context_lens, self.scale)
         return F.linear(o.reshape(t, mc.q_size), L.o, L.o_bias)
 

@@ -1,13 +1,18 @@
 """Device side of a step: input staging, the prefill and decode forwards, sampling,
 decode CUDA graphs per batch-size bucket, and the copy of sampled ids into the host ring.
 
-Everything a request needs on the device is written once, when it is admitted (its
+Everything a request needs on the device is written once, in its first step (its
 block-table row and sampling parameters live in per-slot device tables), so a decode step
-only ships two int64 numbers per request (slot, position) in one pinned, non-blocking
-copy. The sampled token of each request stays on the device (`last_tokens[slot]`) and is
-the next decode input: the CPU never needs a token back to schedule the next step, so it
-prepares and launches step N+1 while step N runs. No host sync inside a step (CUDA), the
-same code path on the CPU.
+only ships two int64 numbers per request (slot, position). A step's inputs are packed
+into named fields of one pinned buffer and shipped in one non-blocking copy. The sampled
+token of each request stays on the device (`last_tokens[slot]`) and is the next decode
+input: the CPU never needs a token back to schedule the next step, so it prepares and
+launches step N+1 while step N runs. No host sync inside a step (CUDA), the same code
+path on the CPU.
+
+A step is staged (host: numpy into the pinned buffer; `StepInputs`) and then launched
+(device); `last_tokens` is written by the launch's last ops, after everything that can
+raise, so a step that fails can be redone.
 """
 
 from __future__ import annotations
@@ -18,32 +23,20 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from . import ops
 from .config import EngineConfig
 from .hf_config import ModelConfig, cos_sin_cache
 from .kv_pool import KVPool
 from .model import AttnMeta, LlamaModel
 from .output import HostRing
 from .request import Request
-from .sampler import row_class, sample
+from .sampler import sample
+from .scheduler import Batch, Chunk
 
 log = logging.getLogger("zerod.engine")
 
 
-@dataclass
-class Chunk:
-    req: Request
-    start: int   # first prompt position of the chunk
-    n: int       # tokens in the chunk
-
-    @property
-    def completes(self) -> bool:
-        return self.start + self.n == self.req.prompt_len
-
-
-def _cls(r: Request) -> int:
-    p = r.params
-    return row_class(p.temperature, p.top_k, p.top_p)
+def _sample_class(r: Request) -> int:
+    return r.sample_class
 
 
 # A prompt that arrives alone (the idle-TTFT case) is prefilled by a CUDA graph captured
@@ -63,6 +56,110 @@ def graph_buckets(max_bs: int) -> list[int]:
     return out
 
 
+# ---------------------------------------------------------------------- staging
+
+class Staging:
+    """One pinned host buffer per ring slot and one device buffer, in 8-byte words.
+
+    A ring slot's buffer is filled again only once the poller has seen that slot's step
+    finish, so its copy has been read. The device buffer is shared: each step's copy is
+    queued after the previous step's kernels."""
+
+    def __init__(self, words: int, depth: int, device: torch.device, pin: bool):
+        self.host = [torch.zeros(words, dtype=torch.int64, pin_memory=pin) for _ in range(depth)]
+        self.dev = torch.zeros(words, dtype=torch.int64, device=device)
+        self._dev_views = (self.dev, self.dev.view(torch.int32), self.dev.view(torch.float32))
+        self._host_views = []
+        for h in self.host:
+            a = h.numpy()
+            self._host_views.append((a, a.view(np.int32), a.view(np.float32)))
+
+    def packer(self, ring_idx: int) -> Packer:
+        return Packer(self.host[ring_idx], self._host_views[ring_idx], self._dev_views)
+
+
+class Packer:
+    """Packs one step's inputs field by field. Each call writes the values into the pinned
+    buffer and returns the field's device view, which holds them once ship() has queued
+    the copy (a view launches nothing; the data arrives in stream order)."""
+
+    __slots__ = ("host", "h64", "h32", "hf32", "d64", "d32", "df32", "used")
+
+    def __init__(self, host: torch.Tensor, host_views, dev_views):
+        self.host = host
+        self.h64, self.h32, self.hf32 = host_views
+        self.d64, self.d32, self.df32 = dev_views
+        self.used = 0                          # words
+
+    def int64(self, values) -> torch.Tensor:
+        o, n = self.used, len(values)
+        self.h64[o:o + n] = values
+        self.used = o + n
+        return self.d64[o:o + n]
+
+    def int32(self, values) -> torch.Tensor:
+        o, n = 2 * self.used, len(values)
+        self.h32[o:o + n] = values
+        self.used += (n + 1) // 2
+        return self.d32[o:o + n]
+
+    def float32(self, values) -> torch.Tensor:
+        o, n = 2 * self.used, len(values)
+        self.hf32[o:o + n] = values
+        self.used += (n + 1) // 2
+        return self.df32[o:o + n]
+
+    def ship(self) -> None:
+        if self.used:
+            self.d64[:self.used].copy_(self.host[:self.used], non_blocking=True)
+
+
+@dataclass
+class SlotUpload:
+    """Slot-table rows of the requests whose first chunk runs in this step."""
+    slots: torch.Tensor          # int64 [A]
+    bt_rows: torch.Tensor        # int64 [P]: block-table row (slot) of each page
+    bt_cols: torch.Tensor        # int64 [P]: its column
+    bt_pages: torch.Tensor       # int32 [P]: the page
+    prompt_len: torch.Tensor     # int64 [A]
+    top_k: torch.Tensor          # int64 [A]
+    seed: torch.Tensor           # int64 [A]
+    min_tokens: torch.Tensor     # int64 [A]
+    temperature: torch.Tensor    # float32 [A]
+    top_p: torch.Tensor          # float32 [A]
+
+
+@dataclass
+class PrefillInputs:
+    tokens: torch.Tensor         # int64 [T]
+    positions: torch.Tensor      # int64 [T]
+    slot_mapping: torch.Tensor   # int64 [T]
+    cu_seqlens: torch.Tensor     # int32 [C+1]
+    context_lens: torch.Tensor   # int32 [C]
+    slots: torch.Tensor          # int64 [C]
+    sample_idx: torch.Tensor     # int64 [S]: token rows of the chunks that complete a prompt
+    sample_slots: torch.Tensor   # int64 [S]: their slots
+    sample_reqs: list[Request]   # their requests, grouped by sample class
+    seqlens: list[int]           # host copy of the chunk lengths
+    width: int                   # block-table columns the chunks need
+    no_prefix: bool              # every chunk starts at position 0
+    padded: int                  # > 0: a lone prompt padded to this many tokens (a CUDA graph)
+
+
+@dataclass
+class DecodeInputs:
+    slots: torch.Tensor          # int64 [B]
+    positions: torch.Tensor      # int64 [B]
+    reqs: list[Request]          # grouped by sample class
+
+
+@dataclass
+class StepInputs:
+    upload: SlotUpload | None
+    prefill: PrefillInputs | None
+    decode: DecodeInputs | None
+
+
 class ModelRunner:
     def __init__(self, cfg: EngineConfig, mc: ModelConfig, model: LlamaModel, pool: KVPool,
                  device: torch.device, max_model_len: int, eos_ids: list[int]):
@@ -75,7 +172,7 @@ class ModelRunner:
         self.pad_slot = S           # row S of the slot tables: zeros -> scratch page 0
         dev = device
         model.cos_sin = cos_sin_cache(mc, max_model_len + 1, model.dtype, dev)
-        # per-slot device tables (written at admission)
+        # per-slot device tables (written in a request's first step)
         self.block_table = torch.zeros(S + 1, self.W, dtype=torch.int32, device=dev)
         self.prompt_len = torch.zeros(S + 1, dtype=torch.int64, device=dev)
         self.top_k = torch.zeros(S + 1, dtype=torch.int64, device=dev)
@@ -88,15 +185,9 @@ class ModelRunner:
         # host ring of sampled ids + pinned input staging, one per ring slot
         self.ring = HostRing(cfg.ring_depth, S, device)
         T = cfg.prefill_token_cap
-        # admissions: 3 ints per page + 5 per request; prefill: 3 per token + 5 per chunk
-        # (chunks <= tokens); decode: 2 per request
-        self.int_cap = 3 * pool.num_pages + 8 * S + 8 * T + 16
-        self.flt_cap = 2 * S
-        pin = self.cuda
-        self.stage_i = [torch.zeros(self.int_cap, dtype=torch.int64, pin_memory=pin) for _ in range(cfg.ring_depth)]
-        self.stage_f = [torch.zeros(self.flt_cap, dtype=torch.float32, pin_memory=pin) for _ in range(cfg.ring_depth)]
-        self.dev_i = torch.zeros(self.int_cap, dtype=torch.int64, device=dev)
-        self.dev_f = torch.zeros(self.flt_cap, dtype=torch.float32, device=dev)
+        # words: uploads 2.5 per page + 6 per request; prefill 3 per token + 4 per chunk
+        # (chunks <= tokens); decode 2 per request; + alignment of each field
+        self.staging = Staging(3 * pool.num_pages + 8 * S + 7 * T + 64, cfg.ring_depth, dev, self.cuda)
         # decode graph buffers
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.g_slots = torch.full((S,), self.pad_slot, dtype=torch.int64, device=dev)
@@ -117,146 +208,155 @@ class ModelRunner:
         self.p_bt = torch.zeros(2, (Tp + self.ps - 1) // self.ps, dtype=torch.int32, device=dev)
         self.p_sidx = torch.zeros(1, dtype=torch.int64, device=dev)
 
-    # ------------------------------------------------------------------ staging
-    def _ship(self, ring_idx: int, ints: list[np.ndarray], flts: list[np.ndarray]):
-        """One pinned, non-blocking H2D copy for the ints and one for the floats;
-        returns device views in the same order."""
-        sizes = [a.size for a in ints]
-        n = sum(sizes)
-        out_i: list[torch.Tensor] = []
-        if n:
-            si = self.stage_i[ring_idx]
-            np.concatenate(ints, out=si.numpy()[:n])
-            self.dev_i[:n].copy_(si[:n], non_blocking=True)
-            off = 0
-            for s in sizes:
-                out_i.append(self.dev_i[off:off + s])
-                off += s
-        fsz = [a.size for a in flts]
-        m = sum(fsz)
-        out_f: list[torch.Tensor] = []
-        if m:
-            sf = self.stage_f[ring_idx]
-            np.concatenate(flts, out=sf.numpy()[:m])
-            self.dev_f[:m].copy_(sf[:m], non_blocking=True)
-            off = 0
-            for s in fsz:
-                out_f.append(self.dev_f[off:off + s])
-                off += s
-        return out_i, out_f
-
     # ------------------------------------------------------------------ one step
     @torch.inference_mode()
-    def step(self, ring_idx: int, admitted: list[Request], chunks: list[Chunk],
-             decodes: list[Request]) -> list[Request]:
-        """Launch admissions, prefill chunks and one decode; sampled ids land in
-        ring.tokens[ring_idx]. Returns the requests in ring-row order."""
-        ints: list[np.ndarray] = []
-        flts: list[np.ndarray] = []
-        # admissions: block-table rows (ragged) + per-slot params
-        A = len(admitted)
-        if A:
-            npg = np.fromiter((len(r.pages) for r in admitted), dtype=np.int64, count=A)
-            a_slots = np.fromiter((r.slot for r in admitted), dtype=np.int64, count=A)
-            rows = np.repeat(a_slots, npg)
-            starts = np.repeat(np.cumsum(npg) - npg, npg)
-            cols = np.arange(int(npg.sum()), dtype=np.int64) - starts
-            vals = np.fromiter((p for r in admitted for p in r.pages), dtype=np.int64, count=int(npg.sum()))
-            par = np.array([(r.prompt_len, r.params.top_k, r.seed, r.params.min_tokens) for r in admitted],
-                           dtype=np.int64).T.reshape(-1)
-            ints += [a_slots, rows, cols, vals, par]
-            flts += [np.array([r.params.temperature for r in admitted], dtype=np.float32),
-                     np.array([r.params.top_p for r in admitted], dtype=np.float32)]
-        # prefill chunks
-        decodes = sorted(decodes, key=_cls)     # sampling wants rows grouped by class
-        C = len(chunks)
-        # Only on an idle engine: with decodes running, a padded prefill per step for each
-        # trickling arrival measured worse on the H200 (200 streams: TTFT p99 170 -> 422 ms).
-        padT = 0 if decodes else self._prefill_bucket(chunks)
-        if padT:
+    def step(self, ring_idx: int, batch: Batch) -> list[Request]:
+        """Launch one step: slot tables of requests new on the device, the prefill chunks,
+        one decode token per decoding request. Sampled ids land in ring.tokens[ring_idx];
+        returns the requests in ring-row order."""
+        return self.launch(ring_idx, self.stage(ring_idx, batch))
+
+    def stage(self, ring_idx: int, batch: Batch) -> StepInputs:
+        """Pack the step's inputs into ring slot ring_idx's pinned buffer; one H2D copy."""
+        pk = self.staging.packer(ring_idx)
+        decodes = sorted(batch.decodes, key=_sample_class)     # sampling wants rows grouped by class
+        new = [c.req for c in batch.chunks if not c.req.on_device]
+        inputs = StepInputs(
+            upload=self._stage_upload(pk, new) if new else None,
+            # the padded prefill only on an idle engine: with decodes running, a padded
+            # prefill per step for each trickling arrival measured worse on the H200
+            # (200 streams: TTFT p99 170 -> 422 ms)
+            prefill=self._stage_prefill(pk, batch.chunks, pad=not decodes) if batch.chunks else None,
+            decode=self._stage_decode(pk, decodes) if decodes else None)
+        pk.ship()
+        return inputs
+
+    def _stage_upload(self, pk: Packer, reqs: list[Request]) -> SlotUpload:
+        A = len(reqs)
+        npg = np.fromiter((len(r.pages) for r in reqs), dtype=np.int64, count=A)
+        slots = np.fromiter((r.slot for r in reqs), dtype=np.int64, count=A)
+        n = int(npg.sum())
+        cols = np.arange(n, dtype=np.int64) - np.repeat(np.cumsum(npg) - npg, npg)
+        return SlotUpload(
+            slots=pk.int64(slots),
+            bt_rows=pk.int64(np.repeat(slots, npg)),
+            bt_cols=pk.int64(cols),
+            bt_pages=pk.int32(np.fromiter((p for r in reqs for p in r.pages), dtype=np.int32, count=n)),
+            prompt_len=pk.int64([r.prompt_len for r in reqs]),
+            top_k=pk.int64([r.params.top_k for r in reqs]),
+            seed=pk.int64([r.seed for r in reqs]),
+            min_tokens=pk.int64([r.params.min_tokens for r in reqs]),
+            temperature=pk.float32([r.params.temperature for r in reqs]),
+            top_p=pk.float32([r.params.top_p for r in reqs]))
+
+    def _stage_prefill(self, pk: Packer, chunks: list[Chunk], pad: bool) -> PrefillInputs:
+        ps = self.ps
+        padded = self._prefill_bucket(chunks) if pad else 0
+        if padded:
+            # the prompt, then a dummy sequence on the scratch page up to the padded size
             c = chunks[0]
-            L, ps = c.n, self.ps
-            dummy = np.arange(padT - L, dtype=np.int64)
-            toks = np.zeros(padT, dtype=np.int64)
+            L = c.n
+            dummy = np.arange(padded - L, dtype=np.int64)
+            toks = np.zeros(padded, dtype=np.int64)
             toks[:L] = c.req.prompt_ids
             pos = np.concatenate([np.arange(L, dtype=np.int64), dummy])
             pages = np.asarray(c.req.pages, dtype=np.int64)[np.arange(L) // ps]
             smap = np.concatenate([pages * ps + pos[:L] % ps, dummy % ps])
-            cu = np.array([0, L, padT], dtype=np.int64)
-            ctx = np.array([L, padT - L], dtype=np.int64)
-            p_slots = np.array([c.req.slot], dtype=np.int64)
-            done = [0]
-            s_idx = np.array([L - 1], dtype=np.int64)
-            ints += [toks, pos, smap, cu, ctx, p_slots, s_idx, p_slots]
-        elif C:
-            toks = np.concatenate([np.asarray(c.req.prompt_ids[c.start:c.start + c.n], dtype=np.int64) for c in chunks])
+            cu, ctx = [0, L, padded], [L, padded - L]
+            done, s_idx = [0], [L - 1]
+        else:
+            C = len(chunks)
+            toks = np.concatenate([np.asarray(c.req.prompt_ids[c.start:c.start + c.n], dtype=np.int64)
+                                   for c in chunks])
             pos = np.concatenate([np.arange(c.start, c.start + c.n, dtype=np.int64) for c in chunks])
             pages = np.concatenate([np.asarray(c.req.pages, dtype=np.int64)[
-                np.arange(c.start, c.start + c.n) // self.ps] for c in chunks])
-            smap = pages * self.ps + pos % self.ps
+                np.arange(c.start, c.start + c.n) // ps] for c in chunks])
+            smap = pages * ps + pos % ps
             lens = np.fromiter((c.n for c in chunks), dtype=np.int64, count=C)
             cu = np.zeros(C + 1, dtype=np.int64)
             np.cumsum(lens, out=cu[1:])
             ctx = np.fromiter((c.start + c.n for c in chunks), dtype=np.int64, count=C)
-            p_slots = np.fromiter((c.req.slot for c in chunks), dtype=np.int64, count=C)
-            done = sorted((i for i, c in enumerate(chunks) if c.completes), key=lambda i: _cls(chunks[i].req))
+            done = sorted((i for i, c in enumerate(chunks) if c.completes),
+                          key=lambda i: chunks[i].req.sample_class)
             s_idx = cu[1:][done] - 1
-            s_slots = p_slots[done]
-            ints += [toks, pos, smap, cu, ctx, p_slots, s_idx, s_slots]
+        slots_host = np.fromiter((c.req.slot for c in chunks), dtype=np.int64, count=len(chunks))
+        slots = pk.int64(slots_host)
+        return PrefillInputs(
+            tokens=pk.int64(toks), positions=pk.int64(pos), slot_mapping=pk.int64(smap),
+            cu_seqlens=pk.int32(cu), context_lens=pk.int32(ctx), slots=slots,
+            sample_idx=pk.int64(s_idx),
+            sample_slots=slots if padded else pk.int64(slots_host[done]),
+            sample_reqs=[chunks[i].req for i in done],
+            seqlens=[c.n for c in chunks],
+            width=max((c.start + c.n + ps - 1) // ps for c in chunks),
+            no_prefix=all(c.start == 0 for c in chunks),
+            padded=padded)
+
+    def _stage_decode(self, pk: Packer, decodes: list[Request]) -> DecodeInputs:
         B = len(decodes)
-        if B:
-            d_slots = np.fromiter((r.slot for r in decodes), dtype=np.int64, count=B)
-            d_pos = np.fromiter((r.prompt_len + r.num_scheduled - 1 for r in decodes), dtype=np.int64, count=B)
-            ints += [d_slots, d_pos]
-        di, df = self._ship(ring_idx, ints, flts)
-        k = 0
-        if A:
-            a_slots_d, rows_d, cols_d, vals_d, par_d = di[0:5]
-            k = 5
-            self.block_table.index_put_((rows_d, cols_d), vals_d.to(torch.int32))
-            par_d = par_d.view(4, A)
-            self.prompt_len.index_copy_(0, a_slots_d, par_d[0])
-            self.top_k.index_copy_(0, a_slots_d, par_d[1])
-            self.seed.index_copy_(0, a_slots_d, par_d[2])
-            self.min_tokens.index_copy_(0, a_slots_d, par_d[3])
-            self.temperature.index_copy_(0, a_slots_d, df[0])
-            self.top_p.index_copy_(0, a_slots_d, df[1])
-        out_rows: list[Request] = []
-        n_out = 0
-        tokens_ring = self.ring.tokens[ring_idx]
-        if C:
-            toks_d, pos_d, smap_d, cu_d, ctx_d, pslots_d, sidx_d, sslots_d = di[k:k + 8]
-            k += 8
-        if padT:
-            logits = self._prefill_padded(padT, toks_d, pos_d, smap_d, cu_d, ctx_d, pslots_d, sidx_d)
-            tok = self._sample(logits, sslots_d, torch.zeros_like(sslots_d), [chunks[0].req])
-            self.last_tokens.index_copy_(0, sslots_d, tok)
-            tokens_ring[:1].copy_(tok, non_blocking=True)
-            n_out = 1
-            out_rows.append(chunks[0].req)
-        elif C:
-            w = max((c.start + c.n + self.ps - 1) // self.ps for c in chunks)
-            meta = AttnMeta(slot_mapping=smap_d, block_tables=self.block_table[pslots_d, :w],
-                            context_lens=ctx_d.to(torch.int32), cu_seqlens_q=cu_d.to(torch.int32),
-                            no_prefix=all(c.start == 0 for c in chunks),
-                            seqlens_q=[c.n for c in chunks])
-            hidden = self.model(toks_d, pos_d, self.pool.kv, meta)
-            if done:
-                logits = self.model.logits(hidden.index_select(0, sidx_d))
-                tok = self._sample(logits, sslots_d, torch.zeros_like(sslots_d), [chunks[i].req for i in done])
-                self.last_tokens.index_copy_(0, sslots_d, tok)
-                tokens_ring[:len(done)].copy_(tok, non_blocking=True)
-                n_out = len(done)
-                out_rows += [chunks[i].req for i in done]
-        if B:
-            slots_d, pos_d = di[k:k + 2]
-            logits = self._decode_logits(B, slots_d, pos_d, decodes)
-            gen = pos_d - self.prompt_len.index_select(0, slots_d) + 1
-            tok = self._sample(logits, slots_d, gen, decodes)
-            self.last_tokens.index_copy_(0, slots_d, tok)
-            tokens_ring[n_out:n_out + B].copy_(tok, non_blocking=True)
-            out_rows += decodes
-        return out_rows
+        return DecodeInputs(
+            slots=pk.int64(np.fromiter((r.slot for r in decodes), dtype=np.int64, count=B)),
+            positions=pk.int64(np.fromiter((r.prompt_len + r.num_scheduled - 1 for r in decodes),
+                                           dtype=np.int64, count=B)),
+            reqs=decodes)
+
+    def launch(self, ring_idx: int, x: StepInputs) -> list[Request]:
+        """The device work of a staged step, in stream order; no host sync."""
+        if x.upload is not None:
+            self._write_slot_tables(x.upload)
+        ring_tokens = self.ring.tokens[ring_idx]
+        rows: list[Request] = []
+        prefill_tok = decode_tok = None
+        if x.prefill is not None:
+            prefill_tok = self._prefill(x.prefill)
+            if prefill_tok is not None:
+                ring_tokens[:len(x.prefill.sample_reqs)].copy_(prefill_tok, non_blocking=True)
+                rows += x.prefill.sample_reqs
+        if x.decode is not None:
+            decode_tok = self._decode(x.decode)
+            ring_tokens[len(rows):len(rows) + len(x.decode.reqs)].copy_(decode_tok, non_blocking=True)
+            rows += x.decode.reqs
+        # the next step's decode inputs, written last: a step that raised before here
+        # left last_tokens as it was, so it can be redone
+        if prefill_tok is not None:
+            self.last_tokens.index_copy_(0, x.prefill.sample_slots, prefill_tok)
+        if decode_tok is not None:
+            self.last_tokens.index_copy_(0, x.decode.slots, decode_tok)
+        return rows
+
+    def settle(self) -> None:
+        """After a step raised part-way: wait for the work it queued, so its pinned buffer
+        is not filled again while its copy may still read it (the failure path only)."""
+        if self.cuda:
+            torch.cuda.current_stream(self.device).synchronize()
+
+    def _write_slot_tables(self, u: SlotUpload) -> None:
+        self.block_table.index_put_((u.bt_rows, u.bt_cols), u.bt_pages)
+        self.prompt_len.index_copy_(0, u.slots, u.prompt_len)
+        self.top_k.index_copy_(0, u.slots, u.top_k)
+        self.seed.index_copy_(0, u.slots, u.seed)
+        self.min_tokens.index_copy_(0, u.slots, u.min_tokens)
+        self.temperature.index_copy_(0, u.slots, u.temperature)
+        self.top_p.index_copy_(0, u.slots, u.top_p)
+
+    def _prefill(self, p: PrefillInputs) -> torch.Tensor | None:
+        """The first output token of every chunk that completes its prompt (None: no chunk does)."""
+        if p.padded:
+            logits = self._prefill_padded(p)
+        else:
+            meta = AttnMeta(slot_mapping=p.slot_mapping, block_tables=self.block_table[p.slots, :p.width],
+                            context_lens=p.context_lens, cu_seqlens_q=p.cu_seqlens,
+                            no_prefix=p.no_prefix, seqlens_q=p.seqlens)
+            hidden = self.model(p.tokens, p.positions, self.pool.kv, meta)
+            if not p.sample_reqs:
+                return None
+            logits = self.model.logits(hidden.index_select(0, p.sample_idx))
+        return self._sample(logits, p.sample_slots, torch.zeros_like(p.sample_slots), p.sample_reqs)
+
+    def _decode(self, d: DecodeInputs) -> torch.Tensor:
+        logits = self._decode_logits(len(d.reqs), d.slots, d.positions, d.reqs)
+        gen = d.positions - self.prompt_len.index_select(0, d.slots) + 1
+        return self._sample(logits, d.slots, gen, d.reqs)
 
     # ------------------------------------------------------------------ padded prefill
     def _prefill_bucket(self, chunks: list[Chunk]) -> int:
@@ -268,15 +368,16 @@ class ModelRunner:
             return 0
         return next((t for t in PREFILL_GRAPH_TOKENS if t > c.n and t <= self.p_toks.numel()), 0)
 
-    def _prefill_padded(self, T: int, toks, pos, smap, cu, ctx, pslots, sidx) -> torch.Tensor:
-        self.p_toks[:T].copy_(toks)
-        self.p_pos[:T].copy_(pos)
-        self.p_smap[:T].copy_(smap)
-        self.p_cu.copy_(cu)
-        self.p_ctx.copy_(ctx)
+    def _prefill_padded(self, p: PrefillInputs) -> torch.Tensor:
+        T = p.padded
+        self.p_toks[:T].copy_(p.tokens)
+        self.p_pos[:T].copy_(p.positions)
+        self.p_smap[:T].copy_(p.slot_mapping)
+        self.p_cu.copy_(p.cu_seqlens)
+        self.p_ctx.copy_(p.context_lens)
         w = (T + self.ps - 1) // self.ps
-        self.p_bt[0, :w].copy_(self.block_table.index_select(0, pslots)[0, :w])
-        self.p_sidx.copy_(sidx)
+        self.p_bt[0, :w].copy_(self.block_table.index_select(0, p.slots)[0, :w])
+        self.p_sidx.copy_(p.sample_idx)
         if T in self.pgraphs:
             g, out = self.pgraphs[T]
             g.replay()
@@ -313,7 +414,7 @@ class ModelRunner:
 
     def _sample(self, logits: torch.Tensor, slots: torch.Tensor, gen: torch.Tensor,
                 reqs: list[Request]) -> torch.Tensor:
-        classes = [_cls(r) for r in reqs]      # reqs are sorted by class
+        classes = [r.sample_class for r in reqs]      # reqs are sorted by class
         n_filter = classes.count(0)
         n_random = n_filter + classes.count(1)
         need_min = any(r.params.min_tokens > 0 for r in reqs)
@@ -346,7 +447,7 @@ class ModelRunner:
                 self.g_pos[B:bucket].zero_()
             g.replay()
             return out[:B]
-        if self.cuda and ops.has_kernel("decode_attention"):
+        if self.cuda and self.model.ops.has_kernel("decode_attention"):
             w = self.W   # the kernel reads only the pages it needs; same launch shape as the graphs
         else:
             w = max((r.prompt_len + r.num_scheduled - 1) // self.ps + 1 for r in reqs)
@@ -357,7 +458,7 @@ class ModelRunner:
         """Capture decode (embedding -> logits) per batch bucket; on failure stay eager."""
         if not self.cuda or self.cfg.enforce_eager:
             return
-        if not ops.has_kernel("decode_attention") and self.W * self.ps > 8192:
+        if not self.model.ops.has_kernel("decode_attention") and self.W * self.ps > 8192:
             log.warning("no paged decode kernel and max_model_len %d > 8192: decode runs eager",
                         self.max_model_len)
             return
@@ -384,7 +485,7 @@ class ModelRunner:
             self.buckets = []
             torch.cuda.synchronize()
             return
-        if not ops.has_kernel("prefill_attention"):
+        if not self.model.ops.has_kernel("prefill_attention"):
             return  # the padded batch needs the paged prefill kernel (graph-safe, no host sync)
         try:
             self._capture_prefill_graphs(pool)

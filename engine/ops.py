@@ -3,11 +3,17 @@
 Exact names and signatures are a contract with `kernels/` (docs/engine-interface.md).
 When a tensor is on CUDA and `zerod.engine.kernels.CUDA_KERNELS` holds the op's name,
 that function is called with the same arguments instead of the reference.
+
+The attention-side kernels are specialised on the head dimension; a model whose head_dim
+they cannot take gets the torch references through its own `ModelOps` (`model_ops`), so
+one engine's model never changes what another one runs.
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -82,6 +88,11 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
     kern = _kernel("apply_rope", q)
     if kern is not None:
         return kern(q, k, positions, cos_sin_cache)
+    return apply_rope_reference(q, k, positions, cos_sin_cache)
+
+
+def apply_rope_reference(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
+                         cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     cs = cos_sin_cache.index_select(0, positions)
     half = cs.shape[-1] // 2
     cos = cs[:, :half].unsqueeze(1)
@@ -103,6 +114,11 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     if kern is not None:
         kern(k, v, k_cache, v_cache, slot_mapping)
         return
+    write_kv_reference(k, v, k_cache, v_cache, slot_mapping)
+
+
+def write_kv_reference(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                       slot_mapping: torch.Tensor) -> None:
     hk, d = k.shape[-2], k.shape[-1]
     k_cache.view(-1, hk, d).index_copy_(0, slot_mapping, k)
     v_cache.view(-1, hk, d).index_copy_(0, slot_mapping, v)
@@ -121,6 +137,12 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     kern = _kernel("decode_attention", q)
     if kern is not None:
         return kern(q, k_cache, v_cache, block_tables, context_lens, scale)
+    return decode_attention_reference(q, k_cache, v_cache, block_tables, context_lens, scale)
+
+
+def decode_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                               block_tables: torch.Tensor, context_lens: torch.Tensor,
+                               scale: float) -> torch.Tensor:
     b, hq, d = q.shape
     hk = k_cache.shape[2]
     k = _gather(k_cache, block_tables)  # [B, L, Hk, D]
@@ -141,6 +163,12 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     kern = _kernel("prefill_attention", q)
     if kern is not None:
         return kern(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale)
+    return prefill_attention_reference(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale)
+
+
+def prefill_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                                block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                                context_lens: torch.Tensor, scale: float) -> torch.Tensor:
     t, hq, d = q.shape
     hk = k_cache.shape[2]
     g = hq // hk
@@ -168,3 +196,33 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
                                            attn_mask=mask, scale=scale)
         out[s0:s1] = o.permute(2, 0, 1, 3).reshape(n, hq, d)
     return out
+
+
+# ---------------------------------------------------------------- per model
+
+# Ops whose kernels are specialised on head_dim (a power of two >= 16).
+HEAD_DIM_OPS = ("apply_rope", "write_kv", "decode_attention", "prefill_attention")
+
+
+def kernels_take_head_dim(head_dim: int) -> bool:
+    return head_dim >= 16 and head_dim & (head_dim - 1) == 0
+
+
+@dataclass(frozen=True)
+class ModelOps:
+    """The head-dim specialised ops as one model calls them."""
+    apply_rope: Callable
+    write_kv: Callable
+    decode_attention: Callable
+    prefill_attention: Callable
+    head_dim_kernels: bool      # False: the four ops above run their torch references
+
+    def has_kernel(self, name: str) -> bool:
+        return (self.head_dim_kernels or name not in HEAD_DIM_OPS) and has_kernel(name)
+
+
+def model_ops(head_dim: int) -> ModelOps:
+    if kernels_take_head_dim(head_dim):
+        return ModelOps(apply_rope, write_kv, decode_attention, prefill_attention, True)
+    return ModelOps(apply_rope_reference, write_kv_reference, decode_attention_reference,
+                    prefill_attention_reference, False)

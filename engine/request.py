@@ -6,16 +6,35 @@ the poller, each its own fields) and what the client gets back (RequestOutput).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from .tokenizer import IncrementalDetokenizer
 
 
+INT64_MAX = 2**63 - 1            # the device tables hold token ids, top_k, seeds, min_tokens as int64
+FLOAT32_MAX = 3.4028234663852886e38
+GREEDY_BELOW = 1e-5              # a temperature below this samples greedily (as vLLM does)
+
+
+def _int(name: str, v, lo: int, hi: int = INT64_MAX) -> None:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ValueError(f"{name} must be an integer, got {v!r}")
+    if not lo <= v <= hi:
+        raise ValueError(f"{name} must be in [{lo}, {hi}], got {v}")
+
+
+def _real(name: str, v) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"{name} must be a number, got {v!r}")
+    return float(v)
+
+
 @dataclass
 class SamplingParams:
     """vLLM / OpenAI names. temperature 0 = greedy. top_k 0 or -1 = off.
-    max_tokens None = up to max_model_len."""
+    max_tokens None = up to max_model_len. Every value is checked to fit what the device
+    tables hold (ValueError naming the field), when built and again at submit."""
 
     max_tokens: int | None = 16
     temperature: float = 1.0
@@ -28,24 +47,46 @@ class SamplingParams:
     min_tokens: int = 0
 
     def __post_init__(self) -> None:
-        if isinstance(self.stop, str):
-            self.stop = [self.stop]
-        self.stop = [s for s in (self.stop or []) if s]
-        self.stop_token_ids = [int(t) for t in (self.stop_token_ids or [])]
-        if self.max_tokens is not None and self.max_tokens < 1:
-            raise ValueError("max_tokens must be >= 1")
-        if not self.temperature >= 0.0:
-            raise ValueError("temperature must be >= 0")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError("top_p must be in (0, 1]")
+        self.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        self.stop_token_ids = list(self.stop_token_ids or [])
         if self.top_k is None:
             self.top_k = -1
-        if self.top_k < -1:
-            raise ValueError("top_k must be -1, 0 (off) or >= 1")
-        if self.min_tokens < 0:
-            raise ValueError("min_tokens must be >= 0")
+        self.check()
+        self.stop = [s for s in self.stop if s]
+        if self.temperature < GREEDY_BELOW:
+            self.temperature = 0.0
         if self.seed is not None:
-            self.seed = int(self.seed) & 0x7FFFFFFF_FFFFFFFF
+            self.seed &= INT64_MAX
+
+    def check(self) -> None:
+        """Raise ValueError naming the first field out of range."""
+        if self.max_tokens is not None:
+            _int("max_tokens", self.max_tokens, 1)
+        t = _real("temperature", self.temperature)
+        if not 0.0 <= t <= FLOAT32_MAX:
+            raise ValueError(f"temperature must be a finite number >= 0, got {t}")
+        p = _real("top_p", self.top_p)
+        if not 0.0 < p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {p}")
+        _int("top_k", self.top_k, -1)
+        _int("min_tokens", self.min_tokens, 0)
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise ValueError(f"seed must be an integer, got {self.seed!r}")   # any size: folded to 63 bits
+        if not all(isinstance(s, str) for s in self.stop):
+            raise ValueError("stop must be a string or a list of strings")
+        for t_id in self.stop_token_ids:
+            _int("stop_token_ids", t_id, 0)
+
+    def for_vocab(self, vocab_size: int) -> "SamplingParams":
+        """These params for a model of vocab_size tokens: stop ids must be in it, and a
+        top_k of the whole vocabulary or more is off. Returns self when nothing changes."""
+        for t_id in self.stop_token_ids:
+            _int("stop_token_ids", t_id, 0, vocab_size - 1)
+        if self.top_k >= vocab_size:
+            return replace(self, top_k=-1)
+        return self
 
     @property
     def greedy(self) -> bool:
@@ -72,10 +113,12 @@ class Request:
     on_output: Callable[[RequestOutput], None]
     max_tokens: int
     seed: int
+    sample_class: int = 1         # sampler.row_class of the params: decode rows are grouped by it
     arrival: float = field(default_factory=time.monotonic)
     # step-loop side
     pages: list[int] = field(default_factory=list)
     slot: int = -1
+    on_device: bool = False       # its slot-table rows (pages, sampling params) are written
     num_prefilled: int = 0        # prompt tokens whose KV is in the cache
     num_scheduled: int = 0        # output tokens scheduled on the device
     released: bool = False

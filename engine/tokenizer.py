@@ -58,16 +58,6 @@ class Tokenizer:
                 eos.append(i)
         self.eos_token_ids = eos
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
-        self._special = self._special_ids()
-
-    def _special_ids(self) -> set[int]:
-        if not hasattr(self, "_sp"):
-            sp = set()
-            for tok in self._tok.get_added_tokens_decoder().values():
-                if tok.special:
-                    sp.add(self._tok.token_to_id(tok.content))
-            self._sp = sp
-        return self._sp
 
     # ------------------------------------------------------------------ encode / decode
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
@@ -76,9 +66,6 @@ class Tokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         ids = [i for i in ids if 0 <= i < self.vocab_size]
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
-
-    def is_special(self, token_id: int) -> bool:
-        return token_id in self._special
 
     # ------------------------------------------------------------------ chat template
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,

@@ -1,0 +1,175 @@
+"""The scheduler: which requests run in the next step, and what each one runs.
+
+The zero-layer rules:
+- Admission is FIFO. The head of the wait line gets a slot (a row of the runner's
+  per-request device tables) and KV pages for prompt + max_tokens, or nobody behind it
+  is admitted. Nothing is sorted, prioritised, preempted or swapped: a request keeps what
+  it was given until it ends, so it can never run out of KV pages half-way.
+- The chunk budget is the prompt tokens one step takes. While streams decode it is
+  max_num_batched_tokens (chunked prefill: a long prompt cannot stall them); while
+  nothing decodes it is max_prefill_tokens_idle (a long prompt goes in whole).
+- Every decoding request gets one token per step.
+
+A request moves waiting -> prefilling -> decoding and leaves from any of them (done,
+stopped, aborted, failed). This is the place for what changes those moves: a prefix-cache
+lookup belongs in `_admit` (cached pages are not reserved and `num_prefilled` starts past
+them), LoRA adapter slots beside the KV reservation.
+
+Used by the step-loop thread only, except `claim_wait_place` (any thread).
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from dataclasses import dataclass, field
+
+from .config import EngineConfig
+from .kv_pool import KVPool
+from .request import Request
+
+
+@dataclass
+class Chunk:
+    """Prompt tokens [start, start + n) of a request, prefilled in one step."""
+    req: Request
+    start: int
+    n: int
+
+    @property
+    def completes(self) -> bool:
+        return self.start + self.n == self.req.prompt_len
+
+
+@dataclass
+class Batch:
+    """One step's work: prompt chunks and the requests that decode one token."""
+    chunks: list[Chunk] = field(default_factory=list)
+    decodes: list[Request] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.chunks) + len(self.decodes)
+
+    def requests(self) -> list[Request]:
+        return [c.req for c in self.chunks] + self.decodes
+
+    def halves(self) -> tuple[Batch, Batch]:
+        """Two batches with half the rows each (to find which row makes a step fail)."""
+        mid = len(self) // 2
+        c = len(self.chunks)
+        if mid <= c:
+            return Batch(self.chunks[:mid], []), Batch(self.chunks[mid:], self.decodes)
+        k = mid - c
+        return Batch(self.chunks, self.decodes[:k]), Batch([], self.decodes[k:])
+
+
+class Scheduler:
+    def __init__(self, cfg: EngineConfig, pool: KVPool):
+        self.cfg = cfg
+        self.pool = pool
+        self.waiting: collections.deque[Request] = collections.deque()
+        self.prefilling: list[Request] = []
+        self.decoding: list[Request] = []
+        self.by_id: dict[str, Request] = {}
+        self._free_slots = list(range(cfg.max_num_seqs - 1, -1, -1))
+        # Requests submitted and not yet admitted, including those still on their way to
+        # the wait line: what the wait-line bound (max_waiting) counts.
+        self.num_waiting = 0
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ counts
+    @property
+    def num_running(self) -> int:
+        return len(self.prefilling) + len(self.decoding)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.prefilling or self.decoding)
+
+    def claim_wait_place(self) -> bool:
+        """Count one more request for the wait line; False when it is full."""
+        with self._lock:
+            if self.num_waiting >= self.cfg.max_waiting:
+                return False
+            self.num_waiting += 1
+            return True
+
+    def _left_wait_line(self) -> None:
+        with self._lock:
+            self.num_waiting -= 1
+
+    # ------------------------------------------------------------------ moves
+    def add(self, r: Request) -> None:
+        """A submitted request joins the wait line (its place is claimed already)."""
+        self.waiting.append(r)
+        self.by_id[r.id] = r
+
+    def remove(self, r: Request) -> None:
+        """r leaves, from wherever it is; its pages and slot go back."""
+        if r in self.waiting:
+            self.waiting.remove(r)
+            self._left_wait_line()
+        elif r in self.prefilling:
+            self.prefilling.remove(r)
+        elif r in self.decoding:
+            self.decoding.remove(r)
+        self._release(r)
+
+    def _release(self, r: Request) -> None:
+        self.by_id.pop(r.id, None)
+        if r.released:
+            return
+        r.released = True
+        self.pool.release(r.pages)
+        r.pages = []
+        if r.slot >= 0:
+            self._free_slots.append(r.slot)
+            r.slot = -1
+
+    # ------------------------------------------------------------------ a step
+    def schedule(self) -> Batch:
+        self._admit()
+        budget = self.cfg.max_num_batched_tokens if self.decoding else self.cfg.prefill_token_cap
+        chunks: list[Chunk] = []
+        for r in self.prefilling:
+            if budget <= 0:
+                break
+            n = min(r.prompt_len - r.num_prefilled, budget)
+            chunks.append(Chunk(r, r.num_prefilled, n))
+            budget -= n
+        return Batch(chunks, list(self.decoding))
+
+    def _admit(self) -> None:
+        while self.waiting and self._free_slots:
+            r = self.waiting[0]
+            pages = self.pool.reserve(self.pool.pages_for(r.prompt_len + r.max_tokens))
+            if pages is None:
+                break                      # FIFO: nobody overtakes the head of the line
+            self.waiting.popleft()
+            self._left_wait_line()
+            r.pages = pages
+            r.slot = self._free_slots.pop()
+            self.prefilling.append(r)
+
+    def update(self, batch: Batch) -> None:
+        """After batch ran: count what it scheduled; requests at max_tokens are done here
+        (the poller reports their last token), the others move on or stay."""
+        done = False
+        for r in batch.decodes:
+            r.num_scheduled += 1
+            if r.num_scheduled >= r.max_tokens:
+                self._release(r)
+                done = True
+        if done:
+            self.decoding = [r for r in self.decoding if not r.released]
+        for c in batch.chunks:
+            r = c.req
+            r.on_device = True
+            r.num_prefilled += c.n
+            if c.completes:
+                self.prefilling.remove(r)
+                r.num_scheduled = 1        # the prefill sampled the first output token
+                if r.num_scheduled >= r.max_tokens:
+                    self._release(r)
+                else:
+                    self.decoding.append(r)

@@ -1,0 +1,125 @@
+"""Sizing: the dtype the engine serves in, the bytes one token of KV cache takes, how many
+KV pages the pool gets and the max_model_len those pages allow.
+
+Everything above `plan_kv` is arithmetic on names and numbers and imports no torch, so
+`zerod doctor` sizes a model with the very formula the engine allocates with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .config import EngineConfig, EngineError
+
+if TYPE_CHECKING:  # the engine's types; only plan_kv needs them, and only at run time on CUDA
+    from .hf_config import ModelConfig
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32",
+            "float": "float32"}
+
+CPU_KV_BUDGET = 256 << 20          # KV bytes on the CPU when neither kv_pages nor a budget is given
+GRAPH_HEADROOM = 1 << 30           # CUDA graphs, cuBLAS workspaces, fragmentation
+
+
+def canonical_dtype(name: str) -> str:
+    """bfloat16 | float16 | float32 for any name the engine accepts (torch.bfloat16, bf16, ...)."""
+    n = str(name).removeprefix("torch.")
+    n = _ALIASES.get(n, n)
+    if n not in DTYPE_BYTES:
+        raise EngineError(f"unsupported dtype {name!r}; use bfloat16, float16 or float32")
+    return n
+
+
+def serving_dtype(requested: str, checkpoint_dtype: str | None, device_type: str) -> str:
+    """The dtype policy. `auto`: float32 on the CPU (no fast half-precision matmuls there);
+    on CUDA the checkpoint's dtype, bfloat16 when that is float32 or not given."""
+    if requested != "auto":
+        return canonical_dtype(requested)
+    if device_type == "cpu":
+        return "float32"
+    dtype = canonical_dtype(checkpoint_dtype or "bfloat16")
+    return "bfloat16" if dtype == "float32" else dtype
+
+
+def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: str) -> int:
+    """K and V of every layer for one token."""
+    return 2 * num_layers * num_kv_heads * head_dim * DTYPE_BYTES[canonical_dtype(dtype)]
+
+
+def page_bytes(mc: ModelConfig, page_size: int, dtype: str) -> int:
+    return page_size * kv_bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, dtype)
+
+
+def activation_headroom(cfg: EngineConfig, mc: ModelConfig) -> int:
+    """CUDA bytes kept free for activations: a prefill of the largest token budget, plus
+    the logits and sampling of a full decode batch, plus graphs and workspaces."""
+    t = cfg.prefill_token_cap
+    act = t * (6 * mc.hidden_size + 3 * mc.intermediate_size + 2 * (mc.q_size + 2 * mc.kv_size)) * 4
+    act += cfg.max_num_seqs * mc.vocab_size * 4 * 8
+    act += t * t * 2 if t <= 8192 else 0      # a block-diagonal prefill mask
+    return act + GRAPH_HEADROOM
+
+
+def cuda_kv_pages(free: int, total: int, utilization: float, headroom: int, page_nbytes: int) -> int:
+    """Pages that fit in utilization x total, less what is already used (weights) and the headroom."""
+    budget = utilization * total - (total - free) - headroom
+    pages = int(budget // page_nbytes)
+    if pages < 2:
+        raise EngineError(
+            f"not enough GPU memory for the KV cache: {free / 2**30:.1f} GiB free of {total / 2**30:.1f} GiB "
+            f"after loading the weights, gpu_memory_utilization {utilization} leaves "
+            f"{budget / 2**30:.2f} GiB; raise it or use a smaller model")
+    return pages
+
+
+def wanted_context(cfg: EngineConfig, mc: ModelConfig) -> int:
+    """max_model_len before the pool is sized: the flag, else the model's, within its sliding window."""
+    want = cfg.max_model_len or mc.max_position_embeddings
+    if mc.sliding_window and want > mc.sliding_window:
+        if cfg.max_model_len:
+            raise EngineError(f"max_model_len {want} exceeds the model's sliding window "
+                              f"{mc.sliding_window} (sliding-window attention is not implemented)")
+        want = mc.sliding_window
+    return want
+
+
+def fit_context(want: int, explicit: bool, num_pages: int, page_size: int) -> int:
+    """max_model_len within what the pool holds (one page is scratch). An explicit
+    max_model_len that does not fit is an error; a derived one is capped."""
+    cap = (num_pages - 1) * page_size
+    if want <= cap:
+        return want
+    if explicit:
+        raise EngineError(f"max_model_len {want} needs {-(-want // page_size)} KV pages, the pool has "
+                          f"{num_pages - 1}; lower max_model_len or raise the KV budget")
+    return cap
+
+
+@dataclass(frozen=True)
+class KVPlan:
+    num_pages: int        # the pool's pages, scratch page 0 included
+    max_model_len: int
+    page_bytes: int
+
+
+def plan_kv(cfg: EngineConfig, mc: ModelConfig, dtype: str, device_type: str,
+            cuda_mem: tuple[int, int] | None = None) -> KVPlan:
+    """The pool's size and the context it allows. cuda_mem: (free, total) bytes on the
+    device after the weights are loaded (CUDA only)."""
+    pb = page_bytes(mc, cfg.block_size, dtype)
+    want = wanted_context(cfg, mc)
+    if cfg.kv_pages is not None:
+        pages = cfg.kv_pages
+    elif device_type == "cuda":
+        if cuda_mem is None:
+            raise ValueError("CUDA sizing needs the device's free and total memory")
+        pages = cuda_kv_pages(*cuda_mem, cfg.gpu_memory_utilization, activation_headroom(cfg, mc), pb)
+    else:
+        per_seq = -(-want // cfg.block_size)
+        pages = min((cfg.kv_cache_memory_bytes or CPU_KV_BUDGET) // pb, cfg.max_num_seqs * per_seq + 1)
+        if pages < 2:
+            raise EngineError(f"no room for the KV cache: one page of {cfg.block_size} tokens takes "
+                              f"{pb / 2**20:.1f} MiB; raise the KV budget")
+    return KVPlan(pages, fit_context(want, bool(cfg.max_model_len), pages, cfg.block_size), pb)
