@@ -50,6 +50,7 @@ class EngineConfig:
     cuda_graph_max_bs: int = 256           # largest decode batch captured; larger run eager
     seed: int = 0                          # seeds dummy weights and requests without a seed
     ring_depth: int = 4                    # steps in flight between the step loop and the poller
+    enable_prefix_caching: bool = True     # share the KV of full prompt pages between requests
 
     @property
     def prefill_token_cap(self) -> int:

@@ -191,7 +191,7 @@ class Engine:
     def stats(self) -> EngineStats:
         return EngineStats(
             running=self._running_count, waiting=self.scheduler.num_waiting,
-            kv_pages_total=self.pool.total, kv_pages_free=self.pool.free,
+            kv_pages_total=self.pool.total, kv_pages_free=self.scheduler.cache.free,
             healthy=self._healthy and (not self._started or self._loop.is_alive()),
             device=str(self.device), model=self.model_name, max_model_len=self.max_model_len,
             steps=self._steps, cuda_graphs=bool(self.runner.graphs), error=self._error)
@@ -228,7 +228,7 @@ class Engine:
             except Exception:  # noqa: BLE001
                 pass
         return dict(requests_running=self._running_count, requests_waiting=self.scheduler.num_waiting,
-                    kv_pages_total=self.pool.total, kv_pages_free=self.pool.free,
+                    kv_pages_total=self.pool.total, kv_pages_free=self.scheduler.cache.free,
                     allocator_retries=retries, allocator_ooms=ooms, stream_errors=self._stream_errors)
 
     def _on_stream_error(self, exc: BaseException) -> None:

@@ -182,7 +182,8 @@ class OutputPoller(threading.Thread):
             r.finished = True
             self.metrics.requests_total.labels(finished_reason=reason).inc()
             self.metrics.e2e.observe(time.monotonic() - r.arrival)
-        out = RequestOutput(r.id, ids, text, reason is not None, reason, r.prompt_len, len(r.out_ids), error)
+        out = RequestOutput(r.id, ids, text, reason is not None, reason, r.prompt_len, len(r.out_ids), error,
+                            cached_tokens=r.num_cached)
         try:
             r.on_output(out)
         except Exception:  # noqa: BLE001 - a client callback must not kill the poller

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from .tokenizer import IncrementalDetokenizer
+
+if TYPE_CHECKING:
+    from .prefix_cache import PageChain
 
 
 INT64_MAX = 2**63 - 1            # the device tables hold token ids, top_k, seeds, min_tokens as int64
@@ -103,6 +106,7 @@ class RequestOutput:
     prompt_tokens: int
     completion_tokens: int
     error: str | None = None
+    cached_tokens: int = 0        # prompt tokens whose KV came from the prefix cache
 
 
 @dataclass(eq=False)
@@ -120,6 +124,8 @@ class Request:
     slot: int = -1
     on_device: bool = False       # its slot-table rows (pages, sampling params) are written
     num_prefilled: int = 0        # prompt tokens whose KV is in the cache
+    num_cached: int = 0           # of which the prefix cache had before the request came
+    chain: PageChain | None = None  # its published prefix pages (prefix_cache.py)
     num_scheduled: int = 0        # output tokens scheduled on the device
     released: bool = False
     # poller side

@@ -11,9 +11,10 @@ The zero-layer rules:
 - Every decoding request gets one token per step.
 
 A request moves waiting -> prefilling -> decoding and leaves from any of them (done,
-stopped, aborted, failed). This is the place for what changes those moves: a prefix-cache
-lookup belongs in `_admit` (cached pages are not reserved and `num_prefilled` starts past
-them), LoRA adapter slots beside the KV reservation.
+stopped, aborted, failed). Admission asks the prefix cache first: the pages of the
+longest cached chain of the prompt are shared (not reserved again) and `num_prefilled`
+starts past them; once a chunk's step is launched, its full pages are published for the
+requests after it (prefix_cache.py). LoRA adapter slots belong beside the KV reservation.
 
 Used by the step-loop thread only, except `claim_wait_place` (any thread).
 """
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 
 from .config import EngineConfig
 from .kv_pool import KVPool
+from .prefix_cache import PrefixCache
 from .request import Request
 
 
@@ -67,6 +69,7 @@ class Scheduler:
     def __init__(self, cfg: EngineConfig, pool: KVPool):
         self.cfg = cfg
         self.pool = pool
+        self.cache = PrefixCache(pool, enabled=cfg.enable_prefix_caching)
         self.waiting: collections.deque[Request] = collections.deque()
         self.prefilling: list[Request] = []
         self.decoding: list[Request] = []
@@ -120,7 +123,7 @@ class Scheduler:
         if r.released:
             return
         r.released = True
-        self.pool.release(r.pages)
+        self.cache.release(r.pages)
         r.pages = []
         if r.slot >= 0:
             self._free_slots.append(r.slot)
@@ -142,12 +145,13 @@ class Scheduler:
     def _admit(self) -> None:
         while self.waiting and self._free_slots:
             r = self.waiting[0]
-            pages = self.pool.reserve(self.pool.pages_for(r.prompt_len + r.max_tokens))
-            if pages is None:
+            got = self.cache.reserve(r.prompt_ids, self.pool.pages_for(r.prompt_len + r.max_tokens))
+            if got is None:
                 break                      # FIFO: nobody overtakes the head of the line
             self.waiting.popleft()
             self._left_wait_line()
-            r.pages = pages
+            r.pages, r.chain = got
+            r.num_prefilled = r.num_cached = len(r.chain.uids) * self.pool.page_size
             r.slot = self._free_slots.pop()
             self.prefilling.append(r)
 
@@ -166,6 +170,7 @@ class Scheduler:
             r = c.req
             r.on_device = True
             r.num_prefilled += c.n
+            self.cache.publish(r.chain, r.pages, r.prompt_ids, r.num_prefilled)
             if c.completes:
                 self.prefilling.remove(r)
                 r.num_scheduled = 1        # the prefill sampled the first output token
