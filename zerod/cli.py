@@ -19,7 +19,7 @@ COMMANDS: dict[str, str] = {
     "doctor": "zerod.cmd_doctor:doctor",
     "harden": "zerod.cmd_doctor:harden",
     "serve": "zerod.engine.cli:serve",
-    "bench": "zerod.engine.bench:bench",
+    "bench": "zerod.bench.cli:bench",
     "run": "zerod.cmd_run:run",
     "install": "zerod.cmd_run:install",
     "top": "zerod.cmd_top:top",
