@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 from click.testing import CliRunner
@@ -100,3 +102,11 @@ def test_bench_worker_processes(fake_server, tmp_path):
     assert s["config"]["workers"] == 2
     assert (s["completed"], s["failed"]) == (10, 0)
     assert s["total_output_tokens"] == 60 and s["itl_ms"]["n"] == 50
+
+
+def test_bench_imports_nothing_of_the_engine_nor_torch():
+    code = ("import sys, zerod.bench.cli, zerod.bench.client\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('zerod.engine', 'torch'))))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "[]"
