@@ -1,7 +1,7 @@
 """Wall time of `zerod doctor --json`, end to end (a fresh Python each run, as a user
 runs it). Prints median/min/max; --out writes the runs as JSON.
 
-    .venv/bin/python bench/doctor_walltime.py [-n 15] [--out FILE] [-- doctor args]
+    .venv/bin/python -m zerod.bench.doctor_walltime [-n 15] [--out FILE] [-- doctor args]
 """
 from __future__ import annotations
 
@@ -14,7 +14,10 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Run from the checkout this file is in (so its zerod is the one timed); installed, from
+# wherever the caller is.
+_CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = _CHECKOUT if os.path.isfile(os.path.join(_CHECKOUT, "pyproject.toml")) else None
 
 
 def main() -> int:

@@ -4,7 +4,7 @@ Runs HF transformers on the same GPU and the same Llama-3-8B shape (random bf16
 weights) as `zerod bench` drives the engine, so each engine figure can be quoted as
 a ratio measured in the same device call. Scenarios match zerod bench's names:
 
-    python3 bench/hf_compare.py --out hf.json [--scenarios hello-ttft,decode-b1,prefill-16k,streams-200]
+    python3 -m zerod.bench.hf_compare --out hf.json [--scenarios hello-ttft,decode-b1,prefill-16k,streams-200]
 
 Only torch and transformers are needed (both are on the GPU image).
 """

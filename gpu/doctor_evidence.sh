@@ -12,7 +12,7 @@ echo "== $(date -u +%FT%TZ) $(hostname) $(nvidia-smi --query-gpu=name,driver_ver
 echo "== 1. doctor on the idle host"
 python3 -m zerod doctor --json --save-facts "$OUT/h200-facts.json" > "$OUT/doctor-idle.json"; echo "exit $?"
 python3 -m zerod doctor > "$OUT/doctor-idle.txt"; echo "exit $?"; cat "$OUT/doctor-idle.txt"
-python3 bench/doctor_walltime.py -n 11 --out "$OUT/walltime.json"
+python3 -m zerod.bench.doctor_walltime -n 11 --out "$OUT/walltime.json"
 echo "== 2. two stand-in agents"
 # exec -a sets argv[0] to the agent's name; Python then cannot find its venv from
 # argv[0], so hand it the same sys.path explicitly.

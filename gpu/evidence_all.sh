@@ -49,7 +49,7 @@ echo "rc $?" >> "$W/server-console.txt"; pack
 pkill -9 -f "zerod serve" 2>/dev/null; sleep 2
 
 stamp "4 HF transformers"
-timeout 120 python3 bench/hf_compare.py --out "$W/hf.json" > "$W/hf-console.txt" 2>&1
+timeout 120 python3 -m zerod.bench.hf_compare --out "$W/hf.json" > "$W/hf-console.txt" 2>&1
 echo "rc $?" >> "$W/hf-console.txt"; pack
 
 stamp "5 GPU tests"

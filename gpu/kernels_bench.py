@@ -4,7 +4,7 @@
 One call on the device H200 (see gpu/kernels_device.sh):
   1. the ceilings: device-to-device copy bandwidth (read + write bytes);
   2. every kernel against the torch references on fresh random inputs
-     (engine/kernels/check.py; 8B shapes included) - nothing is timed if one fails;
+     (tests/kernel_checks.py; 8B shapes included) - nothing is timed if one fails;
   3. each kernel vs the torch reference (engine/ops.py with its kernels off, else
      kernels/reference.py) with triton.testing.do_bench (median; it clears L2
      before each run), at the Llama-3-8B shapes: hidden 4096, 32 q heads, 8 kv
@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # zerod from the checkout; kernel_checks
 
 import torch  # noqa: E402
 import triton  # noqa: E402
@@ -34,7 +34,7 @@ from triton.testing import do_bench  # noqa: E402
 
 from zerod.engine.kernels import CUDA_KERNELS, IMPORT_ERROR, KERNEL_NAMES  # noqa: E402
 from zerod.engine.kernels import reference as own_ref  # noqa: E402
-from zerod.engine.kernels.check import paged_kv, run_all  # noqa: E402
+from kernel_checks import paged_kv, run_all  # noqa: E402
 
 OUT = Path(os.environ.get("OUT", "/tmp/kernels_out"))
 OUT.mkdir(parents=True, exist_ok=True)

@@ -18,12 +18,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # zerod from the checkout; kernel_checks
 
 import torch  # noqa: E402
 
 from zerod.engine.kernels import CUDA_KERNELS, IMPORT_ERROR  # noqa: E402
-from zerod.engine.kernels.check import (  # noqa: E402
+from kernel_checks import (  # noqa: E402
     check_decode, check_prefill, check_rms_norm, check_rope, check_silu, check_write_kv,
 )
 from zerod.engine.kernels import reference as R  # noqa: E402

@@ -6,7 +6,7 @@
 # Starts `zerod serve --load-format dummy --dtype bfloat16` on a config-only
 # Llama-3-8B-shaped directory (gpu/server_make_model.py: config.json + the demo tokenizer),
 # waits for /health, runs the `zerod bench` scenarios, scrapes /metrics, sends SIGTERM
-# (the server must drain and exit 0) and prints a table against ../shared/PERF.md last.
+# (the server must drain and exit 0) and prints a table against docs/perf.md's targets last.
 # Needs only python3 with torch, aiohttp, click, prometheus-client, tokenizers, jinja2,
 # safetensors (no psutil / openai: bench reads /proc itself).
 #

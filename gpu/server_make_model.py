@@ -2,9 +2,9 @@
 
     python3 gpu/server_make_model.py DIR [--shape 8b|tiny]
 
-8b: the Llama-3-8B shape of ../shared/PERF.md (32 layers, hidden 4096, 32 heads, 8 KV
+8b: the Llama-3-8B shape of docs/perf.md (32 layers, hidden 4096, 32 heads, 8 KV
 heads, intermediate 14336, vocab 128256, rope_theta 500000, max_position_embeddings
-32768, as ../shared/bench/hf_baseline.py builds it); tiny: a CPU smoke-test shape.
+32768, as bench/hf_compare.py builds it); tiny: a CPU smoke-test shape.
 The tokenizer is the demo one (zerod.engine.demo.write_tokenizer): prompts are token ids
 anyway, and the detokenizer emits "" for sampled ids beyond its vocabulary.
 No weights are written: dummy loading draws them on the device.

@@ -1,4 +1,4 @@
-"""Short table of a `zerod bench` JSON against the targets of ../shared/PERF.md.
+"""Short table of a `zerod bench` JSON against the targets of docs/perf.md (Targets and ceilings).
 
     python3 gpu/server_summary.py bench.json [ready_seconds] [serve_exit_code]
 """

@@ -2,11 +2,31 @@
 
 GPU tests carry `@pytest.mark.gpu` and are skipped where CUDA is not available
 (CI has no GPU); they run on the device H200 (see gpu/).
+
+Slow tests are marked `slow` here, by module, so that `scripts/test -m "not slow"`
+is a fast subset (under a minute on a 2-core machine); CI (`.ci/run`) runs them all.
+These modules start real servers, daemons, Alertmanager, Textual apps, transformers
+or Triton's interpreter, and each took seconds in `pytest --durations=0`; a new test
+of that kind belongs in one of them, or on this list.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+
+SLOW_MODULES = {
+    "test_alerts.py",  # a real Alertmanager
+    "test_daemon_foreign.py",  # a daemon and a foreign GPU holder, alerted within 2 s
+    "test_daemon_lifecycle.py",  # daemons started, crashed, hung and stopped
+    "test_engine_agreement.py",  # transformers as the reference
+    "test_kernels_interpreter.py",  # Triton's CPU interpreter, one subprocess per group
+    "test_server_cli.py",  # `zerod serve` subprocesses, SIGTERM drains
+    "test_tui_app.py",  # Textual Pilot sessions
+    "test_tui_real_daemon.py",  # the dashboard on a real daemon
+    "test_tui_snapshots.py",  # SVG snapshots
+}
 
 
 def _cuda_available() -> bool:
@@ -18,6 +38,10 @@ def _cuda_available() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
+    slow = pytest.mark.slow
+    for item in items:
+        if Path(str(item.fspath)).name in SLOW_MODULES:
+            item.add_marker(slow)
     if _cuda_available():
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU (runs on the device H200, see gpu/)")

@@ -7,27 +7,31 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 from click.testing import CliRunner
-from zerod.engine import bench as B
+from zerod.bench.cli import bench
+from zerod.bench.server_cpu import CpuWindow
+from zerod.bench.stats import percentile, summary_ms
 from zerod.engine.server import ServerThread
 
 
 def test_percentile_matches_numpy_linear():
     v = [1.0, 2.0, 3.0, 4.0, 10.0]
-    assert B.percentile(v, 50) == 3.0
-    assert B.percentile(v, 0) == 1.0 and B.percentile(v, 100) == 10.0
-    assert B.percentile(v, 95) == pytest.approx(8.8)  # numpy.percentile(v, 95)
-    assert B.percentile(v, 99) == pytest.approx(9.76)
-    assert B.percentile([5.0], 99) == 5.0
-    s = B.summary_ms([0.001, 0.003])
+    assert percentile(v, 50) == 3.0
+    assert percentile(v, 0) == 1.0 and percentile(v, 100) == 10.0
+    assert percentile(v, 95) == pytest.approx(8.8)  # numpy.percentile(v, 95)
+    assert percentile(v, 99) == pytest.approx(9.76)
+    assert percentile([5.0], 99) == 5.0
+    s = summary_ms([0.001, 0.003])
     assert s["n"] == 2 and s["mean"] == pytest.approx(2.0) and s["p50"] == pytest.approx(2.0)
-    assert B.summary_ms([])["p50"] is None
+    assert summary_ms([])["p50"] is None
 
 
 def test_cpu_window_reads_own_process():
-    w = B.CpuWindow(os.getpid())
+    w = CpuWindow(os.getpid())
     w.start()
     x = 0
     for i in range(2_000_000):
@@ -35,7 +39,7 @@ def test_cpu_window_reads_own_process():
     info = w.stop()
     assert info["cpu_s"] > 0 and 0 < info["cores"] <= os.cpu_count() + 0.5
     assert info["threads_cores"]
-    assert B.CpuWindow(None).stop() is None
+    assert CpuWindow(None).stop() is None
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +56,7 @@ def fake_server():
 def test_bench_random_and_named_scenarios(fake_server, tmp_path):
     eng, srv = fake_server
     out = tmp_path / "b.json"
-    r = CliRunner().invoke(B.bench, [
+    r = CliRunner().invoke(bench, [
         "--base-url", srv.url, "--scenario", "streams-200", "--scenario", "long-context",
         "--scenario", "hello-ttft", "--num-prompts", "12", "--max-concurrency", "4",
         "--input-len", "20", "--short-input-len", "5", "--output-len", "9", "--warmup", "2",
@@ -81,7 +85,7 @@ def test_bench_random_and_named_scenarios(fake_server, tmp_path):
 
 
 def test_bench_unreachable_server_is_a_plain_error():
-    r = CliRunner().invoke(B.bench, ["--base-url", "http://127.0.0.1:9", "--no-progress"])
+    r = CliRunner().invoke(bench, ["--base-url", "http://127.0.0.1:9", "--no-progress"])
     assert r.exit_code != 0 and "cannot reach" in r.output
     assert "Traceback" not in r.output
 
@@ -89,7 +93,7 @@ def test_bench_unreachable_server_is_a_plain_error():
 def test_bench_worker_processes(fake_server, tmp_path):
     eng, srv = fake_server
     out = tmp_path / "w.json"
-    r = CliRunner().invoke(B.bench, [
+    r = CliRunner().invoke(bench, [
         "--base-url", srv.url, "--num-prompts", "10", "--max-concurrency", "5",
         "--input-len", "8", "--output-len", "6", "--warmup", "1", "--workers", "2",
         "--request-rate", "200", "--out", str(out), "--no-progress"])
@@ -98,3 +102,11 @@ def test_bench_worker_processes(fake_server, tmp_path):
     assert s["config"]["workers"] == 2
     assert (s["completed"], s["failed"]) == (10, 0)
     assert s["total_output_tokens"] == 60 and s["itl_ms"]["n"] == 50
+
+
+def test_bench_imports_nothing_of_the_engine_nor_torch():
+    code = ("import sys, zerod.bench.cli, zerod.bench.client\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('zerod.engine', 'torch'))))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "[]"

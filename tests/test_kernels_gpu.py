@@ -46,7 +46,7 @@ def _ops_references():
 
 @pytest.mark.parametrize("big", [False, True], ids=["small", "8b-shapes"])
 def test_kernels_match_own_reference(big):
-    from zerod.engine.kernels.check import run_all
+    from kernel_checks import run_all
 
     res = run_all(_kernels(), torch.device("cuda"), big=big, seed=1234 + big)
     bad = [r.line() for r in res if not r.ok]
@@ -58,7 +58,7 @@ def test_kernels_match_ops_reference():
     if refs is None or len(refs) < 7:
         pytest.skip("engine/ops.py not importable here")
     from zerod.engine.kernels import reference
-    from zerod.engine.kernels.check import run_all
+    from kernel_checks import run_all
 
     full = dict(reference.REFERENCES)
     full.update(refs)
@@ -70,7 +70,7 @@ def test_kernels_match_ops_reference():
 def test_decode_graph_capture_without_sync():
     """Captured once, replayed with new lengths and queries: right answers, no host sync."""
     from zerod.engine.kernels import reference
-    from zerod.engine.kernels.check import paged_kv
+    from kernel_checks import paged_kv
 
     K = _kernels()
     dev = torch.device("cuda")

@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = r"""
 import sys, torch
 from zerod.engine.kernels import load_kernels
-from zerod.engine.kernels.check import run_all, patch_triton_interpreter
+from kernel_checks import run_all, patch_triton_interpreter
 patch_triton_interpreter()
 res = run_all(load_kernels(), torch.device("cpu"), big=False, only=set(sys.argv[1:]), seed=5)
 for r in res:
@@ -38,7 +38,8 @@ print("RESULT", "ok" if res and all(r.ok for r in res) else "bad")
     ["prefill_attention"],
 ], ids=["small-ops", "decode", "prefill"])
 def test_kernels_in_interpreter(names):
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
+    env = dict(os.environ, TRITON_INTERPRET="1",
+               PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
     env.pop("CUDA_VISIBLE_DEVICES", None)
     p = subprocess.run([sys.executable, "-c", SCRIPT, *names], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=600)

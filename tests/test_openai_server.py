@@ -158,7 +158,7 @@ def test_real_engine_bad_inputs_then_still_serving(live):
 
 def test_bench_against_live_engine(live, tmp_path):
     from click.testing import CliRunner
-    from zerod.engine.bench import bench
+    from zerod.bench.cli import bench
 
     eng, srv = live
     out = tmp_path / "bench.json"

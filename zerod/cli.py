@@ -19,7 +19,7 @@ COMMANDS: dict[str, str] = {
     "doctor": "zerod.cmd_doctor:doctor",
     "harden": "zerod.cmd_doctor:harden",
     "serve": "zerod.engine.cli:serve",
-    "bench": "zerod.engine.bench:bench",
+    "bench": "zerod.bench.cli:bench",
     "run": "zerod.cmd_run:run",
     "install": "zerod.cmd_run:install",
     "top": "zerod.cmd_top:top",
@@ -67,7 +67,11 @@ def _unavailable(name: str, exc: ImportError) -> click.Command:
     return unavailable
 
 
-@click.group(cls=LazyGroup)
+# -h as well as --help, for every sub-command too (click passes it down to them).
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
+
+
+@click.group(cls=LazyGroup, context_settings=CONTEXT_SETTINGS)
 @click.version_option(__version__, prog_name="zerod")
 def cli() -> None:
     """zerod: preflight, supervise and serve LLM inference on NVIDIA GPUs."""

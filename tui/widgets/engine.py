@@ -14,12 +14,20 @@ from zerod.tui.widgets.metric import MetricRow
 from zerod.tui.widgets.statusbar import ENGINE_STYLE
 
 
-def _lat(p50: Any, p99: Any, regressed: bool) -> Text:
+def _lat(p50: Any, p99: Any, regressed: bool, narrow: bool) -> Text:
+    first = fmt.ms(p50)
+    if narrow and first.endswith(" ms") and fmt.ms(p99).endswith(" ms"):
+        first = first[:-3]  # "71.2 p99 400 ms": the unit once, so it fits 80 columns
     t = Text(no_wrap=True)
-    t.append(f"{fmt.ms(p50)} ", "")
+    t.append(f"{first} ", "")
     t.append("p99 ", "dim")
     t.append(fmt.ms(p99), "bold red" if regressed else "bold")
     return t
+
+
+def _counter(t: Text, label: str, value: Any) -> None:
+    t.append(f"{label} ", "dim")
+    t.append(f"{value if value is not None else fmt.NA}", "bold red" if value else "green")
 
 
 class EnginePanel(Vertical):
@@ -29,20 +37,23 @@ class EnginePanel(Vertical):
         yield MetricRow("tok/s", 0.0, None, classes="m-tps")
         yield MetricRow("TTFT", 0.0, None, classes="m-ttft")
         yield MetricRow("ITL", 0.0, None, classes="m-itl")
-        yield Line("", classes="engine-counters")
+        yield Line("", classes="engine-counters m-alloc")
+        yield Line("", classes="engine-counters m-errors")
 
     def show(self, status: dict[str, Any], engine: dict[str, Any], alerts: dict[str, Any],
              narrow: bool) -> None:
         st = status.get("engine") or {}
         state = st.get("state") or ("healthy" if engine.get("up") else "stopped" if engine else "?")
-        title = Text("Engine ")
+        # 80 columns leave 34 for the title: there the word "Engine" goes (the rows say
+        # what the panel is) and the model, the one field of any length, comes last.
+        title = Text("" if narrow else "Engine ")
         title.append(f"● {state}", ENGINE_STYLE.get(state, "bold"))
-        if st.get("model"):
-            title.append(f" · {st.get('model')}")
-        if not narrow and st.get("pid"):
-            title.append(f" · pid {st.get('pid')}")
         if st.get("restarts"):
             title.append(f" · {st.get('restarts')} restarts", "bold yellow")
+        if not narrow and st.get("pid"):
+            title.append(f" · pid {st.get('pid')}")
+        if st.get("model"):
+            title.append(f" · {st.get('model')}")
         set_title(self, title)
         firing = {str((a.get("labels") or {}).get("slo", "")) for a in (alerts.get("alerts") or [])
                   if isinstance(a, dict) and a.get("state") == "firing" and a.get("alertname") == "LatencyRegression"}
@@ -67,16 +78,17 @@ class EnginePanel(Vertical):
         ttft_bad = any("ttft" in s for s in firing)
         itl_bad = any("itl" in s for s in firing)
         self.query_one(".m-ttft", MetricRow).set(
-            _lat(engine.get("ttft_p50_s"), engine.get("ttft_p99_s"), ttft_bad), fmt.series(h.get("ttft_p99_s")))
+            _lat(engine.get("ttft_p50_s"), engine.get("ttft_p99_s"), ttft_bad, narrow), fmt.series(h.get("ttft_p99_s")))
         self.query_one(".m-itl", MetricRow).set(
-            _lat(engine.get("itl_p50_s"), engine.get("itl_p99_s"), itl_bad), fmt.series(h.get("itl_p99_s")))
-        c = Text(no_wrap=True, overflow="ellipsis")
-        for label, key in (("alloc retries", "allocator_retries_total"), ("OOMs", "allocator_ooms_total"),
-                           ("stream errors", "stream_errors_total")):
-            v = engine.get(key)
-            c.append(f"{label} ", "dim")
-            c.append(f"{v if v is not None else fmt.NA}  ", "bold red" if v else "green")
+            _lat(engine.get("itl_p50_s"), engine.get("itl_p99_s"), itl_bad, narrow), fmt.series(h.get("itl_p99_s")))
+        alloc = Text(no_wrap=True, overflow="ellipsis")
+        _counter(alloc, "alloc retries", engine.get("allocator_retries_total"))
+        alloc.append("  ")
+        _counter(alloc, "OOMs", engine.get("allocator_ooms_total"))
+        self.query_one(".m-alloc", Line).set(alloc)
+        errors = Text(no_wrap=True, overflow="ellipsis")
+        _counter(errors, "stream errors", engine.get("stream_errors_total"))
         if not narrow:
-            c.append("(sparklines: p99 over time)", "dim")
-        self.query_one(".engine-counters", Line).set(c)
+            errors.append("  (sparklines: p99 over time)", "dim")
+        self.query_one(".m-errors", Line).set(errors)
         self.set_class(bool(firing), "-alarm")

@@ -29,13 +29,18 @@ def resample(data: Sequence[float], width: int) -> list[float]:
 
 
 def levels(data: Sequence[float], lo: float | None, hi: float | None) -> list[int]:
-    """0..7 per value: pinned bounds where given, the data's own range otherwise."""
+    """0..7 per value: pinned bounds where given, the data's own range otherwise.
+
+    A flat series has no range to scale against: at zero, or at the pinned low bound
+    (an idle engine: 0 requests, 0 tokens/s), it draws the lowest bar; elsewhere the
+    middle one.
+    """
     if not data:
         return []
     low = min(data) if lo is None else lo
     high = max(data) if hi is None else hi
     if high <= low:
-        return [3 for _ in data]
+        return [0 if v <= (0 if lo is None else lo) else 3 for v in data]
     top = len(BARS) - 1
     return [max(0, min(top, int(round((v - low) / (high - low) * top)))) for v in data]
 

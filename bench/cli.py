@@ -1,0 +1,207 @@
+"""`zerod bench`: a streaming HTTP benchmark client for a running OpenAI-compatible server.
+
+Like `vllm bench serve`: random token-id prompts of set input/output lengths sent to
+/v1/completions with `ignore_eos` and `max_tokens` = output length, streamed; a fixed
+concurrency and/or a Poisson request rate; warm-up requests excluded from the figures.
+Reports request and output-token throughput, TTFT, ITL (gaps between streamed chunks),
+TPOT ((e2e - TTFT) / (output tokens - 1)) and e2e latency with mean/p50/p95/p99, and the
+server's CPU use over the measured window read from /proc/PID (whole process and per
+thread name), and writes JSON (`--out`).
+
+Named scenarios (`--scenario`, repeatable, or `all`):
+  hello-ttft    prompt "Hello", max_tokens 1, one request at a time
+  streams-200   200 concurrent streams, 24 prompt tokens, 128 output tokens
+  long-context  decode after a 16K-token prompt vs after a 1K prompt: ITL percentiles
+  decode-b1     batch-1 decode tokens/s (16 prompt tokens, 256 output tokens)
+  prefill-16k   time to first token of a 16K-token prompt
+Flags given explicitly override a scenario's values (e.g. smaller shapes on a CPU), except
+what defines it: hello-ttft keeps its prompt and max_tokens 1, prefill-16k max_tokens 1.
+
+Runs with only the standard library, click and aiohttp (no numpy, no psutil, nothing of
+the engine): it measures any OpenAI-compatible server from outside.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+from typing import Any
+
+import click
+
+from zerod.bench.client import Client
+from zerod.bench.scenarios import ORDER, SCENARIOS, run_scenario
+
+
+def _f(v: Any, fmt: str = "{:,.1f}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def table(results: dict[str, dict]) -> str:
+    rows = [("scenario", "ok/n", "req/s", "out tok/s", "TTFT p50/p99 ms", "ITL p50/p99 ms",
+             "TPOT p50 ms", "cores")]
+
+    def row(label: str, r: dict) -> tuple:
+        cpu = r.get("engine_cpu") or {}
+        return (label, f"{r['completed']}/{r['num_requests']}", _f(r["request_throughput"],
+                "{:,.2f}"), _f(r["output_throughput"]),
+                f"{_f(r['ttft_ms']['p50'])}/{_f(r['ttft_ms']['p99'])}",
+                f"{_f(r['itl_ms']['p50'], '{:.2f}')}/{_f(r['itl_ms']['p99'], '{:.2f}')}",
+                _f(r["tpot_ms"]["p50"], "{:.2f}"), _f(cpu.get("cores"), "{:.2f}"))
+
+    for name, r in results.items():
+        if "phases" in r:
+            for ph, pr in r["phases"].items():
+                rows.append(row(f"{name}:{ph}", pr))
+        else:
+            rows.append(row(name, r))
+    widths = [max(len(str(x[i])) for x in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(rw, widths)) for rw in rows]
+    extra = []
+    for name, r in results.items():
+        if "phases" in r:
+            q = r["itl_p99_over_p50"]
+            extra.append(f"{name}: ITL p99/p50 short {_f(q['short'], '{:.3f}')}, long "
+                         f"{_f(q['long'], '{:.3f}')}, long-short "
+                         f"{_f(r['long_minus_short'], '{:+.3f}')}")
+        elif r.get("decode_tokens_per_s") and name == "decode-b1":
+            extra.append(f"{name}: decode {r['decode_tokens_per_s']['mean']:,.1f} tokens/s "
+                         "per request")
+    return "\n".join(lines + extra)
+
+
+# --------------------------------------------------------------------------- command
+
+
+async def _server_info(base_url: str, api_key: str | None) -> tuple[dict, list[str]]:
+    import aiohttp
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as s:
+        try:
+            async with s.get(base_url + "/health") as r:
+                try:
+                    health = await r.json(content_type=None)
+                except ValueError:
+                    health = {}
+                health["_status"] = r.status
+            async with s.get(base_url + "/v1/models", headers=headers) as r:
+                models = await r.json(content_type=None) if r.status == 200 else {}
+        except aiohttp.ClientError as exc:
+            raise click.ClickException(f"cannot reach the server at {base_url}: {exc}")
+    names = [m.get("id") for m in (models.get("data") or []) if isinstance(m, dict)]
+    return health, names
+
+
+def _is_local(base_url: str) -> bool:
+    from urllib.parse import urlparse
+
+    host = urlparse(base_url).hostname or ""
+    return host in ("localhost", "127.0.0.1", "::1") or host.startswith("127.")
+
+
+@click.command("bench", context_settings={"help_option_names": ["-h", "--help"],
+                                          "max_content_width": 100})
+@click.option("--base-url", default=None, help="Server URL (default http://HOST:PORT).")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=int, default=8000, show_default=True)
+@click.option("--model", default=None, help="Model name to send (default: the server's first).")
+@click.option("--api-key", envvar="ZEROD_API_KEY", default=None)
+@click.option("--scenario", "scenarios", multiple=True,
+              type=click.Choice(list(SCENARIOS) + ["all", "random"]),
+              help="Named scenario (repeatable); 'all' runs every one; default: 'random' "
+                   "with the shapes below.")
+@click.option("--input-len", "--random-input-len", "input_len", type=click.IntRange(min=1),
+              default=None, help="Prompt tokens (random ids). [random: 128]")
+@click.option("--output-len", "--random-output-len", "output_len",
+              type=click.IntRange(min=1), default=None,
+              help="Output tokens per request (ignore_eos). [random: 128]")
+@click.option("--short-input-len", type=click.IntRange(min=1), default=1024,
+              show_default=True, help="long-context: the short prompt compared against.")
+@click.option("--num-prompts", type=click.IntRange(min=1), default=None,
+              help="Measured requests. [random: 64]")
+@click.option("--max-concurrency", "concurrency", type=click.IntRange(min=0), default=None,
+              help="Requests in flight at most (0 = no limit). [random: 16]")
+@click.option("--request-rate", type=float, default=None,
+              help="Poisson arrivals per second (default inf: all at once, bounded by "
+                   "--max-concurrency).")
+@click.option("--warmup", "--num-warmups", "warmup", type=click.IntRange(min=0), default=None,
+              help="Warm-up requests before measuring (excluded). [random: 2]")
+@click.option("--vocab-size", type=click.IntRange(min=2), default=None,
+              help="Random prompt ids are drawn below this (default: the server's /health "
+                   "vocab_size).")
+@click.option("--server-pid", type=int, default=None,
+              help="Server process to read CPU use from (default: /health's pid when the "
+                   "server is on this host).")
+@click.option("--workers", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Client processes sharing the load (0 = one per 64 concurrent streams, "
+                   "so the client does not bound what it measures).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--out", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Write the results as JSON here.")
+@click.option("--progress/--no-progress", default=True, show_default=True)
+def bench(base_url, host, port, model, api_key, scenarios, input_len, output_len,
+          short_input_len, num_prompts, concurrency, request_rate, warmup, vocab_size,
+          server_pid, workers, seed, out, progress):
+    """Drive a running zerod (or any OpenAI-compatible) server and report TTFT, ITL, TPOT
+    and throughput."""
+    base_url = (base_url or f"http://{host}:{port}").rstrip("/")
+    names = list(scenarios) or ["random"]
+    if "all" in names:
+        names = ORDER
+    overrides = {"input_len": input_len, "output_len": output_len, "num_prompts": num_prompts,
+                 "concurrency": concurrency, "warmup": warmup,
+                 "request_rate": request_rate if request_rate is not None else None}
+    if request_rate is not None and request_rate <= 0:
+        raise click.BadParameter("must be > 0", param_hint="--request-rate")
+    results = asyncio.run(_main(base_url, model, api_key, names, overrides, short_input_len,
+                                vocab_size, server_pid, seed, progress, out, workers))
+    failed = sum(r.get("failed", 0) for r in results.values())
+    sys.exit(1 if failed else 0)
+
+
+async def _main(base_url, model, api_key, names, overrides, short_input_len, vocab_size,
+                server_pid, seed, progress, out, workers=0) -> dict[str, dict]:
+    health, models = await _server_info(base_url, api_key)
+    if health.get("_status") != 200:
+        raise click.ClickException(f"the server is not healthy: /health answered "
+                                   f"{health.get('_status')} {health}")
+    model = model or (models[0] if models else None)
+    vocab = vocab_size or health.get("vocab_size") or 1000
+    pid = server_pid
+    if pid is None and _is_local(base_url) and isinstance(health.get("pid"), int):
+        pid = health["pid"]
+    if pid is not None and not os.path.exists(f"/proc/{pid}"):
+        click.echo(f"bench: no process {pid} here: engine CPU is not measured", err=True)
+        pid = None
+    client = Client(base_url, model, api_key, vocab, seed, progress, pid)
+    client.workers = workers
+    if pid is not None and pid == health.get("pid") and isinstance(health.get("threads"), dict):
+        client.thread_names = {int(tid): name for name, tid in health["threads"].items()
+                               if isinstance(tid, int)}
+    results: dict[str, dict] = {}
+    for name in names:
+        results[name] = await run_scenario(client, name, overrides, short_input_len)
+        if out:
+            _write(out, base_url, model, health, results)
+    click.echo(table(results))
+    return results
+
+
+def _write(path: str, base_url: str, model: str | None, health: dict,
+           results: dict[str, dict]) -> None:
+    doc = {"zerod_bench": 1, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+           "base_url": base_url, "model": model,
+           "server": {k: v for k, v in health.items() if not k.startswith("_")},
+           "scenarios": results}
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1, allow_nan=False, default=str)
+    os.replace(tmp, path)
+
+
+if __name__ == "__main__":
+    bench(prog_name="python -m zerod.bench")

@@ -1,0 +1,67 @@
+"""The server's CPU use over a measured window, read from /proc/PID (process and threads)."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+
+def read_cpu(pid: int) -> tuple[float, dict[int, tuple[str, float]]] | None:
+    """(process cpu seconds, {tid: (thread name, cpu seconds)}) from /proc, or None."""
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def stat_cpu(path: str) -> float:
+        with open(path, "rb") as f:
+            s = f.read()
+        rest = s[s.rfind(b")") + 2:].split()  # fields after the command name
+        return (int(rest[11]) + int(rest[12])) / tick  # utime, stime
+
+    try:
+        total = stat_cpu(f"/proc/{pid}/stat")
+    except (OSError, ValueError, IndexError):
+        return None
+    threads: dict[int, tuple[str, float]] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        tids = []
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = f.read().strip()
+            threads[int(tid)] = (name, stat_cpu(f"/proc/{pid}/task/{tid}/stat"))
+        except (OSError, ValueError, IndexError):
+            continue
+    return total, threads
+
+
+class CpuWindow:
+    """CPU the server process used between start() and stop(), in cores."""
+
+    def __init__(self, pid: int | None, thread_names: dict[int, str] | None = None) -> None:
+        self.pid = pid
+        self.thread_names = thread_names or {}  # tid -> name (the server's /health)
+        self.t0 = 0.0
+        self.c0: Any = None
+
+    def start(self) -> None:
+        self.t0 = time.perf_counter()
+        self.c0 = read_cpu(self.pid) if self.pid else None
+
+    def stop(self) -> dict[str, Any] | None:
+        if not self.pid or self.c0 is None:
+            return None
+        c1 = read_cpu(self.pid)
+        wall = time.perf_counter() - self.t0
+        if c1 is None or wall <= 0:
+            return None
+        by_name: dict[str, float] = {}
+        for tid, (name, cpu) in c1[1].items():
+            name = self.thread_names.get(tid, name)
+            before = self.c0[1].get(tid, (name, 0.0))[1]
+            by_name[name] = by_name.get(name, 0.0) + max(0.0, cpu - before)
+        top = sorted(by_name.items(), key=lambda kv: -kv[1])[:8]
+        return {"pid": self.pid, "wall_s": wall, "cpu_s": c1[0] - self.c0[0],
+                "cores": (c1[0] - self.c0[0]) / wall,
+                "threads_cores": {n: c / wall for n, c in top}}
