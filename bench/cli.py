@@ -14,6 +14,11 @@ Named scenarios (`--scenario`, repeatable, or `all`):
   long-context  decode after a 16K-token prompt vs after a 1K prompt: ITL percentiles
   decode-b1     batch-1 decode tokens/s (16 prompt tokens, 256 output tokens)
   prefill-16k   time to first token of a 16K-token prompt
+  mix           Poisson 25 req/s, prompts 32-4096 and outputs 16-512 tokens, log-uniform
+  prefix        Poisson 16 req/s, one of 16 shared 2,000-token prefixes + 48 unique tokens,
+                64 output tokens; reports the prefix-cache hit rate
+`--goodput ttft:MS --goodput itl:MS` adds the share (and rate) of requests meeting every
+SLO given, as vLLM's benchmark counts goodput (itl = a request's mean inter-token gap).
 Flags given explicitly override a scenario's values (e.g. smaller shapes on a CPU), except
 what defines it: hello-ttft keeps its prompt and max_tokens 1, prefill-16k max_tokens 1.
 
@@ -70,6 +75,13 @@ def table(results: dict[str, dict]) -> str:
         elif r.get("decode_tokens_per_s") and name == "decode-b1":
             extra.append(f"{name}: decode {r['decode_tokens_per_s']['mean']:,.1f} tokens/s "
                          "per request")
+        if r.get("prefix_cache_hit_rate"):
+            extra.append(f"{name}: prefix-cache hit rate {r['prefix_cache_hit_rate']:.1%} of prompt tokens")
+        if r.get("goodput"):
+            g = r["goodput"]
+            slos = ", ".join(f"{k} <= {v:g} ms" for k, v in g["slos_ms"].items())
+            extra.append(f"{name}: goodput {g['good']}/{r['num_requests']} requests "
+                         f"({g['share']:.1%}, {g['request_throughput']:.2f} req/s) met {slos}")
     return "\n".join(lines + extra)
 
 
@@ -128,6 +140,18 @@ def _is_local(base_url: str) -> bool:
 @click.option("--request-rate", type=float, default=None,
               help="Poisson arrivals per second (default inf: all at once, bounded by "
                    "--max-concurrency).")
+@click.option("--input-len-range", type=str, default=None, metavar="MIN:MAX",
+              help="Prompt tokens drawn log-uniform per request. [mix: 32:4096]")
+@click.option("--output-len-range", type=str, default=None, metavar="MIN:MAX",
+              help="Output tokens drawn log-uniform per request. [mix: 16:512]")
+@click.option("--prefix-len", type=click.IntRange(min=1), default=None,
+              help="Tokens of each shared prefix. [prefix: 2000]")
+@click.option("--num-prefixes", type=click.IntRange(min=1), default=None,
+              help="Distinct shared prefixes. [prefix: 16]")
+@click.option("--suffix-len", type=click.IntRange(min=1), default=None,
+              help="Unique tokens after the prefix. [prefix: 48]")
+@click.option("--goodput", "goodput", multiple=True, metavar="KEY:MS",
+              help="An SLO for goodput (repeatable): ttft, itl (or tpot), e2el in ms.")
 @click.option("--warmup", "--num-warmups", "warmup", type=click.IntRange(min=0), default=None,
               help="Warm-up requests before measuring (excluded). [random: 2]")
 @click.option("--vocab-size", type=click.IntRange(min=2), default=None,
@@ -144,7 +168,8 @@ def _is_local(base_url: str) -> bool:
               help="Write the results as JSON here.")
 @click.option("--progress/--no-progress", default=True, show_default=True)
 def bench(base_url, host, port, model, api_key, scenarios, input_len, output_len,
-          short_input_len, num_prompts, concurrency, request_rate, warmup, vocab_size,
+          short_input_len, num_prompts, concurrency, request_rate, input_len_range,
+          output_len_range, prefix_len, num_prefixes, suffix_len, goodput, warmup, vocab_size,
           server_pid, workers, seed, out, progress):
     """Drive a running zerod (or any OpenAI-compatible) server and report TTFT, ITL, TPOT
     and throughput."""
@@ -154,13 +179,47 @@ def bench(base_url, host, port, model, api_key, scenarios, input_len, output_len
         names = ORDER
     overrides = {"input_len": input_len, "output_len": output_len, "num_prompts": num_prompts,
                  "concurrency": concurrency, "warmup": warmup,
-                 "request_rate": request_rate if request_rate is not None else None}
+                 "request_rate": request_rate if request_rate is not None else None,
+                 "input_len_range": _range(input_len_range, "--input-len-range"),
+                 "output_len_range": _range(output_len_range, "--output-len-range"),
+                 "prefix_len": prefix_len, "num_prefixes": num_prefixes, "suffix_len": suffix_len,
+                 "goodput": _slos(goodput)}
     if request_rate is not None and request_rate <= 0:
         raise click.BadParameter("must be > 0", param_hint="--request-rate")
     results = asyncio.run(_main(base_url, model, api_key, names, overrides, short_input_len,
                                 vocab_size, server_pid, seed, progress, out, workers))
     failed = sum(r.get("failed", 0) for r in results.values())
     sys.exit(1 if failed else 0)
+
+
+def _range(text: str | None, flag: str) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    try:
+        lo, hi = (int(x) for x in text.split(":"))
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not MIN:MAX (two integers)", param_hint=flag)
+    if not 1 <= lo <= hi:
+        raise click.BadParameter(f"{text!r}: need 1 <= MIN <= MAX", param_hint=flag)
+    return lo, hi
+
+
+_SLO_KEYS = ("ttft", "itl", "tpot", "e2el")
+
+
+def _slos(items: tuple[str, ...]) -> dict[str, float] | None:
+    out = {}
+    for item in items:
+        key, _, ms = item.partition(":")
+        try:
+            v = float(ms)
+        except ValueError:
+            v = -1.0
+        if key not in _SLO_KEYS or not v > 0:
+            raise click.BadParameter(f"{item!r} is not KEY:MS with KEY one of "
+                                     f"{', '.join(_SLO_KEYS)} and MS > 0", param_hint="--goodput")
+        out[key] = v
+    return out or None
 
 
 async def _main(base_url, model, api_key, names, overrides, short_input_len, vocab_size,

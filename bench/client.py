@@ -29,6 +29,7 @@ class Result:
     latency: float = 0.0
     itl: list[float] = field(default_factory=list)
     chunks: int = 0
+    cached_tokens: int = 0      # usage.prompt_tokens_details.cached_tokens
 
 
 class Progress:
@@ -118,6 +119,7 @@ async def one_request(session, url: str, payload: dict, headers: dict,
                         if u:
                             res.prompt_tokens = u.get("prompt_tokens", 0)
                             res.output_tokens = u.get("completion_tokens", 0)
+                            res.cached_tokens = (u.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
                         if not obj.get("choices"):
                             continue
                     if b'"role":"assistant"' in ev:
@@ -157,6 +159,20 @@ class Load:
     request_rate: float = math.inf
     warmup: int = 2
     prompt_text: str | None = None  # instead of random ids
+    # mixed traffic: lengths drawn log-uniform in [min, max] per request (instead of the above)
+    input_len_range: tuple[int, int] | None = None
+    output_len_range: tuple[int, int] | None = None
+    # shared prefixes: each prompt is one of num_prefixes random prefixes + suffix_len
+    # unique tokens (instead of input_len); the warm-up sends each prefix once
+    prefix_len: int = 0
+    num_prefixes: int = 0
+    suffix_len: int = 0
+    # goodput SLOs in ms, vLLM's keys: ttft, tpot (alias itl: the request's mean gap), e2el
+    goodput: dict[str, float] | None = None
+
+
+def log_uniform(rng: random.Random, lo: int, hi: int) -> int:
+    return int(round(math.exp(rng.uniform(math.log(lo), math.log(hi)))))
 
 
 class Client:
@@ -171,15 +187,31 @@ class Client:
         self.server_pid = server_pid
         self.thread_names: dict[int, str] = {}
         self.workers = 0  # client processes; 0 = auto_workers()
+        self._prefixes: dict[tuple[int, int], list[list[int]]] = {}
 
-    def payload(self, load: Load) -> dict[str, Any]:
+    def _ids(self, n: int) -> list[int]:
+        # Avoid the lowest ids (BOS/EOS/pad in most vocabularies); unique per request.
+        lo = min(10, self.vocab_size - 1)
+        return [self.rng.randrange(lo, self.vocab_size) for _ in range(n)]
+
+    def payload(self, load: Load, prefix_index: int | None = None) -> dict[str, Any]:
+        rng = self.rng
+        output_len = load.output_len
+        if load.output_len_range:
+            output_len = log_uniform(rng, *load.output_len_range)
         if load.prompt_text is not None:
             prompt: Any = load.prompt_text
+        elif load.num_prefixes:
+            key = (load.num_prefixes, load.prefix_len)
+            if key not in self._prefixes:
+                self._prefixes[key] = [self._ids(load.prefix_len) for _ in range(load.num_prefixes)]
+            i = rng.randrange(load.num_prefixes) if prefix_index is None else prefix_index
+            prompt = self._prefixes[key][i % load.num_prefixes] + self._ids(load.suffix_len)
+        elif load.input_len_range:
+            prompt = self._ids(log_uniform(rng, *load.input_len_range))
         else:
-            # Avoid the lowest ids (BOS/EOS/pad in most vocabularies); unique per request.
-            lo = min(10, self.vocab_size - 1)
-            prompt = [self.rng.randrange(lo, self.vocab_size) for _ in range(load.input_len)]
-        p = {"prompt": prompt, "max_tokens": load.output_len, "temperature": 0.0,
+            prompt = self._ids(load.input_len)
+        p = {"prompt": prompt, "max_tokens": output_len, "temperature": 0.0,
              "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
         if self.model:
             p["model"] = self.model
@@ -194,7 +226,8 @@ class Client:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=600)
         async with aiohttp.ClientSession(connector=conn, timeout=timeout) as session:
             if load.warmup:
-                warm = [self.payload(load) for _ in range(load.warmup)]
+                warm = [self.payload(load, prefix_index=i if load.num_prefixes else None)
+                        for i in range(max(load.warmup, load.num_prefixes))]
                 wres = await asyncio.gather(*(one_request(session, url, p, self.headers, None)
                                               for p in warm))
                 bad = [r.error for r in wres if not r.ok]
@@ -359,6 +392,8 @@ def report(label: str, load: Load, results: list[Result], duration: float,
                   if r.output_tokens > 1 and r.latency > r.ttft]
     itl = [x for r in ok for x in r.itl]
     errors = [r.error for r in results if not r.ok][:5]
+    prompt_total = sum(r.prompt_tokens for r in ok)
+    good = [r for r in ok if meets_slos(r, load.goodput)] if load.goodput else None
     return {
         "scenario": label,
         "config": {k: (None if isinstance(v, float) and math.isinf(v) else v)
@@ -381,4 +416,17 @@ def report(label: str, load: Load, results: list[Result], duration: float,
                                  "p50": percentile(sorted(decode_tps), 50)}
                                 if decode_tps else None),
         "engine_cpu": cpu,
+        "prefix_cache_hit_rate": (sum(r.cached_tokens for r in ok) / prompt_total
+                                  if prompt_total else None),
+        "goodput": ({"slos_ms": load.goodput, "good": len(good),
+                     "share": len(good) / len(results) if results else None,
+                     "request_throughput": len(good) / duration if duration > 0 else None}
+                    if good is not None else None),
     }
+
+
+def meets_slos(r: Result, slos: dict[str, float]) -> bool:
+    """vLLM's goodput rule: a request is good when it meets every SLO given (ms)."""
+    tpot = (r.latency - r.ttft) / (r.output_tokens - 1) if r.output_tokens > 1 else 0.0
+    got = {"ttft": r.ttft, "tpot": tpot, "itl": tpot, "e2el": r.latency}
+    return all(got[k] * 1000.0 <= v for k, v in slos.items())

@@ -18,6 +18,12 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     # long phase; the short phase uses --short-input-len (1024)
     "long-context": dict(input_len=16384, output_len=256, num_prompts=3, concurrency=1,
                          warmup=1),
+    # mixed chat/agent traffic: Poisson 25 req/s for 24 s, lengths log-uniform
+    "mix": dict(request_rate=25.0, num_prompts=600, concurrency=0, warmup=2,
+                input_len_range=(32, 4096), output_len_range=(16, 512)),
+    # 16 system prompts of 2,000 tokens, each request one of them + 48 unique tokens
+    "prefix": dict(request_rate=16.0, num_prompts=384, concurrency=0, prefix_len=2000,
+                   num_prefixes=16, suffix_len=48, output_len=64),
 }
 ORDER = ["hello-ttft", "streams-200", "decode-b1", "prefill-16k", "long-context"]
 

@@ -110,3 +110,54 @@ def test_bench_imports_nothing_of_the_engine_nor_torch():
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "[]"
+
+
+def test_mix_and_prefix_payloads():
+    from zerod.bench.client import Client, Load
+
+    c = Client("http://x", "m", None, vocab_size=1000, seed=3, progress=False, server_pid=None)
+    mix = Load(input_len_range=(32, 4096), output_len_range=(16, 512))
+    ps = [c.payload(mix) for _ in range(400)]
+    ins = sorted(len(p["prompt"]) for p in ps)
+    outs = [p["max_tokens"] for p in ps]
+    assert 32 <= ins[0] and ins[-1] <= 4096 and 16 <= min(outs) and max(outs) <= 512
+    # log-uniform: the median sits near the geometric mean (362), far below the midpoint
+    assert 200 < ins[200] < 650
+    pre = Load(prefix_len=20, num_prefixes=3, suffix_len=5, output_len=4)
+    ps = [c.payload(pre) for _ in range(60)]
+    heads = {tuple(p["prompt"][:20]) for p in ps}
+    assert len(heads) == 3 and all(len(p["prompt"]) == 25 for p in ps)
+    assert len({tuple(p["prompt"][20:]) for p in ps}) == 60    # suffixes are unique
+
+
+def test_bench_mix_prefix_and_goodput(fake_server, tmp_path):
+    eng, srv = fake_server
+    out = tmp_path / "m.json"
+    r = CliRunner().invoke(bench, [
+        "--base-url", srv.url, "--scenario", "mix", "--scenario", "prefix",
+        "--num-prompts", "16", "--request-rate", "400", "--input-len-range", "4:64",
+        "--output-len-range", "2:8", "--prefix-len", "12", "--num-prefixes", "2",
+        "--suffix-len", "3", "--output-len", "4", "--goodput", "ttft:60000",
+        "--goodput", "itl:60000", "--out", str(out), "--no-progress"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(out.read_text())["scenarios"]
+    m = doc["mix"]
+    assert m["completed"] == 16 and m["config"]["input_len_range"] == [4, 64]
+    assert 16 * 2 <= m["total_output_tokens"] <= 16 * 8
+    assert m["goodput"]["good"] == 16 and m["goodput"]["share"] == 1.0
+    p = doc["prefix"]
+    assert p["completed"] == 16 and p["total_input_tokens"] == 16 * 15
+    assert "goodput 16/16" in r.output
+    # an SLO nobody meets
+    r = CliRunner().invoke(bench, ["--base-url", srv.url, "--num-prompts", "4", "--input-len", "4",
+                                   "--output-len", "3", "--goodput", "ttft:0.0001", "--out",
+                                   str(out), "--no-progress"])
+    assert json.loads(out.read_text())["scenarios"]["random"]["goodput"]["good"] == 0
+
+
+@pytest.mark.parametrize("args", [["--input-len-range", "64:4"], ["--input-len-range", "x"],
+                                  ["--goodput", "ttft"], ["--goodput", "speed:5"],
+                                  ["--goodput", "ttft:-1"]])
+def test_bench_bad_mix_flags_are_usage_errors(args):
+    r = CliRunner().invoke(bench, ["--base-url", "http://127.0.0.1:9", "--no-progress", *args])
+    assert r.exit_code == 2 and "Traceback" not in r.output
