@@ -51,6 +51,12 @@ class EngineConfig:
     seed: int = 0                          # seeds dummy weights and requests without a seed
     ring_depth: int = 4                    # steps in flight between the step loop and the poller
     enable_prefix_caching: bool = True     # share the KV of full prompt pages between requests
+    # while streams decode, prompt chunks are sized from measured step costs (step_cost.py):
+    # big enough to clear waiting prompts within target_ttft_ms, small enough to keep a step
+    # within target_itl_ms, never below min_prefill_chunk nor above max_num_batched_tokens (the cap wins)
+    target_itl_ms: float = 50.0
+    target_ttft_ms: float = 300.0
+    min_prefill_chunk: int = 256
 
     @property
     def prefill_token_cap(self) -> int:
@@ -74,6 +80,12 @@ class EngineConfig:
                      "cuda_graph_max_bs"):
             if int(getattr(self, name)) < 1:
                 bad(f"{name} must be >= 1")
+        for name in ("target_itl_ms", "target_ttft_ms"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and 0 < v < 1e6):
+                bad(f"{name} must be a number of milliseconds in (0, 1e6)")
+        if self.min_prefill_chunk < 1:
+            bad("min_prefill_chunk must be >= 1")
         if self.max_waiting < 0:
             bad("max_waiting must be >= 0")
         if self.block_size & (self.block_size - 1):

@@ -96,7 +96,8 @@ class Engine:
         self._running_count = 0
         self.poller = OutputPoller(self.tokenizer, self.runner.ring, self.metrics,
                                    notify_stop=lambda r: self._inbox.put(("stopped", r)),
-                                   on_stream_error=self._on_stream_error)
+                                   on_stream_error=self._on_stream_error,
+                                   on_step_time=self.scheduler.cost.observe)
         self._loop = threading.Thread(target=self._run, name="zerod-step", daemon=True)
         self._started = False
         self.ready_seconds = time.monotonic() - t0
@@ -338,7 +339,9 @@ class Engine:
             raise
         self._steps += 1
         self.poller.put(StepRecord(ring_idx, rows, start if start is not None else t0,
-                                   end if end is not None else time.perf_counter()))
+                                   end if end is not None else time.perf_counter(),
+                                   prefill_tokens=sum(c.n for c in batch.chunks),
+                                   decodes=len(batch.decodes)))
 
     def _fail(self, reqs: list[Request], exc: BaseException, fatal: bool = False) -> None:
         msg = f"{type(exc).__name__}: {exc}"

@@ -56,6 +56,8 @@ class StepRecord:
     rows: list[Request]
     start: object            # CUDA event or perf_counter() float
     end: object              # CUDA event or perf_counter() float
+    prefill_tokens: int = 0  # what the step ran, for the step-cost model
+    decodes: int = 0
 
 
 @dataclass
@@ -67,13 +69,15 @@ class FinishRecord:
 
 class OutputPoller(threading.Thread):
     def __init__(self, tokenizer: Tokenizer, ring: HostRing, metrics, notify_stop: Callable[[Request], None],
-                 on_stream_error: Callable[[BaseException], None]):
+                 on_stream_error: Callable[[BaseException], None],
+                 on_step_time: Callable[[int, int, float], None] = lambda p, d, s: None):
         super().__init__(name="zerod-poller", daemon=True)
         self.tok = tokenizer
         self.ring = ring
         self.metrics = metrics
         self.notify_stop = notify_stop
         self.on_stream_error = on_stream_error
+        self.on_step_time = on_step_time
         self.q: queue.SimpleQueue = queue.SimpleQueue()
         self.eos = set(tokenizer.eos_token_ids)
         self.inflight = 0           # records queued and not yet handled
@@ -122,6 +126,7 @@ class OutputPoller(threading.Thread):
         toks = self.ring.tokens[rec.ring_idx, :n].tolist()
         self.ring.free.put(rec.ring_idx)
         self.metrics.step_seconds.observe(step_s)
+        self.on_step_time(rec.prefill_tokens, rec.decodes, step_s)
         now = time.monotonic()
         gen = 0
         for r, t in zip(rec.rows, toks):

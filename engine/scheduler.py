@@ -5,9 +5,11 @@ The zero-layer rules:
   per-request device tables) and KV pages for prompt + max_tokens, or nobody behind it
   is admitted. Nothing is sorted, prioritised, preempted or swapped: a request keeps what
   it was given until it ends, so it can never run out of KV pages half-way.
-- The chunk budget is the prompt tokens one step takes. While streams decode it is
-  max_num_batched_tokens (chunked prefill: a long prompt cannot stall them); while
-  nothing decodes it is max_prefill_tokens_idle (a long prompt goes in whole).
+- The chunk budget is the prompt tokens one step takes. While streams decode it comes from
+  the measured cost of a step (step_cost.py): enough to clear the waiting prompts within
+  target_ttft_ms, at most what keeps the step within target_itl_ms, never below
+  min_prefill_chunk nor above max_num_batched_tokens; while nothing decodes it is
+  max_prefill_tokens_idle (a long prompt goes in whole).
 - Every decoding request gets one token per step.
 
 A request moves waiting -> prefilling -> decoding and leaves from any of them (done,
@@ -29,6 +31,7 @@ from .config import EngineConfig
 from .kv_pool import KVPool
 from .prefix_cache import PrefixCache
 from .request import Request
+from .step_cost import StepCost
 
 
 @dataclass
@@ -70,6 +73,7 @@ class Scheduler:
         self.cfg = cfg
         self.pool = pool
         self.cache = PrefixCache(pool, enabled=cfg.enable_prefix_caching)
+        self.cost = StepCost()            # fed by the output poller
         self.waiting: collections.deque[Request] = collections.deque()
         self.prefilling: list[Request] = []
         self.decoding: list[Request] = []
@@ -132,7 +136,7 @@ class Scheduler:
     # ------------------------------------------------------------------ a step
     def schedule(self) -> Batch:
         self._admit()
-        budget = self.cfg.max_num_batched_tokens if self.decoding else self.cfg.prefill_token_cap
+        budget = self._chunk_budget() if self.decoding else self.cfg.prefill_token_cap
         chunks: list[Chunk] = []
         for r in self.prefilling:
             if budget <= 0:
@@ -141,6 +145,15 @@ class Scheduler:
             chunks.append(Chunk(r, r.num_prefilled, n))
             budget -= n
         return Batch(chunks, list(self.decoding))
+
+    def _chunk_budget(self) -> int:
+        cfg = self.cfg
+        backlog = sum(r.prompt_len - r.num_prefilled for r in self.prefilling)
+        backlog += sum(r.prompt_len for r in self.waiting)
+        return self.cost.chunk_budget(len(self.decoding), backlog, cap=cfg.max_num_batched_tokens,
+                                      min_chunk=min(cfg.min_prefill_chunk, cfg.max_num_batched_tokens),
+                                      target_itl=cfg.target_itl_ms / 1000,
+                                      target_ttft=cfg.target_ttft_ms / 1000)
 
     def _admit(self) -> None:
         while self.waiting and self._free_slots:

@@ -21,7 +21,7 @@ def _sched(pages=11, **kw) -> Scheduler:
 
 
 def _req(i, prompt_len, max_tokens) -> Request:
-    return Request(f"r{i}", [5] * prompt_len, SamplingParams(max_tokens=max_tokens), lambda o: None,
+    return Request(f"r{i}", [5 + i] * prompt_len, SamplingParams(max_tokens=max_tokens), lambda o: None,
                    max_tokens, seed=i)
 
 
