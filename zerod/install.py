@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from zerod import numa
+from zerod.daemon_config import default_socket
 
 UNIT = "etc/systemd/system/zerod.service"
 NUMA_DROPIN = "etc/systemd/system/zerod.service.d/50-numa.conf"
@@ -127,6 +128,8 @@ def plan_install(rootfs: str = "/", exec_start: str | None = None, gpu_index: in
     plan.files.append(PlannedFile(os.path.join(root, NUMA_DROPIN), text))
     plan.files.append(PlannedFile(os.path.join(root, CONFIG), _data("zerod.toml.example"), 0o644,
                                   keep_existing=True))
+    # the unit's RuntimeDirectory=zerod: where the daemon binds and `zerod top` looks
+    plan.notes.append(f"control socket: {default_socket({'RUNTIME_DIRECTORY': '/run/zerod'})} (zerod top, as root)")
     return plan
 
 
