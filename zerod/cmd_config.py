@@ -75,7 +75,7 @@ def config() -> None:
 
 
 @config.command("check")
-@click.argument("path", required=False, type=click.Path(dir_okay=False))
+@click.argument("path", metavar="[FILE]", required=False, type=click.Path(dir_okay=False))
 @click.option("--demo", is_flag=True, help="Check it as `zerod run --demo` would (no model needed).")
 def check(path: str | None, demo: bool) -> None:
     """Check FILE (default /etc/zerod/zerod.toml) as `zerod run` would, before
