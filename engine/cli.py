@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import ipaddress
-import logging
 import os
 import re
 import sys
@@ -132,8 +131,9 @@ def serve(model, served_model_name, tokenizer, dtype, load_format, max_model_len
           drain_timeout, default_max_tokens, log_level):
     """Serve MODEL over an OpenAI-compatible HTTP API (/v1/completions,
     /v1/chat/completions, /v1/models, /health, /metrics)."""
-    logging.basicConfig(level=getattr(logging, log_level.upper()), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from zerod.logs import setup_logging  # the daemon's format: one journal, one format
+
+    setup_logging(log_level)
     try:
         from zerod.engine.config import EngineConfig, EngineError
     except ImportError as exc:  # pragma: no cover - broken install

@@ -58,9 +58,9 @@ async def test_foreign_process_alerted_within_2s_through_the_daemon(tmp_path):
                 await asyncio.sleep(0.1)
             assert d.ready_at is not None
             await asyncio.sleep(1.5)  # a few quiet ticks: no full scans without a change
-            scans = d.processes.full_scans
+            scans = d.views.processes.full_scans
             await asyncio.sleep(1.5)
-            assert d.processes.full_scans == scans
+            assert d.views.processes.full_scans == scans
             # the agent appears (an nvmlInit-only Datadog agent: only the fd scan can see it)
             t0 = time.monotonic()
             add_proc(proc, 488, "datadog-agent", "/opt/datadog-agent/bin/agent/agent run",

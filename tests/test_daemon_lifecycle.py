@@ -32,8 +32,8 @@ class H(http.server.BaseHTTPRequestHandler):
             st = json.load(open(state))
         except Exception:
             st = {}
-        if self.path == "/health":
-            code, body = st.get("health", 200), b"{}"
+        if self.path == "/health":  # as zerod serve: its own pid (or the one the test says)
+            code, body = st.get("health", 200), json.dumps({"pid": st.get("pid", os.getpid())}).encode()
         elif self.path == "/metrics":
             code = 200
             body = ("zerod_engine_requests_running 1\nzerod_engine_requests_waiting 0\n"
@@ -316,16 +316,23 @@ engine_command = ["{sys.executable}", "{script}", "{port}", "{state}"]
 
 def test_preflight_refuses_a_failing_check_and_says_which(tmp_path):
     """Without --demo on a machine with no NVIDIA driver, the GPU checks fail:
-    the daemon refuses with exit 78 and names them, with the fix."""
+    the daemon refuses with exit 78, names them grouped by fix (each fix once)
+    and points a newcomer at --demo."""
     cfg = tmp_path / "zerod.toml"
-    cfg.write_text(f'[daemon]\ncontrol_socket = "{tmp_path / "c.sock"}"\nmetrics_port = 0\n')
+    cfg.write_text(f'[engine]\nmodel = "demo"\n[daemon]\ncontrol_socket = "{tmp_path / "c.sock"}"\n'
+                   f'metrics_port = 0\n')
     r = subprocess.run([sys.executable, "-m", "zerod", "run", "--config", str(cfg)], cwd=ROOT,
                        capture_output=True, text=True, timeout=60)
     if r.returncode == 0:  # pragma: no cover - a host where every check passes
         pytest.skip("every preflight check passes here")
     assert r.returncode == 78, r.stderr
     assert "refusing to start" in r.stderr and "gpu.driver_loaded" in r.stderr
-    assert "fix:" in r.stderr and "waivers" in r.stderr
+    assert "fix:" in r.stderr and "waivers" in r.stderr and "zerod run --demo" in r.stderr
+    fixes = [line.split("fix: ", 1)[1] for line in r.stderr.splitlines() if "    fix: " in line]
+    assert len(fixes) == len(set(fixes)), fixes  # each fix once
+    refusal = r.stderr[r.stderr.index("refusing to start"):]
+    assert len(refusal.splitlines()) <= 3 * len(fixes) + 4, refusal
+    assert "alert=PreflightFailed" not in r.stderr  # no alert for a daemon that never started
     assert "Traceback" not in r.stderr
 
 

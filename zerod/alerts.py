@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable
 
+from prometheus_client.core import GaugeMetricFamily
+
 log = logging.getLogger("zerod.alerts")
 
 ALERT_NAMES = (
@@ -144,6 +146,12 @@ class AlertBook:
         for a in self.firing():
             counts[a.alertname] = counts.get(a.alertname, 0) + 1
         return counts
+
+    def collect(self):
+        fam = GaugeMetricFamily("zerod_alerts_firing", "Alerts firing now, by name.", labels=["alertname"])
+        for name, n in sorted(self.firing_counts().items()):
+            fam.add_metric([name], float(n))
+        yield fam
 
     def all(self) -> list[Alert]:
         """Firing and resolved (within retention), newest first."""

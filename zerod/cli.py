@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "run": "zerod.cmd_run:run",
     "install": "zerod.cmd_run:install",
     "top": "zerod.cmd_top:top",
+    "config": "zerod.cmd_config:config",
 }
 
 HELP = {
@@ -33,6 +34,7 @@ HELP = {
     "run": "The daemon in the foreground (what systemd starts).",
     "install": "Write the systemd unit, the sysctl drop-in and the NUMA drop-in.",
     "top": "The live terminal dashboard.",
+    "config": "Check the configuration file (zerod config check [FILE]).",
 }
 
 

@@ -10,29 +10,8 @@ import sys
 
 import click
 
-SYSLOG_PRIORITY = {logging.CRITICAL: 2, logging.ERROR: 3, logging.WARNING: 4, logging.INFO: 6, logging.DEBUG: 7}
-
-
-class JournalFormatter(logging.Formatter):
-    """`<N>logger: message`: journald reads the <N> prefix as the priority
-    (SyslogLevelPrefix=, on by default); the rest is logfmt for alerts."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        prio = SYSLOG_PRIORITY.get(record.levelno, 6)
-        text = super().format(record)
-        return "\n".join(f"<{prio}>{line}" for line in text.splitlines()) or f"<{prio}>"
-
-
-def setup_logging(level: str = "info") -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    if os.environ.get("JOURNAL_STREAM"):  # stderr goes to the journal
-        handler.setFormatter(JournalFormatter("%(name)s: %(message)s"))
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(getattr(logging, level.upper(), logging.INFO))
-    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+from zerod.daemon_config import default_socket
+from zerod.logs import setup_logging
 
 
 @click.command("run")
@@ -43,33 +22,34 @@ def setup_logging(level: str = "info") -> None:
 @click.option("--metrics-port", type=click.IntRange(-1, 65535), default=None,
               help="Override [daemon] metrics_port (0: any free port, -1: none).")
 @click.option("--control-socket", type=click.Path(dir_okay=False), default=None,
-              help="Override [daemon] control_socket.")
+              help=f"Override [daemon] control_socket (default {default_socket()}).")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 def run(config_path, demo, metrics_port, control_socket, log_level):
     """The daemon in the foreground: preflight gate, engine supervision, watchers,
     Prometheus metrics, alerts, control API (what `systemctl start zerod` runs)."""
+    from zerod.cmd_config import check_config
     from zerod.config import ConfigError, load_config
     from zerod.daemon import EX_CONFIG, Daemon
-    from zerod.daemon_config import DaemonConfigError
 
     setup_logging(log_level)
     log = logging.getLogger("zerod")
     try:
         config = load_config(config_path)
-        if metrics_port is not None:
-            config["daemon"]["metrics_port"] = metrics_port
-        if control_socket is not None:
-            config["daemon"]["control_socket"] = control_socket
-        daemon = Daemon(config, demo=demo)
-    except (ConfigError, DaemonConfigError, ValueError) as exc:
+    except ConfigError as exc:
         log.critical("configuration refused: %s", exc)
         sys.exit(EX_CONFIG)
-    try:
-        rc = asyncio.run(daemon.run())
-    except KeyboardInterrupt:
-        rc = 0
-    sys.exit(rc)
+    if metrics_port is not None:
+        config["daemon"]["metrics_port"] = metrics_port
+    if control_socket is not None:
+        config["daemon"]["control_socket"] = control_socket
+    refusals = check_config(config, demo=demo)
+    if refusals:
+        for line in refusals:
+            log.critical("configuration refused: %s", line)
+        log.critical("not starting: fix the line(s) above (zerod config check FILE checks a file)")
+        sys.exit(EX_CONFIG)
+    sys.exit(asyncio.run(Daemon(config, demo=demo).run()))
 
 
 @click.command("install")

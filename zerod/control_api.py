@@ -11,39 +11,29 @@ import os
 import signal
 import socket
 import stat
-from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-if TYPE_CHECKING:  # pragma: no cover
-    from zerod.daemon import Daemon
+from zerod.views import Views
+from zerod.watchers.gpu_processes import process_start_time
 
 log = logging.getLogger("zerod.control")
 
 
-def make_app(d: "Daemon") -> web.Application:
+class ControlSocketError(OSError):
+    """The control socket cannot be bound safely here; the message says why."""
+
+
+def make_app(views: Views) -> web.Application:
     app = web.Application()
 
-    async def status(_req):
-        return web.json_response(d.status())
-
-    async def checks(_req):
-        return web.json_response(d.checks_doc())
-
-    async def gpus(_req):
-        return web.json_response(d.gpus_doc())
-
-    async def processes(_req):
-        return web.json_response(d.processes.snapshot() if d.processes else {"processes": []})
-
-    async def alerts(_req):
-        return web.json_response({"alerts": [a.to_dict() for a in d.book.all()]})
-
-    async def engine(_req):
-        return web.json_response(d.engine_doc())
+    def doc(build):
+        async def handler(_req):
+            return web.json_response(build())
+        return handler
 
     async def signal_process(req):
-        if not d.cfg.allow_write_actions:
+        if not views.allow_write_actions:
             return web.json_response(
                 {"error": "write actions are disabled; set [daemon] allow_write_actions = true to enable them"},
                 status=403)
@@ -55,12 +45,20 @@ def make_app(d: "Daemon") -> web.Application:
             body = await req.json()
         except Exception:
             return web.json_response({"error": "body must be JSON: {\"signal\": \"TERM\"}"}, status=400)
-        name = str((body or {}).get("signal", "TERM")).upper()
+        name = str((body if isinstance(body, dict) else {}).get("signal", "TERM")).upper()
         if name not in ("TERM", "KILL"):
             return web.json_response({"error": "signal must be TERM or KILL"}, status=400)
-        foreign = {r["pid"] for r in (d.processes.foreign() if d.processes else [])}
-        if pid not in foreign:
+        foreign, seen_start = views.foreign_start_time(pid)
+        if not foreign:
             return web.json_response({"error": f"pid {pid} is not a current foreign GPU process"}, status=409)
+        # the snapshot may be a second old: the pid must still be the process it saw
+        now_start = process_start_time(pid)
+        if now_start is None:
+            return web.json_response({"error": f"pid {pid} is gone"}, status=409)
+        if seen_start is None or abs(now_start - seen_start) > 0.01:
+            return web.json_response(
+                {"error": f"pid {pid} is not the process seen holding the GPU (its start time differs): "
+                          f"not signalled; look again at /v1/processes"}, status=409)
         try:
             os.kill(pid, signal.SIGTERM if name == "TERM" else signal.SIGKILL)
         except ProcessLookupError:
@@ -83,33 +81,49 @@ def make_app(d: "Daemon") -> web.Application:
             return web.json_response({"error": f"{type(exc).__name__}: {exc}"}, status=500)
 
     app.middlewares.append(errors)
-    app.router.add_get("/v1/status", status)
-    app.router.add_get("/v1/checks", checks)
-    app.router.add_get("/v1/gpus", gpus)
-    app.router.add_get("/v1/processes", processes)
-    app.router.add_get("/v1/alerts", alerts)
-    app.router.add_get("/v1/engine", engine)
+    app.router.add_get("/v1/status", doc(views.status))
+    app.router.add_get("/v1/checks", doc(views.checks))
+    app.router.add_get("/v1/gpus", doc(views.gpus))
+    app.router.add_get("/v1/processes", doc(views.processes_doc))
+    app.router.add_get("/v1/alerts", doc(views.alerts))
+    app.router.add_get("/v1/engine", doc(views.engine))
     app.router.add_post("/v1/processes/{pid}/signal", signal_process)
     return app
+
+
+def check_socket_directory(parent: str) -> None:
+    """Refuse a directory another user could swap the socket in: it must
+    belong to this user and be writable by nobody else."""
+    st = os.stat(parent)
+    euid = os.geteuid()
+    if st.st_uid != euid:
+        raise ControlSocketError(
+            f"control socket directory {parent} belongs to uid {st.st_uid}, not to this daemon's user "
+            f"(uid {euid}): set [daemon] control_socket in a directory of its own")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise ControlSocketError(
+            f"control socket directory {parent} is writable by others (mode {stat.S_IMODE(st.st_mode):04o}): "
+            f"set [daemon] control_socket in a directory only this user can write")
 
 
 def bind_unix_socket(path: str) -> socket.socket:
     """A listening socket at `path`, mode 0600 from the start (umask while
     binding, then chmod); a stale socket file left by a dead daemon is removed,
     a live one is refused."""
-    parent = os.path.dirname(path) or "."
+    parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, mode=0o700, exist_ok=True)
+    check_socket_directory(parent)
     if os.path.exists(path):
         st = os.lstat(path)
         if not stat.S_ISSOCK(st.st_mode):
-            raise OSError(f"{path} exists and is not a socket")
+            raise ControlSocketError(f"{path} exists and is not a socket")
         probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             probe.connect(path)
         except OSError:
             os.unlink(path)  # stale
         else:
-            raise OSError(f"another daemon answers on {path}")
+            raise ControlSocketError(f"another daemon answers on {path}")
         finally:
             probe.close()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -1,15 +1,18 @@
-"""`[daemon]` and `[alerts]`: the daemon's settings, validated when built.
+"""`[daemon]` and `[alerts]`: the daemon's settings, each field with its rule.
 
-Every key is documented in systemd/zerod.toml.example; a test keeps the two in
-step. Unknown keys are refused (a typo must not silently become a default).
+Every key is documented in systemd/zerod.toml.example with its range; a test
+keeps the two in step. `from_dict` refuses unknown keys, wrong types, values
+out of range and the cross-field rules below, all at once, one line each.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass
 from typing import Any
+
+from zerod.config_schema import check_table, refusal, setting
 
 DEFAULT_THROTTLE_REASONS = (
     "hw_slowdown",
@@ -19,140 +22,135 @@ DEFAULT_THROTTLE_REASONS = (
 )
 NUMA_MODES = ("auto", "builtin", "numactl", "off")
 NUMA_POLICIES = ("bind", "preferred")
+UNIX_PATH_MAX = 107  # sun_path holds 108 bytes with the terminating NUL
+LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 
 
 class DaemonConfigError(ValueError):
-    pass
+    """One or more refusals, one line each."""
+
+    def __init__(self, refusals: list[str]) -> None:
+        super().__init__("\n".join(refusals))
+        self.refusals = refusals
 
 
-def default_socket() -> str:
-    """The control socket both `zerod run` and `zerod top` use unless told otherwise:
-    systemd's RuntimeDirectory, /run/zerod as root, else the user's runtime dir."""
-    rt = os.environ.get("RUNTIME_DIRECTORY")  # systemd's RuntimeDirectory=zerod
+def default_socket(env: dict[str, str] | None = None, euid: int | None = None) -> str:
+    """The control socket `zerod run`, `zerod top` and `zerod install` agree on
+    unless told otherwise: systemd's RuntimeDirectory, /run/zerod as root, else
+    the user's runtime directory."""
+    env = os.environ if env is None else env
+    euid = os.geteuid() if euid is None else euid
+    rt = env.get("RUNTIME_DIRECTORY")  # systemd's RuntimeDirectory=zerod
     if rt:
         return os.path.join(rt.split(":")[0], "control.sock")
-    if os.geteuid() == 0:
+    if euid == 0:
         return "/run/zerod/control.sock"
-    base = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/zerod-{os.geteuid()}"
+    base = env.get("XDG_RUNTIME_DIR") or f"/tmp/zerod-{euid}"
     return os.path.join(base, "zerod", "control.sock")
+
+
+def _socket_path(value: str) -> str | None:
+    if not value:
+        return "must be a path"
+    if len(os.fsencode(value)) > UNIX_PATH_MAX:
+        return f"must be at most {UNIX_PATH_MAX} bytes long (the limit of a Unix socket path)"
+    return None
+
+
+def _command(value: list[str]) -> str | None:
+    return None if value and value[0] else "must be a non-empty list: the program, then its arguments"
+
+
+def _http_url(value: str) -> str | None:
+    return None if value.startswith(("http://", "https://")) else "must start with http:// or https://"
+
+
+def _optional_http_url(value: str) -> str | None:
+    return _http_url(value) if value else None
+
+
+def _label_names(value: dict[str, str]) -> str | None:
+    bad = [k for k in value if not LABEL_NAME.fullmatch(k)]
+    return f"label names must match [a-zA-Z_][a-zA-Z0-9_]* ({', '.join(bad)} do not)" if bad else None
 
 
 @dataclass
 class DaemonConfig:
     # outputs
-    metrics_host: str = "127.0.0.1"
-    metrics_port: int = 9477  # 0: any free port (tests); -1: no /metrics endpoint
-    control_socket: str = field(default_factory=default_socket)
-    allow_write_actions: bool = False
+    metrics_host: str = setting("127.0.0.1", check=lambda v: None if v else "must be an address")
+    metrics_port: int = setting(9477, ge=-1, le=65535)  # 0: any free port (tests); -1: no /metrics
+    control_socket: str = setting(factory=default_socket, check=_socket_path)
+    allow_write_actions: bool = setting(False)
     # preflight
-    preflight: bool = True
-    recheck_interval_s: float = 300.0
+    preflight: bool = setting(True)
+    recheck_interval_s: float = setting(300.0, ge=1.0)
     # the engine
-    engine_command: list[str] | None = None  # default: python -m zerod serve + [engine]
-    engine_env: dict[str, str] = field(default_factory=dict)
-    engine_url: str | None = None  # default: from [engine] host/port
-    gpu_index: int = 0
-    numa: str = "auto"
-    numa_memory_policy: str = "bind"
-    health_interval_s: float = 1.0
-    health_timeout_s: float = 3.0
-    start_timeout_s: float = 900.0
-    extend_timeout_step_s: float = 30.0
-    restart_backoff_initial_s: float = 1.0
-    restart_backoff_max_s: float = 60.0
-    restart_reset_after_s: float = 120.0
-    drain_timeout_s: float = 30.0
+    engine_command: list[str] | None = setting(None, check=_command)  # default: zerod serve + [engine]
+    engine_env: dict[str, str] = setting(factory=dict)
+    engine_url: str | None = setting(None, check=_http_url)  # default: from [engine] host/port
+    gpu_index: int = setting(0, ge=0)
+    numa: str = setting("auto", choices=NUMA_MODES)
+    numa_memory_policy: str = setting("bind", choices=NUMA_POLICIES)
+    health_interval_s: float = setting(1.0, ge=0.1)
+    health_timeout_s: float = setting(3.0, gt=0)  # and > health_interval_s
+    start_timeout_s: float = setting(900.0, gt=0)
+    extend_timeout_step_s: float = setting(30.0, ge=1.0)
+    restart_backoff_initial_s: float = setting(1.0, ge=0.1)  # and <= restart_backoff_max_s
+    restart_backoff_max_s: float = setting(60.0, ge=0.1)
+    restart_reset_after_s: float = setting(120.0, ge=0)
+    drain_timeout_s: float = setting(30.0, gt=0)
     # watching
-    watch_interval_s: float = 1.0
-    full_scan_interval_s: float = 5.0  # /proc fd scan of every process; 0: every tick
-    nvml_retry_s: float = 30.0
-    slo_itl_p99_s: float = 0.0  # 0: no latency alert
-    slo_ttft_p99_s: float = 0.0
-    latency_window_s: float = 60.0
-    latency_min_samples: int = 20
-    cause_window_s: float = 300.0
-    temperature_max_celsius: float = 85.0
-    throttle_alert_reasons: list[str] = field(default_factory=lambda: list(DEFAULT_THROTTLE_REASONS))
-    throttle_for_s: float = 10.0
-    counter_alert_hold_s: float = 300.0
-
-    def __post_init__(self) -> None:
-        if self.numa not in NUMA_MODES:
-            raise DaemonConfigError(f"[daemon] numa must be one of {', '.join(NUMA_MODES)}, not {self.numa!r}")
-        if self.numa_memory_policy not in NUMA_POLICIES:
-            raise DaemonConfigError(
-                f"[daemon] numa_memory_policy must be one of {', '.join(NUMA_POLICIES)}, not {self.numa_memory_policy!r}"
-            )
-        if not (-1 <= int(self.metrics_port) <= 65535):
-            raise DaemonConfigError(f"[daemon] metrics_port {self.metrics_port} is not a port")
-        if self.engine_command is not None and (
-            not isinstance(self.engine_command, list) or not self.engine_command
-            or not all(isinstance(a, str) for a in self.engine_command)
-        ):
-            raise DaemonConfigError("[daemon] engine_command must be a non-empty list of strings")
-        for name in (
-            "health_interval_s", "health_timeout_s", "start_timeout_s", "extend_timeout_step_s",
-            "restart_backoff_initial_s", "restart_backoff_max_s", "drain_timeout_s",
-            "watch_interval_s", "nvml_retry_s", "latency_window_s", "recheck_interval_s",
-        ):
-            if float(getattr(self, name)) <= 0:
-                raise DaemonConfigError(f"[daemon] {name} must be > 0")
-        for name in ("slo_itl_p99_s", "slo_ttft_p99_s", "cause_window_s", "counter_alert_hold_s",
-                     "throttle_for_s", "restart_reset_after_s", "full_scan_interval_s"):
-            if float(getattr(self, name)) < 0:
-                raise DaemonConfigError(f"[daemon] {name} must be >= 0")
-        if self.health_timeout_s < self.health_interval_s:
-            raise DaemonConfigError("[daemon] health_timeout_s must be >= health_interval_s")
+    watch_interval_s: float = setting(1.0, ge=0.1)
+    full_scan_interval_s: float = setting(5.0, ge=0)  # /proc fd scan of every process; 0: every tick
+    nvml_retry_s: float = setting(30.0, ge=1.0)
+    slo_itl_p99_s: float = setting(0.0, ge=0)  # 0: no latency alert
+    slo_ttft_p99_s: float = setting(0.0, ge=0)
+    latency_window_s: float = setting(60.0, ge=1.0)
+    latency_min_samples: int = setting(20, ge=0)
+    cause_window_s: float = setting(300.0, ge=0)
+    temperature_max_celsius: float = setting(85.0, gt=0, le=150)
+    # names of docs/control-api.md's clock event reasons (checked in zerod.config)
+    throttle_alert_reasons: list[str] = setting(factory=lambda: list(DEFAULT_THROTTLE_REASONS))
+    throttle_for_s: float = setting(10.0, ge=0)
+    counter_alert_hold_s: float = setting(300.0, ge=0)
 
     @classmethod
     def from_dict(cls, section: dict[str, Any] | None) -> "DaemonConfig":
-        return _build(cls, "daemon", section or {})
+        section = section or {}
+        values, refusals = check_table(cls, "daemon", section)
+        if not refusals:
+            cfg = cls(**values)
+            refusals = cfg.cross_refusals()
+        if refusals:
+            raise DaemonConfigError(refusals)
+        return cfg
+
+    def cross_refusals(self) -> list[str]:
+        out = []
+        if self.restart_backoff_initial_s > self.restart_backoff_max_s:
+            out.append(refusal("daemon", "restart_backoff_initial_s", self.restart_backoff_initial_s,
+                               f"must be <= restart_backoff_max_s ({self.restart_backoff_max_s:g})"))
+        if self.health_timeout_s <= self.health_interval_s:
+            out.append(refusal("daemon", "health_timeout_s", self.health_timeout_s,
+                               f"must be > health_interval_s ({self.health_interval_s:g})"))
+        return out
 
 
 @dataclass
 class AlertsConfig:
-    alertmanager_url: str = ""  # e.g. "http://127.0.0.1:9093"; empty: no push
-    resend_interval_s: float = 60.0
-    timeout_s: float = 5.0
-    labels: dict[str, str] = field(default_factory=dict)  # added to every alert
-    resolved_retention_s: float = 3600.0
-    log_resolved: bool = True
+    alertmanager_url: str = setting("", check=_optional_http_url)  # e.g. "http://127.0.0.1:9093"; "": no push
+    resend_interval_s: float = setting(60.0, ge=1.0)
+    timeout_s: float = setting(5.0, gt=0)
+    labels: dict[str, str] = setting(factory=dict, check=_label_names)  # added to every pushed alert
+    resolved_retention_s: float = setting(3600.0, ge=0)
+    log_resolved: bool = setting(True)
 
     def __post_init__(self) -> None:
-        url = self.alertmanager_url.rstrip("/")
-        if url and not url.startswith(("http://", "https://")):
-            raise DaemonConfigError(f"[alerts] alertmanager_url must be http(s)://…, not {url!r}")
-        self.alertmanager_url = url
-        if self.resend_interval_s <= 0 or self.timeout_s <= 0:
-            raise DaemonConfigError("[alerts] resend_interval_s and timeout_s must be > 0")
-        self.labels = {str(k): str(v) for k, v in self.labels.items()}
+        self.alertmanager_url = self.alertmanager_url.rstrip("/")
 
     @classmethod
     def from_dict(cls, section: dict[str, Any] | None) -> "AlertsConfig":
-        return _build(cls, "alerts", section or {})
-
-
-def _build(cls, name: str, section: dict[str, Any]):
-    known = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(section) - set(known))
-    if unknown:
-        raise DaemonConfigError(f"[{name}] unknown key(s): {', '.join(unknown)}")
-    kwargs: dict[str, Any] = {}
-    for key, value in section.items():
-        default = known[key].default
-        if isinstance(default, bool) and not isinstance(value, bool):
-            raise DaemonConfigError(f"[{name}] {key} must be true or false")
-        if isinstance(default, float) and not isinstance(default, bool):
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise DaemonConfigError(f"[{name}] {key} must be a number")
-            value = float(value)
-        elif isinstance(default, int) and not isinstance(default, bool):
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise DaemonConfigError(f"[{name}] {key} must be an integer")
-        elif isinstance(default, str) and not isinstance(value, str):
-            raise DaemonConfigError(f"[{name}] {key} must be a string")
-        kwargs[key] = value
-    try:
-        return cls(**kwargs)
-    except TypeError as exc:  # pragma: no cover - defensive
-        raise DaemonConfigError(f"[{name}] {exc}") from None
+        values, refusals = check_table(cls, "alerts", section or {})
+        if refusals:
+            raise DaemonConfigError(refusals)
+        return cls(**values)

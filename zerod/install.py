@@ -24,6 +24,7 @@ from pathlib import Path
 from zerod import numa
 from zerod.checks.pci import normalize_bdf
 from zerod.checks.rootfs import RootEscape, resolve_in_root
+from zerod.daemon_config import default_socket
 
 UNIT = "etc/systemd/system/zerod.service"
 NUMA_DROPIN = "etc/systemd/system/zerod.service.d/50-numa.conf"
@@ -172,6 +173,8 @@ def plan_install(rootfs: str = "/", exec_start: str | None = None, gpu_index: in
     plan.notes.append(f"/{CONFIG} is mode {CONFIG_MODE:o}, owner root, group "
                       + (CONFIG_GROUP if gid is not None else f"root (no '{CONFIG_GROUP}' group)")
                       + "; the daemon reads it, and /etc/zerod/api_key, as systemd credentials")
+    # the unit's RuntimeDirectory=zerod: where the daemon binds and `zerod top` looks
+    plan.notes.append(f"control socket: {default_socket({'RUNTIME_DIRECTORY': '/run/zerod'})} (zerod top, as root)")
     return plan
 
 

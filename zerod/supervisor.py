@@ -7,12 +7,18 @@ tick (<= 1 s), one that stops answering after `health_timeout_s` (3 s); both
 raise `EngineDown`, the child is killed and started again after a backoff
 (1, 2, 4 … `restart_backoff_max_s`), reset once it has stayed healthy for
 `restart_reset_after_s`. `stop()` sends SIGTERM (the engine drains) and waits
-`drain_timeout_s` before SIGKILL.
+`drain_timeout_s` before SIGKILL; `force_stop()` cuts that wait short.
+
+The engine is healthy only when its own process answers: `zerod serve`'s
+`/health` carries `"pid"`, which must be the child's (or a descendant's, for a
+wrapped `engine_command`). Another server holding the port is named in the log
+and in EngineDown, never taken for the engine.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -20,7 +26,11 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
+
+import psutil
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from zerod import numa
 from zerod.alerts import AlertBook
@@ -31,8 +41,23 @@ log = logging.getLogger("zerod.supervisor")
 
 # [engine] keys handed to the engine as environment variables.
 ENV_KEYS = {"api_key": "ZEROD_API_KEY"}
+# The API key as a systemd credential (LoadCredential=api_key:…): handed to the
+# engine as VLLM_API_KEY, never on its command line.
+CREDENTIAL_API_KEY = "api_key"
+CREDENTIAL_ENV = "VLLM_API_KEY"
 
-STATES = ("starting", "healthy", "unhealthy", "restarting", "stopped")
+
+def api_key_credential(env: dict[str, str] | None = None) -> str | None:
+    """The key in $CREDENTIALS_DIRECTORY/api_key, or None."""
+    env = os.environ if env is None else env
+    directory = env.get("CREDENTIALS_DIRECTORY")
+    if not directory:
+        return None
+    try:
+        key = (Path(directory) / CREDENTIAL_API_KEY).read_text().strip()
+    except OSError:
+        return None
+    return key or None
 
 
 def engine_argv(engine: dict[str, Any], demo: bool = False) -> list[str]:
@@ -58,7 +83,13 @@ def engine_argv(engine: dict[str, Any], demo: bool = False) -> list[str]:
     return argv
 
 
-def engine_env(engine: dict[str, Any]) -> dict[str, str]:
+def engine_env(engine: dict[str, Any], api_key: str | None = None) -> dict[str, str]:
+    """The engine's extra environment: the credential's key when there is one,
+    else [engine] api_key."""
+    if api_key:
+        if engine.get("api_key"):
+            log.warning("[engine] api_key is ignored: the systemd credential %s is used", CREDENTIAL_API_KEY)
+        return {CREDENTIAL_ENV: api_key}
     return {env: str(engine[key]) for key, env in ENV_KEYS.items() if engine.get(key)}
 
 
@@ -89,8 +120,11 @@ class EngineSupervisor:
                  env: dict[str, str] | None = None, model: str | None = None,
                  extra_env: dict[str, str] | None = None,
                  on_ready: Callable[[], None] | None = None,
-                 on_status: Callable[[str], None] | None = None) -> None:
+                 on_status: Callable[[str], None] | None = None,
+                 pid_required: bool = True) -> None:
         self.argv = list(argv)
+        # zerod serve's /health always carries its pid; another engine's may not
+        self.pid_required = pid_required
         self.url = url
         self.cfg = cfg
         self.book = book
@@ -108,7 +142,9 @@ class EngineSupervisor:
         self.proc: subprocess.Popen | None = None
         self.fig = EngineFigures()
         self._stopping = False
+        self._forced = False
         self._ready_sent = False
+        self._impostor_said: str | None = None
         self._backoff = cfg.restart_backoff_initial_s
         self._session = None
         self.daemon_started = time.monotonic()
@@ -149,12 +185,37 @@ class EngineSupervisor:
         try:
             timeout = aiohttp.ClientTimeout(total=timeout_s)
             async with self._session.get(self.url + "/health", timeout=timeout) as resp:
-                await resp.read()
-                return resp.status == 200, f"HTTP {resp.status}"
+                body = await resp.read()
+                if resp.status != 200:
+                    return False, f"HTTP {resp.status}"
         except asyncio.TimeoutError:
             return False, "health request timed out"
         except Exception as exc:  # connection refused while loading, reset …
             return False, f"{type(exc).__name__}: {exc}"
+        impostor = self._impostor(body)
+        if impostor:
+            if impostor != self._impostor_said:  # once per distinct answer, not every second
+                log.warning("%s", impostor)
+                self._impostor_said = impostor
+            return False, impostor
+        return True, "HTTP 200"
+
+    def _impostor(self, body: bytes) -> str | None:
+        """Why this /health answer is not our child's, or None when it is."""
+        try:
+            pid = json.loads(body).get("pid")
+        except (ValueError, AttributeError):
+            pid = None
+        child = self.proc.pid if self.proc is not None else None
+        if not isinstance(pid, int):
+            if not self.pid_required:
+                return None
+            return (f"another server answers on {self.url}/health (no pid in its answer: not zerod serve), "
+                    f"not the engine (pid {child}); is the port taken?")
+        if pid == child or pid in _descendants(child):
+            return None
+        return (f"another process answers on {self.url}/health: pid {pid} ({_process_name(pid)}), "
+                f"not the engine (pid {child}); is the port taken?")
 
     async def _kill(self, grace_s: float) -> None:
         p = self.proc
@@ -165,10 +226,13 @@ class EngineSupervisor:
         except ProcessLookupError:
             return
         deadline = time.monotonic() + grace_s
-        while p.poll() is None and time.monotonic() < deadline:
+        while p.poll() is None and time.monotonic() < deadline and not self._forced:
             await asyncio.sleep(0.05)
         if p.poll() is None:
-            log.warning("engine pid %d did not stop within %.0f s: SIGKILL", p.pid, grace_s)
+            if self._forced:
+                log.warning("engine pid %d: SIGKILL without waiting for the drain", p.pid)
+            else:
+                log.warning("engine pid %d did not stop within %.0f s: SIGKILL", p.pid, grace_s)
             p.kill()
             await asyncio.get_running_loop().run_in_executor(None, p.wait)
 
@@ -235,7 +299,8 @@ class EngineSupervisor:
             self.progress_at = time.monotonic()
             rc = p.poll()
             if rc is not None:
-                return f"exited with {_describe_rc(rc)}" + ("" if last_ok else " while starting")
+                why = f"exited with {_describe_rc(rc)}" + ("" if last_ok else " while starting")
+                return why + (f" ({last_err})" if last_err and self._impostor_said == last_err else "")
             # Healthy: one probe per interval, each allowed up to 2 s. Failing after
             # having been healthy: probe again at once with what is left of
             # health_timeout_s, so a hang is declared health_timeout_s after the
@@ -282,6 +347,10 @@ class EngineSupervisor:
             await self._sleep(pause)
         return "stopping"
 
+    def force_stop(self) -> None:
+        """Stop waiting for the drain: SIGKILL the engine now (a second Ctrl-C)."""
+        self._forced = True
+
     async def stop(self, drain_timeout_s: float | None = None) -> int | None:
         """SIGTERM the engine (it drains), SIGKILL after the drain timeout."""
         self._stopping = True
@@ -297,6 +366,27 @@ class EngineSupervisor:
                 "numa_node": self.binding.node if self.cfg.numa != "off" else None,
                 "cpus": self.binding.cpulist if self.cfg.numa != "off" else None,
                 "last_exit": self.fig.last_exit}
+
+
+    def collect(self):
+        yield GaugeMetricFamily("zerod_engine_up", "1 while the engine answers its health check.",
+                                value=1.0 if self.fig.state == "healthy" else 0.0)
+        yield CounterMetricFamily("zerod_engine_restarts", "Engine restarts by the daemon.",
+                                  value=float(self.fig.restarts))
+
+
+def _descendants(pid: int | None) -> set[int]:
+    try:
+        return {c.pid for c in psutil.Process(pid).children(recursive=True)} if pid else set()
+    except psutil.Error:
+        return set()
+
+
+def _process_name(pid: int) -> str:
+    try:
+        return psutil.Process(pid).name()
+    except psutil.Error:
+        return "not visible from here"
 
 
 def _describe_rc(rc: int) -> str:

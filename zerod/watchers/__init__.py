@@ -1,7 +1,9 @@
 """The daemon's watchers, one concern per module (node_exporter's habit).
 
-Each watcher polls on its own interval and keeps a cached snapshot; the
-Prometheus collector and the control API read those snapshots, never the host.
+Each watcher polls on its own interval and keeps a cached snapshot; its
+`collect()` turns that snapshot into its own Prometheus series at scrape time
+(node_exporter's collectors), and zerod.views builds the control API's
+documents from the snapshots: neither reads the host.
 `poll()` may block (NVML, /proc): the daemon runs it in a worker thread, so the
 event loop (control API, /metrics) never waits on it. A watcher that raises is
 logged and counted, and runs again at its next tick: nothing a watcher meets
@@ -17,6 +19,7 @@ class Watcher:
     name = "watcher"
     interval_s = 1.0
     blocking = True  # poll() runs in a worker thread; False: apoll() on the loop
+    delay_first = False  # True: the first poll waits one interval
 
     def __init__(self) -> None:
         self.runs = 0

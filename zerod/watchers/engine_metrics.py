@@ -3,7 +3,8 @@
 Keeps the last scrape (gauges, counters, the TTFT/ITL histograms) and a short
 series of samples for the latency watcher. Alerts: `AllocatorRetries` on any
 increase of `zerod_engine_allocator_retries_total` or `_allocator_ooms_total`,
-`StreamErrors` on any increase of `zerod_engine_stream_errors_total`, each
+`StreamErrors` on any increase of `zerod_engine_stream_errors_total` (the names
+are zerod.engine.metrics', the one list), each
 held `counter_alert_hold_s` after the last increase. Counters start at zero
 with each engine process (a restart is a new baseline, not a decrease).
 """
@@ -18,24 +19,15 @@ from typing import Callable
 
 from zerod.alerts import AlertBook
 from zerod.daemon_config import DaemonConfig
+from zerod.engine import metrics as names
 from zerod.watchers import Watcher
 
-TTFT = "zerod_engine_time_to_first_token_seconds"
-ITL = "zerod_engine_inter_token_latency_seconds"
-GAUGES = {
-    "running": "zerod_engine_requests_running",
-    "waiting": "zerod_engine_requests_waiting",
-    "kv_pages_total": "zerod_engine_kv_pages_total",
-    "kv_pages_free": "zerod_engine_kv_pages_free",
-}
-COUNTERS = {
-    "allocator_retries_total": "zerod_engine_allocator_retries_total",
-    "allocator_ooms_total": "zerod_engine_allocator_ooms_total",
-    "stream_errors_total": "zerod_engine_stream_errors_total",
-    "generation_tokens_total": "zerod_engine_generation_tokens_total",
-    "prompt_tokens_total": "zerod_engine_prompt_tokens_total",
-}
-_WANTED = set(GAUGES.values()) | set(COUNTERS.values())
+TTFT = names.TIME_TO_FIRST_TOKEN_SECONDS
+ITL = names.INTER_TOKEN_LATENCY_SECONDS
+# the plain series the daemon reads (the histograms above aside)
+_WANTED = {names.REQUESTS_RUNNING, names.REQUESTS_WAITING, names.KV_PAGES_TOTAL, names.KV_PAGES_FREE,
+           names.ALLOCATOR_RETRIES_TOTAL, names.ALLOCATOR_OOMS_TOTAL, names.STREAM_ERRORS_TOTAL,
+           names.GENERATION_TOKENS_TOTAL, names.PROMPT_TOKENS_TOTAL}
 
 
 @dataclass
@@ -209,30 +201,31 @@ class EngineMetricsWatcher(Watcher):
         return s
 
     def _counter_alerts(self, values: dict[str, float], now: float) -> None:
-        def delta(key: str) -> float:
-            name = COUNTERS[key]
+        def delta(name: str) -> float:
             v = values.get(name)
             if v is None:
                 return 0.0
-            prev = self._base.get(key, 0.0)
-            self._base[key] = v
+            prev = self._base.get(name, 0.0)
+            self._base[name] = v
             return v - prev if v >= prev else v  # a decrease is a reset
 
-        d_retry, d_oom, d_err = delta("allocator_retries_total"), delta("allocator_ooms_total"), delta("stream_errors_total")
-        g = lambda k: int(values.get(COUNTERS[k], 0))  # noqa: E731
+        d_retry = delta(names.ALLOCATOR_RETRIES_TOTAL)
+        d_oom = delta(names.ALLOCATOR_OOMS_TOTAL)
+        d_err = delta(names.STREAM_ERRORS_TOTAL)
+        g = lambda name: int(values.get(name, 0))  # noqa: E731
         if d_retry > 0 or d_oom > 0:
             self._alert_at["AllocatorRetries"] = now
             self.book.fire("AllocatorRetries", severity="warning",
                            summary=f"engine allocator under pressure: +{d_retry:.0f} retries, +{d_oom:.0f} OOMs",
                            description=f"torch's caching allocator had to free its cache and retry "
-                                       f"({g('allocator_retries_total')} retries, {g('allocator_ooms_total')} "
+                                       f"({g(names.ALLOCATOR_RETRIES_TOTAL)} retries, {g(names.ALLOCATOR_OOMS_TOTAL)} "
                                        f"OOMs since the engine started): GPU memory is short, often because "
                                        f"another process took some",
                            fix="lower [engine] gpu_memory_utilization or max_num_seqs; look for foreign GPU processes")
         if d_err > 0:
             self._alert_at["StreamErrors"] = now
             self.book.fire("StreamErrors", severity="critical",
-                           summary=f"engine saw {d_err:.0f} CUDA stream error(s) ({g('stream_errors_total')} in all)",
+                           summary=f"engine saw {d_err:.0f} CUDA stream error(s) ({g(names.STREAM_ERRORS_TOTAL)} in all)",
                            description="a CUDA event or stream query returned an error: the engine's health fails and "
                                        "zerod restarts it; look for an Xid in the kernel log",
                            fix="journalctl -k | grep -i xid; nvidia-smi -q -d ECC")

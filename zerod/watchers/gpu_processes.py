@@ -24,6 +24,9 @@ import os
 import time
 from typing import Any, Callable
 
+import psutil
+from prometheus_client.core import GaugeMetricFamily
+
 from zerod.alerts import AlertBook
 from zerod.daemon_config import DaemonConfig
 from zerod.watchers import Watcher
@@ -41,6 +44,13 @@ def _gp():
 def _gib(n: int | None) -> str:
     return "no GPU memory (fd scan only: an NVML/driver handle, no CUDA context)" if n is None \
         else f"{n / 2**30:.2f} GiB of GPU memory"
+
+
+def process_start_time(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.Error, OSError):
+        return None
 
 
 class GpuProcessWatcher(Watcher):
@@ -75,6 +85,9 @@ class GpuProcessWatcher(Watcher):
         self.rows: list[dict[str, Any]] = []
         self.scan_stats: dict[str, Any] = {}
         self.first_seen: dict[int, float] = {}
+        # pid -> its start time (psutil create_time) when first seen: a pid reused
+        # by another process since then must not be signalled in its place
+        self.start_times: dict[int, float | None] = {}
         # foreign processes seen lately (also those gone since): for LatencyRegression
         self.recent_foreign: collections.OrderedDict[int, dict[str, Any]] = collections.OrderedDict()
 
@@ -168,6 +181,8 @@ class GpuProcessWatcher(Watcher):
         for p in procs:
             seen.add(p.pid)
             first = self.first_seen.setdefault(p.pid, now)
+            if p.pid not in self.start_times:
+                self.start_times[p.pid] = process_start_time(p.pid)
             role, why = gp.classify(p, own, self.allowed)
             if role == "self":
                 is_engine = eng is not None and (p.pid == eng or eng in p.ancestors)
@@ -213,6 +228,7 @@ class GpuProcessWatcher(Watcher):
         for pid in list(self.first_seen):
             if pid not in seen:
                 del self.first_seen[pid]
+                self.start_times.pop(pid, None)
         horizon = now - max(self.cfg.cause_window_s, 1.0)
         for pid, info in list(self.recent_foreign.items()):
             if info["last_seen"] < horizon:
@@ -225,8 +241,20 @@ class GpuProcessWatcher(Watcher):
     def foreign(self) -> list[dict[str, Any]]:
         return [r for r in self.rows if r["role"] == "foreign"]
 
+    def foreign_start_time(self, pid: int) -> tuple[bool, float | None]:
+        """(is `pid` a foreign process in the last scan, its start time then)."""
+        return any(r["pid"] == pid for r in self.foreign()), self.start_times.get(pid)
+
     def snapshot(self) -> dict[str, Any]:
         return {"processes": list(self.rows)}
+
+    def collect(self):
+        foreign = self.foreign()
+        yield GaugeMetricFamily("zerod_foreign_gpu_processes",
+                                "Processes holding a GPU that are neither the engine nor allowed.",
+                                value=float(len(foreign)))
+        yield GaugeMetricFamily("zerod_foreign_gpu_memory_bytes", "GPU memory held by foreign processes.",
+                                value=float(sum(r["gpu_memory_bytes"] or 0 for r in foreign)))
 
     def stats(self) -> dict:
         return {**super().stats(), "full_scans": self.full_scans, "quick_checks": self.quick_checks,

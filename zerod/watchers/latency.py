@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from zerod.alerts import AlertBook
 from zerod.daemon_config import DaemonConfig
+from zerod.engine import metrics as names
 from zerod.watchers import Watcher
 from zerod.watchers.engine_metrics import EngineMetricsWatcher
 
@@ -72,15 +73,15 @@ class LatencyWatcher(Watcher):
             rate_win = self.metrics.window(RATE_WINDOW_S)
             if rate_win is not None and rate_win[1].t > rate_win[0].t:
                 a, b = rate_win
-                key = "zerod_engine_generation_tokens_total"
+                key = names.GENERATION_TOKENS_TOTAL
                 d = b.values.get(key, 0.0) - a.values.get(key, 0.0)
                 f["output_tokens_per_s"] = max(0.0, d) / (b.t - a.t)
         last = self.metrics.last
         v = last.values if last else {}
-        total, free = v.get("zerod_engine_kv_pages_total"), v.get("zerod_engine_kv_pages_free")
+        total, free = v.get(names.KV_PAGES_TOTAL), v.get(names.KV_PAGES_FREE)
         self.history["output_tokens_per_s"].append(f["output_tokens_per_s"])
-        self.history["running"].append(v.get("zerod_engine_requests_running"))
-        self.history["waiting"].append(v.get("zerod_engine_requests_waiting"))
+        self.history["running"].append(v.get(names.REQUESTS_RUNNING))
+        self.history["waiting"].append(v.get(names.REQUESTS_WAITING))
         self.history["kv_pages_used"].append(total - free if total is not None and free is not None else None)
         self.history["itl_p99_s"].append(f["itl_p99_s"])
         self.history["ttft_p99_s"].append(f["ttft_p99_s"])

@@ -14,6 +14,8 @@ import collections
 import time
 from typing import Any
 
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
 from zerod.alerts import AlertBook
 from zerod.checks.clock_events import CLOCK_EVENT_REASONS, reasons_from_mask
 from zerod.daemon_config import DaemonConfig
@@ -21,6 +23,18 @@ from zerod.watchers import Watcher
 from zerod.watchers.nvml_session import NvmlSession, is_gpu_lost
 
 HISTORY = 600
+# (metric, help, key of the GPU row, scale)
+GPU_GAUGES = (
+    ("zerod_gpu_utilization_ratio", "GPU utilization (0-1) over NVML's last sample period.", "utilization_ratio", 1),
+    ("zerod_gpu_memory_used_bytes", "GPU memory in use.", "memory_used_bytes", 1),
+    ("zerod_gpu_memory_total_bytes", "GPU memory in all.", "memory_total_bytes", 1),
+    ("zerod_gpu_temperature_celsius", "GPU temperature.", "temperature_celsius", 1),
+    ("zerod_gpu_power_watts", "GPU board power draw.", "power_watts", 1),
+    ("zerod_gpu_power_limit_watts", "GPU enforced power limit.", "power_limit_watts", 1),
+    ("zerod_gpu_sm_clock_hertz", "GPU SM clock.", "sm_clock_mhz", 1e6),
+    ("zerod_gpu_ecc_volatile_uncorrected_errors",
+     "Uncorrected ECC errors since the last driver load (NVML volatile count).", "ecc_volatile_uncorrected", 1),
+)
 _TEMPERATURE_GPU = 0
 _CLOCK_SM, _CLOCK_MEM = 1, 2
 _ECC_UNCORRECTED, _ECC_VOLATILE = 1, 0
@@ -52,7 +66,7 @@ class NvmlStatsWatcher(Watcher):
         self._replays_seen: dict[int, int] = {}
         self._replay_alert_at: dict[int, float] = {}
 
-    # the snapshot for /v1/gpus
+    # the snapshot for /v1/gpus (zerod.views adds each GPU's XID counts)
     def snapshot(self) -> dict[str, Any]:
         gpus = []
         for idx in sorted(self.gpus):
@@ -62,6 +76,31 @@ class NvmlStatsWatcher(Watcher):
             gpus.append(g)
         return {"nvml": {"ok": self.session.ok, "error": self.session.error,
                          "driver_version": self.session.driver_version}, "gpus": gpus}
+
+    def collect(self):
+        """The GPU series of /metrics, from the last poll: `gpu` and `uuid` labels, never a pid."""
+        labels = ["gpu", "uuid"]
+        families = [(GaugeMetricFamily(name, doc, labels=labels), key, scale) for name, doc, key, scale in GPU_GAUGES]
+        events = GaugeMetricFamily("zerod_gpu_clock_event_active",
+                                   "1 while NVML reports this clocks event (throttle) reason.",
+                                   labels=labels + ["reason"])
+        replays = CounterMetricFamily("zerod_gpu_pcie_replays", "PCIe replay counter (NVML).", labels=labels)
+        for idx in sorted(self.gpus):
+            g = self.gpus[idx]
+            lv = [str(idx), g["uuid"]]
+            for fam, key, scale in families:
+                if g.get(key) is not None:
+                    fam.add_metric(lv, float(g[key]) * scale)
+            active = set(g.get("clock_events_active") or [])
+            for reason in CLOCK_EVENT_REASONS.values():
+                events.add_metric(lv + [reason], 1.0 if reason in active else 0.0)
+            if g.get("pcie_replays_total") is not None:
+                replays.add_metric(lv, float(g["pcie_replays_total"]))
+        yield from (fam for fam, _, _ in families)
+        yield events
+        yield replays
+        yield GaugeMetricFamily("zerod_nvml_up", "1 when NVML answers (0: no driver, library or GPU).",
+                                value=1.0 if self.session.ok else 0.0)
 
     def poll(self) -> None:
         if not self.session.ensure():
@@ -138,7 +177,6 @@ class NvmlStatsWatcher(Watcher):
             "remapped_rows": ({"corrected": int(remap[0]), "uncorrected": int(remap[1]),
                                "pending": bool(remap[2]), "failure": bool(remap[3])}
                               if remap is not None else None),
-            "xid_events_total": self.gpus.get(dev.index, {}).get("xid_events_total", {}),
         }
         self.gpus[dev.index] = g
         hist = self.history.setdefault(dev.index, {k: collections.deque(maxlen=HISTORY) for k in (
@@ -146,10 +184,6 @@ class NvmlStatsWatcher(Watcher):
         for k, dq in hist.items():
             dq.append(g[k])
         self._alerts(dev, g, now)
-
-    def set_xid_counts(self, index: int, counts: dict[str, int]) -> None:
-        if index in self.gpus:
-            self.gpus[index]["xid_events_total"] = dict(counts)
 
     def _alerts(self, dev, g: dict[str, Any], now: float) -> None:
         idx, labels = dev.index, {"gpu": dev.index, "uuid": dev.uuid}

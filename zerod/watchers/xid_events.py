@@ -12,7 +12,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily
 
 from zerod.alerts import AlertBook
 from zerod.daemon_config import DaemonConfig
@@ -40,15 +42,13 @@ class XidWatcher(Watcher):
     blocking = False
 
     def __init__(self, session: NvmlSession, book: AlertBook, cfg: DaemonConfig,
-                 wait_ms: int = 2000, on_counts: Callable[[int, dict[str, int]], None] | None = None,
-                 clock=time.time) -> None:
+                 wait_ms: int = 2000, clock=time.time) -> None:
         super().__init__()
         self.session = session
         self.book = book
         self.cfg = cfg
         self.wait_ms = wait_ms
         self.interval_s = max(cfg.watch_interval_s, 1.0)
-        self.on_counts = on_counts
         self.clock = clock
         self.counts: dict[int, dict[str, int]] = {}  # gpu -> {xid: n}
         self.last_event_at: dict[tuple[int, int], float] = {}
@@ -61,6 +61,22 @@ class XidWatcher(Watcher):
 
     async def apoll(self) -> None:
         self.check()
+
+    def snapshot(self) -> dict[int, dict[str, int]]:
+        """{gpu index: {xid: events since the daemon started}}."""
+        with self._lock:
+            return {gpu: dict(c) for gpu, c in self.counts.items()}
+
+    def collect(self):
+        fam = CounterMetricFamily("zerod_gpu_xid_events", "XID events received from NVML since the daemon started.",
+                                  labels=["gpu", "uuid", "xid"])
+        for gpu, counts in sorted(self.snapshot().items()):
+            dev = self.session.device(gpu)
+            if dev is None:  # an event NVML could not place on a GPU: the alert says it
+                continue
+            for code, n in sorted(counts.items()):
+                fam.add_metric([str(gpu), dev.uuid, code], float(n))
+        yield fam
 
     def check(self) -> None:
         """Start the event thread when NVML is up (again); expire old alerts."""
@@ -143,5 +159,3 @@ class XidWatcher(Watcher):
                                    f"{counts[str(xid)]} of this Xid since the daemon started",
                        labels={"gpu": gpu, "uuid": dev.uuid if dev else None, "xid": xid},
                        fix=info.action)
-        if self.on_counts:
-            self.on_counts(gpu, counts)

@@ -1,0 +1,95 @@
+"""The whole configuration file checked before anything starts, and
+`zerod config check [FILE]` (like `nginx -t`): OK, or the refusals, one line
+each; exit 0 or 78 (EX_CONFIG). `zerod run` refuses the same things the same way.
+
+Each section's schema has one owner: `[daemon]` and `[alerts]` the dataclasses
+of zerod.daemon_config, `[doctor]` zerod.checks.config.DoctorConfig (its types
+here, its ranges its own), `[engine]` the options of `zerod serve` itself.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from zerod.checks.config import DoctorConfig, DoctorConfigError
+from zerod.checks.report import CATALOGUE
+from zerod.config import ConfigError, load_config
+from zerod.config_schema import check_options, check_table, refusal
+from zerod.daemon_config import AlertsConfig, DaemonConfig, DaemonConfigError
+from zerod.engine.cli import serve
+from zerod.watchers.nvml_stats import CLOCK_EVENT_REASONS
+
+EX_OK, EX_CONFIG = 0, 78
+MODEL_MISSING = ('[engine] model is not set: set it to a checkpoint directory (config.json, '
+                 '*.safetensors) or "demo"; or try zerod without a model: zerod run --demo')
+
+
+def check_config(config: dict[str, dict[str, Any]], *, demo: bool = False) -> list[str]:
+    """Every refusal of the whole file, one line each (empty: OK)."""
+    out: list[str] = []
+    daemon = _section(config, "daemon", DaemonConfig, out)
+    _section(config, "alerts", AlertsConfig, out)
+    engine = config.get("engine") or {}
+    engine_refusals = check_options(serve, "engine", engine)
+    out += engine_refusals
+    engine_command = daemon.engine_command if daemon else (config.get("daemon") or {}).get("engine_command")
+    if "model" not in engine and not demo and not engine_command:
+        out.append(MODEL_MISSING)
+    reasons = (config.get("daemon") or {}).get("throttle_alert_reasons", [])
+    if (isinstance(reasons, list) and all(isinstance(r, str) for r in reasons)
+            and not set(reasons) <= set(CLOCK_EVENT_REASONS.values())):
+        out.append(refusal("daemon", "throttle_alert_reasons", reasons,
+                           f"each must be one of {', '.join(CLOCK_EVENT_REASONS.values())}"))
+    out += _doctor(config, engine_ok=not engine_refusals)
+    return out
+
+
+def _section(config, name: str, cls, out: list[str]):
+    try:
+        return cls.from_dict(config.get(name))
+    except DaemonConfigError as exc:
+        out.extend(exc.refusals)
+        return None
+
+
+def _doctor(config: dict[str, dict[str, Any]], engine_ok: bool) -> list[str]:
+    table = config.get("doctor") or {}
+    _, out = check_table(DoctorConfig, "doctor", table, scalar_lists=True)
+    for cid, why in (table.get("waivers") or {}).items() if isinstance(table.get("waivers"), dict) else ():
+        if cid not in CATALOGUE:
+            out.append(refusal("doctor", f'waivers."{cid}"', why, "no such check ID (zerod doctor lists them)"))
+    if not out and engine_ok:  # its own ranges, and what it takes from [engine]
+        try:
+            DoctorConfig.from_config(config)
+        except (DoctorConfigError, TypeError, ValueError) as exc:
+            out.append(str(exc).replace("\n", " "))
+    return out
+
+
+@click.group("config")
+def config() -> None:
+    """Check the configuration file."""
+
+
+@config.command("check")
+@click.argument("path", metavar="[FILE]", required=False, type=click.Path(dir_okay=False))
+@click.option("--demo", is_flag=True, help="Check it as `zerod run --demo` would (no model needed).")
+def check(path: str | None, demo: bool) -> None:
+    """Check FILE (default /etc/zerod/zerod.toml) as `zerod run` would, before
+    anything starts: prints OK, or each refusal on one line; exit 0 or 78."""
+    from zerod.config import DEFAULT_PATH
+
+    shown = path or str(DEFAULT_PATH)
+    try:
+        refusals = check_config(load_config(path), demo=demo)
+    except ConfigError as exc:
+        refusals = [str(exc)]
+    if refusals:
+        for line in refusals:
+            click.echo(line, err=True)
+        click.echo(f"{shown}: {len(refusals)} problem(s); zerod run would refuse to start", err=True)
+        sys.exit(EX_CONFIG)
+    click.echo(f"{shown}: OK")

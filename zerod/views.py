@@ -1,0 +1,112 @@
+"""What the daemon serves: the control API's documents (docs/control-api.md)
+and the series of /metrics, both read from the parts' cached snapshots.
+
+The parts (the supervisor, the preflight, the watchers, the alert book) each
+own their snapshot and their metric families; this module only puts them
+together — the GPU rows and their XID counts meet here, once.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, InfoMetricFamily
+
+from zerod import __version__
+from zerod.alerts import AlertBook
+from zerod.engine import metrics as names
+from zerod.preflight import Preflight
+from zerod.supervisor import EngineSupervisor
+from zerod.watchers import Watcher
+from zerod.watchers.engine_metrics import EngineMetricsWatcher
+from zerod.watchers.gpu_processes import GpuProcessWatcher
+from zerod.watchers.latency import LatencyWatcher
+from zerod.watchers.nvml_stats import NvmlStatsWatcher
+from zerod.watchers.xid_events import XidWatcher
+
+ENGINE_KEYS = ("state", "up", "pid", "url", "model", "restarts", "numa_node", "cpus")
+HISTORY_KEYS = ("output_tokens_per_s", "running", "waiting", "kv_pages_used", "itl_p99_s", "ttft_p99_s")
+
+
+@dataclass(eq=False)  # compared and hashed by identity: a registry keys on it
+class Views:
+    host: str
+    started_at: float
+    allow_write_actions: bool
+    book: AlertBook
+    preflight: Preflight
+    supervisor: EngineSupervisor
+    nvml_stats: NvmlStatsWatcher
+    xid: XidWatcher
+    processes: GpuProcessWatcher
+    engine_metrics: EngineMetricsWatcher
+    latency: LatencyWatcher
+    watchers: list[Watcher]
+
+    # --- the control API's documents ------------------------------------------
+    def status(self) -> dict[str, Any]:
+        eng = self.supervisor.snapshot()
+        return {"version": __version__, "host": self.host, "daemon_pid": os.getpid(),
+                "started_at": self.started_at, "uptime_s": round(time.time() - self.started_at, 1),
+                "write_actions": self.allow_write_actions, "paused": False,
+                "engine": {k: eng.get(k) for k in ENGINE_KEYS}, "preflight": self.preflight.summary()}
+
+    def checks(self) -> dict[str, Any]:
+        return self.preflight.checks_doc()
+
+    def gpus(self) -> dict[str, Any]:
+        doc = self.nvml_stats.snapshot()
+        xids = self.xid.snapshot()
+        for g in doc["gpus"]:
+            g["xid_events_total"] = xids.get(g["index"], {})
+        return doc
+
+    def processes_doc(self) -> dict[str, Any]:
+        return self.processes.snapshot()
+
+    def alerts(self) -> dict[str, Any]:
+        return {"alerts": [a.to_dict() for a in self.book.all()]}
+
+    def engine(self) -> dict[str, Any]:
+        last = self.engine_metrics.last
+        values = last.values if last else {}
+
+        def num(name: str) -> int | None:
+            x = values.get(name)
+            return int(x) if x is not None else None
+
+        lat = self.latency.snapshot()
+        return {
+            "up": self.supervisor.fig.state == "healthy", "url": self.supervisor.url,
+            "running": num(names.REQUESTS_RUNNING), "waiting": num(names.REQUESTS_WAITING),
+            "kv_pages_total": num(names.KV_PAGES_TOTAL), "kv_pages_free": num(names.KV_PAGES_FREE),
+            "output_tokens_per_s": lat["output_tokens_per_s"],
+            "ttft_p50_s": lat["ttft_p50_s"], "ttft_p99_s": lat["ttft_p99_s"],
+            "itl_p50_s": lat["itl_p50_s"], "itl_p99_s": lat["itl_p99_s"],
+            "allocator_retries_total": num(names.ALLOCATOR_RETRIES_TOTAL),
+            "allocator_ooms_total": num(names.ALLOCATOR_OOMS_TOTAL),
+            "stream_errors_total": num(names.STREAM_ERRORS_TOTAL),
+            "history": {k: lat["history"].get(k, []) for k in HISTORY_KEYS},
+        }
+
+    def foreign_start_time(self, pid: int) -> tuple[bool, float | None]:
+        """For the signal action: is `pid` foreign now, and when did it start."""
+        return self.processes.foreign_start_time(pid)
+
+    # --- /metrics ---------------------------------------------------------------
+    def collect(self):
+        yield InfoMetricFamily("zerod", "zerod build information.", value={"version": __version__})
+        for part in (self.nvml_stats, self.xid, self.processes, self.preflight, self.book, self.supervisor):
+            yield from part.collect()
+        runs = CounterMetricFamily("zerod_watcher_runs", "Watcher polls.", labels=["watcher"])
+        errors = CounterMetricFamily("zerod_watcher_errors", "Watcher polls that failed.", labels=["watcher"])
+        busy = CounterMetricFamily("zerod_watcher_busy_seconds", "Wall time spent in watcher polls.",
+                                   labels=["watcher"])
+        for w in self.watchers:
+            runs.add_metric([w.name], float(w.runs))
+            errors.add_metric([w.name], float(w.errors))
+            busy.add_metric([w.name], float(w.busy_s))
+        yield from (runs, errors, busy)
