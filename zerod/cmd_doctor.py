@@ -16,6 +16,7 @@ import os
 import sys
 
 import click
+from zerod.cli import CONTEXT_SETTINGS
 
 EXIT_UNKNOWN_CHECK = 64  # EX_USAGE (sysexits.h)
 EPILOG = ("Exit: 0 all checks pass (skips allowed), 1 warnings only (a check that could not "
@@ -41,7 +42,7 @@ def _load_config(config: str | None, rootfs: str | None) -> dict:
         raise click.UsageError(str(exc)) from None
 
 
-@click.command(epilog=EPILOG)
+@click.command(epilog=EPILOG, context_settings=CONTEXT_SETTINGS)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (the report) instead of text.")
 @click.option("--only", multiple=True, metavar="ID", help="Run only these checks (ID, area like 'gpu', or glob; repeatable).")
 @click.option("--skip", multiple=True, metavar="ID", help="Leave these checks out (ID, area or glob; repeatable).")
@@ -102,7 +103,7 @@ def _doctor(as_json, only, skip, procfs, sysfs, rootfs, save_facts, facts_file, 
     return report.exit_code
 
 
-@click.command()
+@click.command(context_settings=CONTEXT_SETTINGS)
 @click.option("--apply", "do_apply", is_flag=True, help="Apply the plan (records the previous values).")
 @click.option("--rollback", is_flag=True, help="Restore the values recorded by --apply.")
 @click.option("--rootfs", type=click.Path(file_okay=False), default="/", show_default=True,
