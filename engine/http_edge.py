@@ -28,7 +28,7 @@ from typing import Any
 
 from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMethod, HttpProcessingError, LineTooLong
-from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 
 from . import protocol as P
 
@@ -67,11 +67,17 @@ def edge_error(exc: BaseException, limits: EdgeLimits) -> P.APIError | None:
     if isinstance(exc, web.HTTPRequestEntityTooLarge):
         return P.APIError(413, f"the request body is larger than {limits.max_body_bytes} "
                           "bytes", code="request_too_large")
+    if isinstance(exc, RequestPayloadError):  # the body failed to decode while read
+        exc = exc.__cause__ if isinstance(exc.__cause__, HttpProcessingError) else exc
+        if isinstance(exc, RequestPayloadError):
+            return P.APIError(400, f"malformed request body: {exc}")
     if isinstance(exc, LineTooLong):
-        what = str(exc.args[0]).lower() if exc.args else ""
-        if "status line" in what or "request line" in what or "url" in what:
-            return P.APIError(414, f"the request line is too long: {exc.message}")
-        return P.APIError(431, f"a request header is too long: {exc.message}")
+        line, limit = (exc.args + ("", "?"))[:2]
+        # aiohttp's parser hands over the offending bytes: the target (it starts with
+        # "/" or a scheme) when the request line is too long, else a header
+        if bytes(line[:4]) in (b"http", b"HTTP") or bytes(line[:1]) == b"/":
+            return P.APIError(414, f"the request target is longer than {limit} bytes")
+        return P.APIError(431, f"a request header is longer than {limit} bytes")
     if isinstance(exc, BadHttpMethod):
         return P.APIError(400, f"not an HTTP request: {exc.message}")
     if isinstance(exc, HttpProcessingError):

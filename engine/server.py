@@ -143,7 +143,10 @@ def _json(obj: Any, status: int = 200, headers: dict[str, str] | None = None) ->
 
 
 def _error_response(err: P.APIError) -> web.Response:
-    return _json(err.body(), err.status, err.headers or None)
+    resp = _json(err.body(), err.status, err.headers or None)
+    if err.headers.get("Connection") == "close":
+        resp.force_close()
+    return resp
 
 
 class OpenAIServer:
@@ -221,9 +224,9 @@ class OpenAIServer:
         except Exception as exc:
             err = edge_error(exc, self.edge)  # a malformed body aiohttp found while reading
             if err is not None:
-                resp = _error_response(err)
-                resp.force_close()
-                return resp
+                request.content.feed_eof()  # nothing after a broken body is worth reading
+                err.headers["Connection"] = "close"
+                return _error_response(err)
             # a bug: answer 500 in the error shape, keep serving
             log.exception("internal error on %s", request.path)
             return _error_response(P.APIError(500, f"internal server error: {exc}"))
@@ -287,10 +290,15 @@ class OpenAIServer:
         return await self._generate(request, self.schemas.parse_chat(body))
 
     async def _body(self, request: web.Request) -> Any:
+        limit = self.edge.max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            raise P.APIError(413, f"the request body is larger than {limit} bytes",
+                             code="request_too_large", headers={"Connection": "close"})
         try:
             async with asyncio.timeout(self.edge.body_timeout):
                 raw = await request.read()
         except TimeoutError:
+            request.content.feed_eof()  # close now: no lingering on a slow client's body
             raise P.APIError(408, f"the request body did not arrive within "
                              f"{self.edge.body_timeout:g} s", headers={"Connection": "close"}
                              ) from None
