@@ -244,7 +244,9 @@ class Field:
         return v
 
     def schema(self) -> dict[str, Any]:
-        s = self.type.schema()
+        # a field with one supported value publishes that value: generated clients and
+        # fuzzers then send what is served; other values are documented as refused
+        s = {"const": self.only} if self.only is not None else self.type.schema()
         if not self.required or self.null_ok:  # null is accepted (as absent or as itself)
             s = {"anyOf": [s, {"type": "null"}]}
         doc = self.doc
@@ -259,10 +261,12 @@ class Field:
 @dataclass(frozen=True)
 class Obj(Type):
     """A JSON object of declared fields; unknown members are ignored (as OpenAI's API
-    does), or, with `values`, every member is checked against it (a map)."""
+    does), or, with `values`, every member is checked against it (a map). `when` holds
+    (field, other, value): `field` is allowed only when `other` is `value`."""
 
     fields: tuple[Field, ...] = ()
     values: Type | None = None
+    when: tuple[tuple[str, str, Any], ...] = ()
 
     def matches_kind(self, v: Any) -> bool:
         return isinstance(v, dict)
@@ -286,6 +290,11 @@ class Obj(Type):
             for k, x in v.items():
                 where = f"{path}.{k}" if path else k
                 out[k] = self.values.check(x, where)
+        for name, other, value in self.when:
+            if out[name] is not None and out[other] != value:
+                where = f"{path}.{name}" if path else name
+                raise Invalid(f"'{where}' is only allowed when '{other}' is "
+                              f"{json.dumps(value)}", where)
         return out
 
     def schema(self) -> dict[str, Any]:
@@ -297,6 +306,12 @@ class Obj(Type):
             s["required"] = req
         if self.values is not None:
             s["additionalProperties"] = self.values.schema()
+        if self.when:
+            s["allOf"] = [{"if": {"properties": {name: {"not": {"type": "null"}}},
+                                  "required": [name]},
+                           "then": {"properties": {other: {"const": value}},
+                                    "required": [other]}}
+                          for name, other, value in self.when]
         return s
 
 

@@ -80,9 +80,11 @@ def _json_ok(description: str, schema: dict) -> dict[str, Any]:
 
 def _generation(op_id: str, summary: str, request: str, response: str) -> dict[str, Any]:
     ok = _json_ok(f"{summary} (stream false).", _ref(response))
-    ok["200"]["content"]["text/event-stream"] = {
-        "schema": _STR, "description": "stream true: `data: {chunk}` events, then "
-                                       "`data: [DONE]`."}
+    # OpenAPI 3.1: an event stream's schema describes one event
+    ok["200"]["content"]["text/event-stream"] = {"schema": {
+        "type": "object", "properties": {"data": _STR}, "required": ["data"],
+        "description": "stream true: each event's data is a JSON chunk; the last is "
+                       "`[DONE]`."}}
     return {"post": {
         "operationId": op_id, "summary": summary,
         "requestBody": {"required": True,

@@ -167,7 +167,8 @@ class RequestSchemas:
         )
         over_ids = _context_exceeded(mml, "prompt has {n} tokens, which leaves no room "
                                           "for output")
-        self.completion = Obj(common + (
+        stream_rule = (("stream_options", "stream", True),)
+        self.completion = Obj(when=stream_rule, fields=common + (
             Field("prompt", required=True, type=AnyOf((
                 Str(1),
                 Array(token_id, 1, mml - 1, "context_length_exceeded", over_ids),
@@ -191,7 +192,7 @@ class RequestSchemas:
                                    "a string or a list of content parts")),
             Field("name", Str()),
         ))
-        self.chat = Obj(common + (
+        self.chat = Obj(when=stream_rule, fields=common + (
             Field("messages", Array(message, 1, mml, "context_length_exceeded",
                                     _context_exceeded(mml, "messages are {n}, more than "
                                                            "could fit")), required=True),
@@ -269,12 +270,8 @@ def _check(table: Obj, body: Any) -> dict[str, Any]:
 def _common(v: dict[str, Any], req: CompletionRequest) -> None:
     """Fields shared by both endpoints, from validated values (None: absent)."""
     req.stream = bool(v["stream"])
-    so = v["stream_options"]
-    if so is not None:
-        if not req.stream:
-            raise bad("'stream_options' is only allowed when 'stream' is true",
-                      "stream_options")
-        req.include_usage = bool(so["include_usage"])
+    if v["stream_options"] is not None:  # only with stream true (the tables' `when`)
+        req.include_usage = bool(v["stream_options"]["include_usage"])
     for name in ("temperature", "top_p", "min_tokens", "seed", "ignore_eos"):
         if v[name] is not None:
             setattr(req, name, v[name])
