@@ -119,7 +119,8 @@ def _check_model(ctx, param, value):
               help="KV page size in tokens (a power of two).")
 @click.option("--device", type=Device(), default=_DEFAULT["device"], show_default=True,
               help="cpu, cuda, cuda:N; auto = cuda if available.")
-@click.option("--enforce-eager", is_flag=True, help="CUDA: no CUDA graphs.")
+@click.option("--enforce-eager", is_flag=True, default=_DEFAULT["enforce_eager"],
+              help="CUDA: no CUDA graphs.")
 @click.option("--seed", type=int, default=_DEFAULT["seed"], show_default=True,
               help="Seeds dummy weights and requests that carry no seed.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Bind address.")
