@@ -143,6 +143,15 @@ def test_real_engine_bad_inputs_then_still_serving(live):
     assert e.value.body["code"] == "context_length_exceeded"
     with pytest.raises(openai.BadRequestError):
         c.completions.create(model=eng.model_name, prompt=[11] * 10, max_tokens=MAX_LEN)
+    # text no MAX_LEN tokens of this tokenizer could hold: refused without tokenizing it
+    too_long = "x" * (eng.tokenizer.max_chars_per_token * MAX_LEN + 1)
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(model=eng.model_name, prompt=too_long, max_tokens=1)
+    assert e.value.body["code"] == "context_length_exceeded" and "characters" in str(e.value)
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(model=eng.model_name, prompt="x", max_tokens=1,
+                             extra_body={"top_k": 2**63, "min_tokens": 2**63})
+    assert e.value.body["param"] == "top_k"
     with pytest.raises(openai.BadRequestError):
         c.completions.create(model=eng.model_name, prompt=[eng.vocab_size + 1], max_tokens=1)
     with pytest.raises(openai.NotFoundError):
