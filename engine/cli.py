@@ -99,6 +99,21 @@ def _check_model(ctx, param, value):
               default=_DEFAULT["max_prefill_tokens_idle"],
               show_default=True, help="Prompt tokens per step while nothing decodes (a long "
                                       "prompt then goes in whole, unchunked).")
+@click.option("--enable-prefix-caching/--no-enable-prefix-caching",
+              default=_DEFAULT["enable_prefix_caching"], show_default=True,
+              help="Share the KV of full prompt pages between requests with the same prefix.")
+@click.option("--target-itl-ms", type=click.FloatRange(min=0.1, max=1e5),
+              default=_DEFAULT["target_itl_ms"], show_default=True,
+              help="While streams decode, prompt chunks keep a step within this (from "
+                   "measured step costs), down to --min-prefill-chunk.")
+@click.option("--target-ttft-ms", type=click.FloatRange(min=0.1, max=1e5),
+              default=_DEFAULT["target_ttft_ms"], show_default=True,
+              help="While streams decode, prompt chunks grow to clear waiting prompts within "
+                   "this, up to --max-num-batched-tokens.")
+@click.option("--min-prefill-chunk", type=click.IntRange(min=1),
+              default=_DEFAULT["min_prefill_chunk"], show_default=True,
+              help="Prompt tokens a step takes at least while streams decode (prefill is "
+                   "never starved).")
 @click.option("--max-waiting", type=click.IntRange(min=0), default=_DEFAULT["max_waiting"],
               show_default=True,
               help="Wait line bound; beyond it requests get 429 with Retry-After.")
@@ -138,7 +153,8 @@ def _check_model(ctx, param, value):
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 def serve(model, served_model_name, tokenizer, dtype, load_format, max_model_len,
-          max_num_seqs, max_num_batched_tokens, max_prefill_tokens_idle, max_waiting,
+          max_num_seqs, max_num_batched_tokens, max_prefill_tokens_idle, enable_prefix_caching,
+          target_itl_ms, target_ttft_ms, min_prefill_chunk, max_waiting,
           gpu_memory_utilization, kv_pages,
           kv_cache_memory_bytes, block_size, device, enforce_eager, seed, host, port, api_key,
           drain_timeout, default_max_tokens, log_level):
@@ -158,6 +174,8 @@ def serve(model, served_model_name, tokenizer, dtype, load_format, max_model_len
             dtype=dtype, load_format=load_format, max_model_len=max_model_len,
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             max_prefill_tokens_idle=max_prefill_tokens_idle, max_waiting=max_waiting,
+            enable_prefix_caching=enable_prefix_caching, target_itl_ms=target_itl_ms,
+            target_ttft_ms=target_ttft_ms, min_prefill_chunk=min_prefill_chunk,
             gpu_memory_utilization=gpu_memory_utilization, kv_pages=kv_pages,
             kv_cache_memory_bytes=kv_cache_memory_bytes, block_size=block_size,
             device=device, enforce_eager=enforce_eager, seed=seed)

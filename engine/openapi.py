@@ -26,7 +26,8 @@ def _ref(name: str) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{name}"}
 
 
-_USAGE = _obj({"prompt_tokens": _INT, "completion_tokens": _INT, "total_tokens": _INT})
+_USAGE = _obj({"prompt_tokens": _INT, "completion_tokens": _INT, "total_tokens": _INT,
+               "prompt_tokens_details": _obj({"cached_tokens": _INT})})
 _FINISH = {"anyOf": [{"enum": ["stop", "length", "abort", "error"]}, _NULL]}
 _COMPLETION = _obj({
     "id": _STR, "object": {"const": "text_completion"}, "created": _INT, "model": _STR,

@@ -359,30 +359,32 @@ def new_id(kind: str) -> str:
     return ("chatcmpl-" if kind == "chat" else "cmpl-") + os.urandom(12).hex()
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+    """OpenAI's usage object; cached_tokens: prompt tokens the prefix cache supplied."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
 def completion_response(rid: str, created: int, model: str, text: str,
                         finish_reason: str | None, prompt_tokens: int,
-                        completion_tokens: int) -> dict[str, Any]:
+                        completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
     return {
         "id": rid, "object": "text_completion", "created": created, "model": model,
         "choices": [{"index": 0, "text": text, "logprobs": None,
                      "finish_reason": finish_reason}],
-        "usage": usage(prompt_tokens, completion_tokens),
+        "usage": usage(prompt_tokens, completion_tokens, cached_tokens),
     }
 
 
 def chat_response(rid: str, created: int, model: str, text: str, finish_reason: str | None,
-                  prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+                  prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
     return {
         "id": rid, "object": "chat.completion", "created": created, "model": model,
         "choices": [{"index": 0,
                      "message": {"role": "assistant", "content": text},
                      "logprobs": None, "finish_reason": finish_reason}],
-        "usage": usage(prompt_tokens, completion_tokens),
+        "usage": usage(prompt_tokens, completion_tokens, cached_tokens),
     }
 
 
@@ -485,8 +487,8 @@ class ChunkEncoder:
                                    "finish_reason": finish_reason}]))
         return self.content("", finish_reason)
 
-    def usage(self, prompt_tokens: int, completion_tokens: int) -> bytes:
-        return sse(self._obj([], usage(prompt_tokens, completion_tokens)))
+    def usage(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> bytes:
+        return sse(self._obj([], usage(prompt_tokens, completion_tokens, cached_tokens)))
 
 
 def now() -> int:

@@ -372,7 +372,7 @@ class OpenAIServer:
                        prompt_len: int) -> web.Response:
         loop = self.loop
         texts: list[str] = []
-        completion_tokens = 0
+        completion_tokens = cached_tokens = 0
         finish_reason = None
         while not st.finished:
             for out in await _next_items(st, loop):
@@ -388,6 +388,7 @@ class OpenAIServer:
                     finish_reason = out.finish_reason
                     st.error = out.error
                     prompt_len = out.prompt_tokens or prompt_len
+                    cached_tokens = out.cached_tokens
                     break
         if finish_reason == "error":
             raise P.APIError(500, st.error or "the engine failed while generating this "
@@ -395,7 +396,7 @@ class OpenAIServer:
         rid = P.new_id(req.kind)
         make = P.chat_response if req.kind == "chat" else P.completion_response
         return _json(make(rid, P.now(), model, "".join(texts), finish_reason, prompt_len,
-                          completion_tokens))
+                          completion_tokens, cached_tokens))
 
     async def _stream(self, request: web.Request, req: P.CompletionRequest, st: _Req,
                       model: str, prompt_len: int) -> web.StreamResponse:
@@ -454,13 +455,15 @@ class OpenAIServer:
 class _SSEFormatter:
     """Engine outputs -> the SSE bytes of one stream (state: counts, finished)."""
 
-    __slots__ = ("completion_tokens", "enc", "finished", "include_usage", "prompt_len")
+    __slots__ = ("cached_tokens", "completion_tokens", "enc", "finished", "include_usage",
+                 "prompt_len")
 
     def __init__(self, enc: P.ChunkEncoder, include_usage: bool, prompt_len: int) -> None:
         self.enc = enc
         self.include_usage = include_usage
         self.prompt_len = prompt_len
         self.completion_tokens = 0
+        self.cached_tokens = 0
         self.finished = False
 
     def __call__(self, items: list[Any], head: bytes = b"") -> bytes:
@@ -477,6 +480,7 @@ class _SSEFormatter:
                 self.finished = True
                 fr = out.finish_reason
                 self.prompt_len = out.prompt_tokens or self.prompt_len
+                self.cached_tokens = out.cached_tokens
                 if fr == "error":
                     if out.text:
                         parts.append(content(out.text))
@@ -492,7 +496,7 @@ class _SSEFormatter:
                 parts.append(content(out.text))
         if self.finished:
             if self.include_usage:
-                parts.append(enc.usage(self.prompt_len, self.completion_tokens))
+                parts.append(enc.usage(self.prompt_len, self.completion_tokens, self.cached_tokens))
             parts.append(P.DONE)
         return b"".join(parts)
 

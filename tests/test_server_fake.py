@@ -212,7 +212,8 @@ async def test_completion_stream_framing(fake):
     assert ev[-1] == "[DONE]"
     usage = ev[-2]
     assert usage["choices"] == [] and usage["usage"] == {
-        "prompt_tokens": 3, "completion_tokens": 7, "total_tokens": 10}
+        "prompt_tokens": 3, "completion_tokens": 7, "total_tokens": 10,
+        "prompt_tokens_details": {"cached_tokens": 0}}
     chunks = ev[:-2]
     assert all(c["object"] == "text_completion" and "usage" in c and c["usage"] is None
                for c in chunks)
@@ -252,7 +253,8 @@ async def test_nonstream_usage(fake):
                               "temperature": 0, "seed": 3, "stop": "zz"})
     body = json.loads(raw)
     assert st == 200 and body["usage"] == {"prompt_tokens": 3, "completion_tokens": 2,
-                                           "total_tokens": 5}
+                                           "total_tokens": 5,
+                                           "prompt_tokens_details": {"cached_tokens": 0}}
     rid, ids, params = eng.submitted[-1]
     assert ids == [5, 6, 7] and params.temperature == 0 and params.seed == 3
     assert params.stop == ["zz"] and params.max_tokens == 2

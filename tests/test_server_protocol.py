@@ -29,9 +29,10 @@ def test_chunk_encoder_matches_json(kind, include_usage, text, fr):
         want["usage"] = None
     assert obj == want
     assert list(obj) == list(want)  # key order as OpenAI sends it
-    u = json.loads(enc.usage(3, 4)[6:])
+    u = json.loads(enc.usage(3, 4, 2)[6:])
     assert u["choices"] == [] and u["usage"] == {"prompt_tokens": 3, "completion_tokens": 4,
-                                                 "total_tokens": 7}
+                                                 "total_tokens": 7,
+                                                 "prompt_tokens_details": {"cached_tokens": 2}}
     if kind == "chat":
         r = json.loads(enc.role()[6:])
         assert r["choices"][0]["delta"] == {"role": "assistant", "content": ""}
