@@ -30,7 +30,11 @@ SOURCES = {
     "clock_events": "nvmlDeviceGetCurrentClocksEventReasons", "remapped_rows": "nvmlDeviceGetRemappedRows",
     "retired_pending": "nvmlDeviceGetRetiredPagesPendingStatus",
     "ecc_uncorrected_volatile": "nvmlDeviceGetTotalEccErrors(UNCORRECTED, VOLATILE)",
-    "fabric": "nvmlDeviceGetGpuFabricInfo",
+    "fabric": "nvmlDeviceGetGpuFabricInfo", "compute_mode": "nvmlDeviceGetComputeMode",
+    "recovery_action": "nvmlDeviceGetFieldValues(NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)",
+    "vbios": "nvmlDeviceGetVbiosVersion", "inforom_image": "nvmlDeviceGetInforomImageVersion",
+    "inforom_valid": "nvmlDeviceValidateInforom", "gsp_firmware": "nvmlDeviceGetGspFirmwareVersion",
+    "gsp_mode": "nvmlDeviceGetGspFirmwareMode",
 }
 GiB = 1 << 30
 
