@@ -109,15 +109,22 @@ def _doctor(as_json, only, skip, procfs, sysfs, rootfs, save_facts, facts_file, 
 @click.option("--rootfs", type=click.Path(file_okay=False), default="/", show_default=True,
               help="Write under DIR instead of / (for tests and image builds).")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
-def harden(do_apply, rollback, rootfs, as_json):
+@click.option("--exclusive-gpu", is_flag=True,
+              help="Also set every GPU to EXCLUSIVE_PROCESS compute mode (through NVML; --rollback restores it).")
+def harden(do_apply, rollback, rootfs, as_json, exclusive_gpu):
     """Plan (default), apply or roll back the host fixes that are safe to automate.
 
-    Never touches GPU clocks, power limits, persistence, ECC or MIG: for those it
-    prints the command for a person to run."""
+    With --exclusive-gpu it also sets the GPUs' compute mode, so that no second
+    process can create a CUDA context beside the engine. Never touches GPU clocks,
+    power limits, persistence, ECC or MIG: for those it prints the command for a
+    person to run."""
     from zerod.checks import harden as H
 
     if do_apply and rollback:
         raise click.UsageError("--apply and --rollback exclude each other")
+    if exclusive_gpu and rollback:
+        raise click.UsageError("--rollback restores every recorded change, compute modes included: "
+                               "leave out --exclusive-gpu")
     try:
         if rollback:
             done = H.rollback(rootfs)
@@ -130,7 +137,7 @@ def harden(do_apply, rollback, rootfs, as_json):
 
             facts = Facts()
             probe_nvml.probe(facts)
-        plan = H.plan(rootfs, facts)
+        plan = H.plan(rootfs, facts, exclusive_gpu=exclusive_gpu)
         if as_json and not do_apply:
             click.echo(json.dumps(plan.to_dict(), indent=1))
             sys.exit(0)
