@@ -120,8 +120,6 @@ def test_containerfile_runs_non_root_with_the_nvidia_runtime():
     assert users and users[-1].split(":")[0] not in ("0", "root")
     assert "NVIDIA_DRIVER_CAPABILITIES=compute,utility" in text and "NVIDIA_VISIBLE_DEVICES=all" in text
     assert "pip install --no-cache-dir /src" in text  # zerod from this repository
-    for folder in ("zerod", "engine", "checks", "tui", "systemd"):  # every package-dir of pyproject.toml
-        assert f"COPY {folder} ./{folder}" in text
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
-    dirs = set(pyproject["tool"]["setuptools"]["package-dir"].values())
-    assert dirs == {"zerod", "engine", "checks", "tui", "systemd"}
+    for folder in set(pyproject["tool"]["setuptools"]["package-dir"].values()):  # every room
+        assert f"COPY {folder} ./{folder}" in text
