@@ -81,7 +81,11 @@ class Staging:
 class Packer:
     """Packs one step's inputs field by field. Each call writes the values into the pinned
     buffer and returns the field's device view, which holds them once ship() has queued
-    the copy (a view launches nothing; the data arrives in stream order)."""
+    the copy (a view launches nothing; the data arrives in stream order).
+
+    Every field starts on a 16-byte boundary: Triton specialises a kernel on whether each
+    pointer argument is 16-byte aligned, so views at odd offsets would compile new variants
+    while serving (measured on the H200: 0.7-1 s stalls in the first bursts)."""
 
     __slots__ = ("host", "h64", "h32", "hf32", "d64", "d32", "df32", "used")
 
@@ -91,20 +95,25 @@ class Packer:
         self.d64, self.d32, self.df32 = dev_views
         self.used = 0                          # words
 
+    def _start(self) -> int:
+        """The next 16-byte boundary, in words."""
+        self.used += self.used & 1
+        return self.used
+
     def int64(self, values) -> torch.Tensor:
-        o, n = self.used, len(values)
+        o, n = self._start(), len(values)
         self.h64[o:o + n] = values
         self.used = o + n
         return self.d64[o:o + n]
 
     def int32(self, values) -> torch.Tensor:
-        o, n = 2 * self.used, len(values)
+        o, n = 2 * self._start(), len(values)
         self.h32[o:o + n] = values
         self.used += (n + 1) // 2
         return self.d32[o:o + n]
 
     def float32(self, values) -> torch.Tensor:
-        o, n = 2 * self.used, len(values)
+        o, n = 2 * self._start(), len(values)
         self.hf32[o:o + n] = values
         self.used += (n + 1) // 2
         return self.df32[o:o + n]

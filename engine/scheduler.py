@@ -6,10 +6,11 @@ The zero-layer rules:
   is admitted. Nothing is sorted, prioritised, preempted or swapped: a request keeps what
   it was given until it ends, so it can never run out of KV pages half-way.
 - The chunk budget is the prompt tokens one step takes. While streams decode it comes from
-  the measured cost of a step (step_cost.py): enough to clear the waiting prompts within
-  target_ttft_ms, at most what keeps the step within target_itl_ms, never below
-  min_prefill_chunk nor above max_num_batched_tokens; while nothing decodes it is
-  max_prefill_tokens_idle (a long prompt goes in whole).
+  the measured cost of a step (step_cost.py): enough for every waiting prompt to get its
+  first token by its deadline (target_ttft_ms, more for long prompts), at most what keeps
+  the step within target_itl_ms, never below min_prefill_chunk nor above
+  max_num_batched_tokens; while nothing decodes it is max_prefill_tokens_idle (a long
+  prompt goes in whole).
 - Every decoding request gets one token per step.
 
 A request moves waiting -> prefilling -> decoding and leaves from any of them (done,
@@ -24,14 +25,16 @@ Used by the step-loop thread only, except `claim_wait_place` (any thread).
 from __future__ import annotations
 
 import collections
+import itertools
 import threading
+import time
 from dataclasses import dataclass, field
 
 from .config import EngineConfig
 from .kv_pool import KVPool
 from .prefix_cache import PrefixCache
 from .request import Request
-from .step_cost import StepCost
+from .step_cost import DEADLINES_CHECKED, Pending, StepCost
 
 
 @dataclass
@@ -75,6 +78,7 @@ class Scheduler:
         self.cache = PrefixCache(pool, enabled=cfg.enable_prefix_caching)
         self.cost = StepCost()            # fed by the output poller
         self.waiting: collections.deque[Request] = collections.deque()
+        self.waiting_tokens = 0           # prompt tokens in the wait line
         self.prefilling: list[Request] = []
         self.decoding: list[Request] = []
         self.by_id: dict[str, Request] = {}
@@ -109,12 +113,14 @@ class Scheduler:
     def add(self, r: Request) -> None:
         """A submitted request joins the wait line (its place is claimed already)."""
         self.waiting.append(r)
+        self.waiting_tokens += r.prompt_len
         self.by_id[r.id] = r
 
     def remove(self, r: Request) -> None:
         """r leaves, from wherever it is; its pages and slot go back."""
         if r in self.waiting:
             self.waiting.remove(r)
+            self.waiting_tokens -= r.prompt_len
             self._left_wait_line()
         elif r in self.prefilling:
             self.prefilling.remove(r)
@@ -148,9 +154,18 @@ class Scheduler:
 
     def _chunk_budget(self) -> int:
         cfg = self.cfg
-        backlog = sum(r.prompt_len - r.num_prefilled for r in self.prefilling)
-        backlog += sum(r.prompt_len for r in self.waiting)
-        return self.cost.chunk_budget(len(self.decoding), backlog, cap=cfg.max_num_batched_tokens,
+        now = time.monotonic()
+        pending, counted = [], 0
+        for r in itertools.islice(itertools.chain(self.prefilling, self.waiting), DEADLINES_CHECKED):
+            pending.append(Pending(r.prompt_len - r.num_prefilled, now - r.arrival, r.prompt_len))
+            counted += pending[-1].tokens
+        if len(pending) == DEADLINES_CHECKED:
+            # the rest of the line at once, due by its last request's deadline
+            rest = sum(r.prompt_len - r.num_prefilled for r in self.prefilling) + self.waiting_tokens - counted
+            if rest > 0:
+                tail = self.waiting[-1] if self.waiting else self.prefilling[-1]
+                pending.append(Pending(rest, now - tail.arrival, tail.prompt_len))
+        return self.cost.chunk_budget(len(self.decoding), pending, cap=cfg.max_num_batched_tokens,
                                       min_chunk=min(cfg.min_prefill_chunk, cfg.max_num_batched_tokens),
                                       target_itl=cfg.target_itl_ms / 1000,
                                       target_ttft=cfg.target_ttft_ms / 1000)
@@ -162,6 +177,7 @@ class Scheduler:
             if got is None:
                 break                      # FIFO: nobody overtakes the head of the line
             self.waiting.popleft()
+            self.waiting_tokens -= r.prompt_len
             self._left_wait_line()
             r.pages, r.chain = got
             r.num_prefilled = r.num_cached = len(r.chain.uids) * self.pool.page_size

@@ -45,10 +45,10 @@ c["vocab_size"] = max(c["vocab_size"], 128256)
 json.dump(c, open(f"{d}/config.json", "w"), indent=1)
 PYEOF
 
-serve() {  # serve MODEL_DIR LOG: start zerod serve, wait for /health
+serve() {  # serve MODEL_DIR LOG [CODE_DIR]: start zerod serve, wait for /health
   # shellcheck disable=SC2086
-  $PY -m zerod serve --model "$1" --load-format dummy --port 8000 $SERVE_X \
-      --gpu-memory-utilization 0.90 --drain-timeout 20 > "$2" 2>&1 &
+  (cd "${3:-.}" && exec $PY -m zerod serve --model "$1" --load-format dummy --port 8000 $SERVE_X \
+      --gpu-memory-utilization 0.90 --drain-timeout 20) > "$2" 2>&1 &
   SPID=$!
   T0=$(date +%s.%N)
   for _ in $(seq 1 600); do
@@ -83,6 +83,16 @@ stamp "2 server (128K tokenizer)"
 serve "$MBIG" "$W/serve-bigtok.log" || { pack; exit 1; }
 timeout 90 $B --scenario streams-200 --out "$W/bigtok.json" > "$W/bigtok.txt" 2>&1
 stop; pack
+
+if [ -d .old ]; then   # the code before this round, same machine, same client: run A's scenarios
+  stamp "2b the code before this round (.old)"
+  serve "$M8" "$W/serve-old.log" .old || { pack; exit 1; }
+  timeout 60 $B --scenario streams-200 --warmup 0 --out "$W/old-first-burst.json" > "$W/old-first-burst.txt" 2>&1
+  timeout 240 $B --scenario hello-ttft --scenario streams-200 --scenario decode-b1 --scenario prefill-16k \
+      --scenario long-context --out "$W/old-runA.json" > "$W/old-runA.txt" 2>&1
+  timeout 90 $B --scenario mix --goodput ttft:400 --goodput itl:60 --out "$W/old-mix25.json" > "$W/old-mix25.txt" 2>&1
+  stop; pack
+fi
 
 stamp "3 doctor"
 $PY -m zerod doctor --json --save-facts "$W/h200-facts.json" > "$W/doctor.json" 2> "$W/doctor.err"

@@ -94,3 +94,30 @@ def test_halves_split_the_rows_exactly_once():
                 leaves(h)
     leaves(b)
     assert seen == reqs
+
+
+def test_chunk_budget_sees_the_whole_wait_line():
+    """The step-cost budget gets the first prompts one by one and the rest of the line as
+    one: a long line of short prompts asks for big chunks."""
+    from zerod.engine.step_cost import DEADLINES_CHECKED
+
+    s = _sched(pages=4000, max_num_batched_tokens=2048, max_num_seqs=256)
+    for _ in range(5):                                # a measured 8B-like step
+        s.cost.observe(0, 1, 0.006)
+        for p in (200, 800, 1600):
+            s.cost.observe(p, 1, 0.012 + 0.00002 * p)
+    first = _req(0, 8, 4)
+    _submit(s, first)
+    s.update(s.schedule())                            # it decodes now
+    reqs = [_req(i, 24, 4) for i in range(1, 201)]
+    for r in reqs:
+        assert s.claim_wait_place()
+        s.add(r)
+    assert s.waiting_tokens == 200 * 24
+    seen = []
+    s.cost.chunk_budget = lambda decodes, pending, **kw: seen.append(pending) or 2048
+    s.schedule()
+    pending = seen[0]
+    assert len(pending) == DEADLINES_CHECKED + 1
+    assert sum(p.tokens for p in pending) == 200 * 24     # admitted by now, nothing prefilled yet
+    assert pending[-1].tokens == (200 - DEADLINES_CHECKED) * 24

@@ -2,64 +2,79 @@
 
 import pytest
 
-from zerod.engine.step_cost import StepCost
+from zerod.engine.step_cost import Pending, StepCost
 
-KW = dict(cap=2048, min_chunk=256, target_itl=0.050, target_ttft=0.300)
+KW = dict(cap=2048, min_chunk=256, target_itl=0.050, target_ttft=0.100)
+BASE, FIXED, PER = 0.006, 0.006, 0.00002     # an 8B-like step: 6 ms decode, 6 ms + 20 us/token prefill
 
 
-def _trained(base_s=0.010, per_token_s=0.00003, decodes=64) -> StepCost:
+def _trained(base=BASE, fixed=FIXED, per=PER, decodes=64) -> StepCost:
     c = StepCost()
-    for _ in range(5):
-        c.observe(0, decodes, base_s)
-        c.observe(1024, decodes, base_s + 1024 * per_token_s)
+    for p in (128, 512, 1024, 2048, 300, 1500) * 3:
+        c.observe(0, decodes, base)
+        c.observe(p, decodes, base + fixed + per * p)
     return c
 
 
 def test_until_measured_the_fixed_budget_holds():
     c = StepCost()
-    assert c.chunk_budget(10, 5000, **KW) == 2048
+    assert c.chunk_budget(10, [Pending(5000, 0.0, 5000)], **KW) == 2048
     c.observe(0, 10, 0.01)
-    assert c.chunk_budget(10, 5000, **KW) == 2048
+    assert c.chunk_budget(10, [Pending(5000, 0.0, 5000)], **KW) == 2048
 
 
-def test_learns_base_and_per_token_cost():
+def test_learns_the_decode_base_and_the_prefill_line():
     c = _trained()
-    assert c.decode_time(64) == pytest.approx(0.010)
-    assert c.per_token == pytest.approx(0.00003)
+    assert c.decode_time(64) == pytest.approx(BASE)
+    fixed, per = c.prefill_line()
+    assert fixed == pytest.approx(FIXED, rel=1e-6) and per == pytest.approx(PER, rel=1e-6)
     # a decode batch of a size never seen takes the next measured bucket up, else the largest
-    assert c.decode_time(40) == pytest.approx(0.010) and c.decode_time(200) == pytest.approx(0.010)
+    assert c.decode_time(40) == pytest.approx(BASE) and c.decode_time(200) == pytest.approx(BASE)
 
 
-def test_a_small_backlog_gets_small_steps():
+def test_one_prompt_size_still_gives_a_usable_per_token_cost():
+    c = StepCost()
+    for _ in range(5):
+        c.observe(0, 8, BASE)
+        c.observe(1000, 8, BASE + FIXED + PER * 1000)
+    fixed, per = c.prefill_line()
+    assert fixed == 0.0 and per == pytest.approx((FIXED + PER * 1000) / 1000)
+
+
+def test_a_lone_long_prompt_at_low_load_gets_small_steps():
+    """10 req/s: a 4096-token prompt arrives while streams decode. Its deadline is
+    100 ms + 3x its ~82 ms prefill: chunks of the floor meet it and keep ITL near 17 ms."""
     c = _trained()
-    # 300 tokens to clear in 300 ms: the floor is enough
-    assert c.chunk_budget(64, 300, **KW) == 256
+    assert c.chunk_budget(64, [Pending(4096, 0.0, 4096)], **KW) == 256
 
 
-def test_a_large_backlog_grows_the_chunk_up_to_the_itl_bound():
+def test_a_burst_of_short_prompts_gets_big_steps_up_to_the_itl_bound():
+    """200 streams arriving at once: 24-token prompts due within ~100 ms; too many for that,
+    so the chunk is as large as target_itl allows: (50 - 12 ms) / 20 us = 1900 tokens."""
     c = _trained()
-    mid = c.chunk_budget(64, 4000, **KW)
-    # 4000 tokens at 0.03 ms each: P = 4000 * 10 ms / (300 - 120 ms) = 222 -> floor 256;
-    big = c.chunk_budget(64, 8000, **KW)
-    # 8000: 8000 * 10 / (300 - 240) = 1333, and 10 ms + 1333 * 0.03 ms = 50 ms: at the ITL bound
-    assert mid == 256 and 1300 <= big <= 1340
-    # more than can be cleared in time: the ITL bound, (50 - 10) / 0.03 = 1333
-    assert c.chunk_budget(64, 100_000, **KW) == pytest.approx(1333, abs=2)
+    burst = [Pending(24, 0.001, 24) for _ in range(64)] + [Pending(126 * 24, 0.001, 24)]
+    assert c.chunk_budget(64, burst, **KW) == pytest.approx(1900, abs=2)
+
+
+def test_an_old_prompt_raises_the_chunk():
+    c = _trained()
+    fresh = c.chunk_budget(64, [Pending(600, 0.0, 600)], **KW)
+    late = c.chunk_budget(64, [Pending(600, 0.120, 600)], **KW)
+    assert fresh == 256 and late > fresh
 
 
 def test_prefill_keeps_its_floor_when_decode_alone_fills_the_itl_target():
-    c = _trained(base_s=0.060)
-    assert c.chunk_budget(64, 100_000, **KW) == 256
+    c = _trained(base=0.060)
+    assert c.chunk_budget(64, [Pending(100_000, 1.0, 100_000)], **KW) == 256
 
 
 def test_never_above_the_cap():
-    c = _trained(per_token_s=0.000001)
-    assert c.chunk_budget(64, 100_000, **KW) == 2048
+    c = _trained(per=0.000001)
+    assert c.chunk_budget(64, [Pending(100_000, 1.0, 100_000)], **KW) == 2048
 
 
 def test_nonsense_samples_are_ignored():
     c = _trained()
     c.observe(0, 64, 0.0)
-    c.observe(10, 64, 5.0)           # too few tokens to say what one costs
     c.observe(1024, 64, float("nan"))
-    assert c.per_token == pytest.approx(0.00003) and c.decode_time(64) == pytest.approx(0.010)
+    assert c.prefill_line()[1] == pytest.approx(PER, rel=1e-6) and c.decode_time(64) == pytest.approx(BASE)
