@@ -61,6 +61,10 @@ def _command(value: list[str]) -> str | None:
     return None if value and value[0] else "must be a non-empty list: the program, then its arguments"
 
 
+def _factor(value: float) -> str | None:
+    return None if value == 0 or value > 1 else "must be 0 (off) or > 1: the p99 against its normal"
+
+
 def _http_url(value: str) -> str | None:
     return None if value.startswith(("http://", "https://")) else "must start with http:// or https://"
 
@@ -103,7 +107,11 @@ class DaemonConfig:
     watch_interval_s: float = setting(1.0, ge=0.1)
     full_scan_interval_s: float = setting(5.0, ge=0)  # /proc fd scan of every process; 0: every tick
     nvml_retry_s: float = setting(30.0, ge=1.0)
-    slo_itl_p99_s: float = setting(0.0, ge=0)  # 0: no latency alert
+    # LatencyRegression against the learned normal at comparable load (zerod.watchers.latency_baseline)
+    latency_regression_factor: float = setting(1.5, ge=0, check=_factor)  # 0: no learned baseline
+    latency_baseline_s: float = setting(3600.0, ge=60.0)
+    latency_baseline_min_samples: int = setting(200, ge=1)
+    slo_itl_p99_s: float = setting(0.0, ge=0)  # absolute SLOs, optional; 0: none
     slo_ttft_p99_s: float = setting(0.0, ge=0)
     latency_window_s: float = setting(60.0, ge=1.0)
     latency_min_samples: int = setting(20, ge=0)

@@ -86,6 +86,8 @@ class Views:
             "output_tokens_per_s": lat["output_tokens_per_s"],
             "ttft_p50_s": lat["ttft_p50_s"], "ttft_p99_s": lat["ttft_p99_s"],
             "itl_p50_s": lat["itl_p50_s"], "itl_p99_s": lat["itl_p99_s"],
+            "load_bucket": lat["load_bucket"],
+            "ttft_normal_p99_s": lat["ttft_normal_p99_s"], "itl_normal_p99_s": lat["itl_normal_p99_s"],
             "allocator_retries_total": num(names.ALLOCATOR_RETRIES_TOTAL),
             "allocator_ooms_total": num(names.ALLOCATOR_OOMS_TOTAL),
             "stream_errors_total": num(names.STREAM_ERRORS_TOTAL),

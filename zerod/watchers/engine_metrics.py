@@ -40,6 +40,11 @@ class Histogram:
         return Histogram({le: c - older.buckets.get(le, 0.0) for le, c in self.buckets.items()},
                          self.count - older.count, self.sum - older.sum)
 
+    def plus(self, other: "Histogram") -> "Histogram":
+        les = self.buckets.keys() | other.buckets.keys()
+        return Histogram({le: self.buckets.get(le, 0.0) + other.buckets.get(le, 0.0) for le in les},
+                         self.count + other.count, self.sum + other.sum)
+
     def quantile(self, q: float) -> float | None:
         """histogram_quantile(): linear inside the bucket, as Prometheus does."""
         if self.count <= 0 or not self.buckets:
