@@ -27,6 +27,7 @@ from typing import Any
 from zerod import numa
 from zerod.alerts import AlertBook, AlertmanagerPusher
 from zerod.daemon_config import AlertsConfig, DaemonConfig
+from zerod.engines import PRESETS
 from zerod.preflight import Preflight, PreflightRefused, RecheckWatcher
 from zerod.sdnotify import Notifier
 from zerod.supervisor import EngineSupervisor, api_key_credential, engine_argv, engine_env, engine_url
@@ -93,13 +94,15 @@ class Daemon:
     def _build(self) -> Views:
         """The supervisor, the watchers and the views over them (nothing runs yet)."""
         cfg, book = self.cfg, self.book
+        preset = PRESETS[cfg.engine]
         sup = self.supervisor = EngineSupervisor(
-            self.cfg.engine_command or engine_argv(self.engine_section, self.demo),
+            self.cfg.engine_command or engine_argv(self.engine_section, self.demo, cfg.engine),
             engine_url(self.engine_section, cfg), cfg, book, self.notifier, self._binding(),
             model=str(self.engine_section.get("served_model_name") or self.engine_section.get("model", "?")),
-            extra_env=engine_env(self.engine_section, self.api_key),
+            extra_env=engine_env(self.engine_section, self.api_key, cfg.engine),
             on_ready=self._on_ready, on_status=self._set_status,
-            pid_required=not cfg.engine_command)
+            pid_required=preset.reports_pid and not cfg.engine_command,
+            health_path=preset.health_path, kind=cfg.engine)
         nvml_stats = NvmlStatsWatcher(self.nvml, book, cfg, demo=self.demo)
         processes = GpuProcessWatcher(
             book, cfg, allowed=tuple(self.preflight.doctor.allowed_gpu_processes), own_pids=lambda: {os.getpid()},
@@ -107,7 +110,7 @@ class Daemon:
             scan=self._scan, nvml_session=self.nvml)
         xid = XidWatcher(self.nvml, book, cfg)
         engine_metrics = EngineMetricsWatcher(book, cfg, sup.url, engine_pid=lambda: sup.pid,
-                                              up=lambda: sup.fig.state == "healthy")
+                                              up=lambda: sup.fig.state == "healthy", series=preset.series)
         latency = LatencyWatcher(book, cfg, engine_metrics,
                                  recent_foreign=lambda: list(processes.recent_foreign.values()))
         self.watchers = [nvml_stats, processes, xid, engine_metrics, latency]

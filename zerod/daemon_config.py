@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zerod.config_schema import check_table, refusal, setting
+from zerod.engines import ENGINE_KINDS
 
 DEFAULT_THROTTLE_REASONS = (
     "hw_slowdown",
@@ -89,6 +90,7 @@ class DaemonConfig:
     preflight: bool = setting(True)
     recheck_interval_s: float = setting(300.0, ge=1.0)
     # the engine
+    engine: str = setting("zerod", choices=ENGINE_KINDS)  # zerod.engines: command line, health, metric names
     engine_command: list[str] | None = setting(None, check=_command)  # default: zerod serve + [engine]
     engine_env: dict[str, str] = setting(factory=dict)
     engine_url: str | None = setting(None, check=_http_url)  # default: from [engine] host/port

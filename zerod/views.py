@@ -27,7 +27,7 @@ from zerod.watchers.latency import LatencyWatcher
 from zerod.watchers.nvml_stats import NvmlStatsWatcher
 from zerod.watchers.xid_events import XidWatcher
 
-ENGINE_KEYS = ("state", "up", "pid", "url", "model", "restarts", "numa_node", "cpus")
+ENGINE_KEYS = ("state", "up", "pid", "kind", "url", "model", "restarts", "numa_node", "cpus")
 HISTORY_KEYS = ("output_tokens_per_s", "running", "waiting", "kv_pages_used", "itl_p99_s", "ttft_p99_s")
 
 
