@@ -33,6 +33,7 @@ from zerod.sdnotify import Notifier
 from zerod.supervisor import EngineSupervisor, api_key_credential, engine_argv, engine_env, engine_url
 from zerod.views import Views
 from zerod.watchers import Watcher
+from zerod.watchers.compute_mode import ComputeModeGuard
 from zerod.watchers.engine_metrics import EngineMetricsWatcher
 from zerod.watchers.gpu_processes import GpuProcessWatcher
 from zerod.watchers.latency import LatencyWatcher
@@ -114,10 +115,15 @@ class Daemon:
         latency = LatencyWatcher(book, cfg, engine_metrics,
                                  recent_foreign=lambda: list(processes.recent_foreign.values()))
         self.watchers = [nvml_stats, processes, xid, engine_metrics, latency]
+        guard = None
+        if cfg.exclusive_gpu:
+            guard = ComputeModeGuard(self.nvml, book, cfg, engine_pid=lambda: sup.pid,
+                                     engine_up=lambda: sup.fig.state == "healthy")
+            self.watchers.append(guard)
         if self.cfg.preflight:
             self.watchers.append(RecheckWatcher(self.preflight, cfg.recheck_interval_s))
         self.views = Views(self.host, self.started_at, cfg.allow_write_actions, book, self.preflight, sup,
-                           nvml_stats, xid, processes, engine_metrics, latency, self.watchers)
+                           nvml_stats, xid, processes, engine_metrics, latency, self.watchers, guard)
         return self.views
 
     # ------------------------------------------------------------------ life cycle
@@ -313,6 +319,8 @@ class Daemon:
         if self.supervisor and self.supervisor.proc and self.supervisor.proc.poll() is None:
             await self.supervisor.stop(drain_timeout_s=5.0)
         if self.views is not None:
+            if self.views.compute_mode is not None:  # the engine has stopped: the GPUs get their mode back
+                await loop.run_in_executor(None, self.views.compute_mode.restore)
             await loop.run_in_executor(None, self.views.xid.stop)
             await self.views.engine_metrics.close()
         for r in runners:

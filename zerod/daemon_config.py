@@ -95,6 +95,7 @@ class DaemonConfig:
     engine_env: dict[str, str] = setting(factory=dict)
     engine_url: str | None = setting(None, check=_http_url)  # default: from [engine] host/port
     gpu_index: int = setting(0, ge=0)
+    exclusive_gpu: bool = setting(False)  # EXCLUSIVE_PROCESS on the engine's GPUs while it serves
     numa: str = setting("auto", choices=NUMA_MODES)
     numa_memory_policy: str = setting("bind", choices=NUMA_POLICIES)
     health_interval_s: float = setting(1.0, ge=0.1)

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, InfoMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 
 from zerod import __version__
 from zerod.alerts import AlertBook
@@ -21,6 +21,7 @@ from zerod.engine import metrics as names
 from zerod.preflight import Preflight
 from zerod.supervisor import EngineSupervisor
 from zerod.watchers import Watcher
+from zerod.watchers.compute_mode import ComputeModeGuard
 from zerod.watchers.engine_metrics import EngineMetricsWatcher
 from zerod.watchers.gpu_processes import GpuProcessWatcher
 from zerod.watchers.latency import LatencyWatcher
@@ -45,6 +46,7 @@ class Views:
     engine_metrics: EngineMetricsWatcher
     latency: LatencyWatcher
     watchers: list[Watcher]
+    compute_mode: ComputeModeGuard | None = None  # [daemon] exclusive_gpu
 
     # --- the control API's documents ------------------------------------------
     def status(self) -> dict[str, Any]:
@@ -60,12 +62,46 @@ class Views:
     def gpus(self) -> dict[str, Any]:
         doc = self.nvml_stats.snapshot()
         xids = self.xid.snapshot()
+        held = self.compute_mode.snapshot() if self.compute_mode is not None else {}
         for g in doc["gpus"]:
             g["xid_events_total"] = xids.get(g["index"], {})
+            g["exclusive_gpu"] = held.get(g["index"], {}).get("exclusive_gpu", False)
+            g["exclusive_refused"] = held.get(g["index"], {}).get("exclusive_refused")
         return doc
 
     def processes_doc(self) -> dict[str, Any]:
-        return self.processes.snapshot()
+        doc = self.processes.snapshot()
+        util = self.nvml_stats.process_utilization
+        for row in doc["processes"]:
+            sm, mem = util.get(row["gpu"], {}).get(row["pid"], (None, None))
+            row["sm_utilization_ratio"], row["memory_utilization_ratio"] = sm, mem
+        return doc
+
+    def _process_utilization(self):
+        """Per-process SM and memory utilization (NVML's samples) by GPU, role and
+        process name: the rows of the process watcher meet NVML's samples here."""
+        labels = ["gpu", "uuid", "role", "process"]
+        sm = GaugeMetricFamily("zerod_gpu_process_sm_utilization_ratio",
+                               "SM utilization of the processes on the GPU (0-1), by role and name.", labels=labels)
+        mem = GaugeMetricFamily("zerod_gpu_process_memory_utilization_ratio",
+                                "Memory-controller utilization of the processes on the GPU (0-1), by role and name.",
+                                labels=labels)
+        rows = {r["pid"]: r for r in self.processes.rows}
+        for gpu, by_pid in sorted(self.nvml_stats.process_utilization.items()):
+            g = self.nvml_stats.gpus.get(gpu)
+            if g is None:
+                continue
+            sums: dict[tuple[str, str], list[float]] = {}
+            for pid, (s_ratio, m_ratio) in by_pid.items():
+                row = rows.get(pid)
+                key = (row["role"], row["name"]) if row else ("unlisted", "?")
+                acc = sums.setdefault(key, [0.0, 0.0])
+                acc[0] += s_ratio
+                acc[1] += m_ratio
+            for (role, name), (s_sum, m_sum) in sorted(sums.items()):
+                sm.add_metric([str(gpu), g["uuid"], role, name], s_sum)
+                mem.add_metric([str(gpu), g["uuid"], role, name], m_sum)
+        yield from (sm, mem)
 
     def alerts(self) -> dict[str, Any]:
         return {"alerts": [a.to_dict() for a in self.book.all()]}
@@ -103,6 +139,7 @@ class Views:
         yield InfoMetricFamily("zerod", "zerod build information.", value={"version": __version__})
         for part in (self.nvml_stats, self.xid, self.processes, self.preflight, self.book, self.supervisor):
             yield from part.collect()
+        yield from self._process_utilization()
         runs = CounterMetricFamily("zerod_watcher_runs", "Watcher polls.", labels=["watcher"])
         errors = CounterMetricFamily("zerod_watcher_errors", "Watcher polls that failed.", labels=["watcher"])
         busy = CounterMetricFamily("zerod_watcher_busy_seconds", "Wall time spent in watcher polls.",
