@@ -72,6 +72,7 @@ class Daemon:
         self.supervisor: EngineSupervisor | None = None
         self.watchers: list[Watcher] = []
         self.views: Views | None = None
+        self.netlink = None
         self.metrics_address: tuple[str, int] | None = None
         self.control_path: str | None = None
         self.ready_at: float | None = None
@@ -122,6 +123,12 @@ class Daemon:
             self.watchers.append(guard)
         if self.cfg.preflight:
             self.watchers.append(RecheckWatcher(self.preflight, cfg.recheck_interval_s))
+        if cfg.netlink:
+            from zerod.watchers.netlink import NetlinkWatcher  # pyroute2: the daemon's, never doctor's
+
+            self.netlink = NetlinkWatcher(book, cfg.watch_interval_s, str(self.engine_section.get("host", "127.0.0.1")),
+                                          self.preflight.recheck_bind_exposure)
+            self.watchers.append(self.netlink)
         self.views = Views(self.host, self.started_at, cfg.allow_write_actions, book, self.preflight, sup,
                            nvml_stats, xid, processes, engine_metrics, latency, self.watchers, guard)
         return self.views
@@ -322,6 +329,8 @@ class Daemon:
             if self.views.compute_mode is not None:  # the engine has stopped: the GPUs get their mode back
                 await loop.run_in_executor(None, self.views.compute_mode.restore)
             await loop.run_in_executor(None, self.views.xid.stop)
+            if self.netlink is not None:
+                await loop.run_in_executor(None, self.netlink.stop)
             await self.views.engine_metrics.close()
         for r in runners:
             await r.cleanup()

@@ -110,6 +110,7 @@ class DaemonConfig:
     watch_interval_s: float = setting(1.0, ge=0.1)
     full_scan_interval_s: float = setting(5.0, ge=0)  # /proc fd scan of every process; 0: every tick
     nvml_retry_s: float = setting(30.0, ge=1.0)
+    netlink: bool = setting(True)  # link/address events: net.bind_exposure re-run, EngineLinkDown
     # LatencyRegression against the learned normal at comparable load (zerod.watchers.latency_baseline)
     latency_regression_factor: float = setting(1.5, ge=0, check=_factor)  # 0: no learned baseline
     latency_baseline_s: float = setting(3600.0, ge=60.0)
