@@ -1,6 +1,6 @@
 """Host probes, the facts snapshot, pure checks over it, and `zerod harden`.
 
-    facts = probe_facts(roots)            # read the host (NVML, /proc, /sys, netlink)
+    facts = probe_facts(roots)            # read the host (NVML, /proc, /sys, addresses)
     report = run_checks(facts, config)     # pure: the same facts give the same report
     report.exit_code, report.to_dict()
 
@@ -8,7 +8,8 @@ Nothing here imports torch, the daemon or the dashboard; of the engine only its 
 sizing formula (`zerod.engine.sizing`), so doctor sizes a model as the engine does.
 """
 
-from . import checks_gpu, checks_host, checks_service  # noqa: F401 - register the checks
+from . import (  # noqa: F401 - register the checks
+    checks_gpu, checks_gpu_state, checks_host, checks_platform, checks_service)
 from .config import DoctorConfig, DoctorConfigError
 from .facts import Fact, Facts, Roots
 from .probe import probe_facts

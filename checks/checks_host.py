@@ -1,4 +1,4 @@
-"""Host checks: kernel, NUMA, memory, CPU frequency."""
+"""Host checks: kernel, NUMA, memory, swap, CPU frequency."""
 
 from __future__ import annotations
 
@@ -7,6 +7,9 @@ from .cpulist import parse_cpulist
 from .report import FAIL, PASS, SKIP, WARN, Ctx, check
 
 HARDEN = "`sudo zerod harden --apply` does this"
+# mem.swap: with swap on, a vm.swappiness above this lets the kernel page out anonymous
+# memory early rather than only under real pressure.
+MAX_SWAPPINESS = 10
 
 
 def _size(n: int) -> str:
@@ -130,6 +133,26 @@ def transparent_hugepages(ctx: Ctx):
         return WARN("THP defrag = always: page faults wait for compaction",
                     f"`echo defer+madvise | sudo tee {path}/defrag` ({HARDEN})")
     return PASS(f"THP = {thp}" + (f", defrag = {defrag}" if defrag else ""))
+
+
+@check("mem.swap", "No swap, or swappiness low enough to keep the engine in memory", "minor")
+def swap(ctx: Ctx):
+    sw = ctx.fact("mem.swap")
+    total, used = sw["total_bytes"], sw["total_bytes"] - sw["free_bytes"]
+    if not total:
+        return PASS("no swap")
+    ctx.optional("mem.swap_devices")
+    swappiness = ctx.optional("vm.swappiness")
+    most = MAX_SWAPPINESS
+    on = f"swap on ({_size(total)}, {_size(used)} used)"
+    if swappiness is None or swappiness > most:
+        return WARN(f"{on} with vm.swappiness = {swappiness if swappiness is not None else '?'} (> {most}): "
+                    "under memory pressure the kernel pages out the daemon's and the engine's host memory "
+                    "(scheduler, tokenizer, Python heap), and each fault back on the decode path stalls a step",
+                    "`sudo swapoff -a` and remove the swap lines of /etc/fstab; or keep swap for the rest of "
+                    f"the host with `sudo sysctl -w vm.swappiness={min(most, 1)}` (persist it in "
+                    "/etc/sysctl.d/) and MemorySwapMax=0 in a zerod.service drop-in")
+    return PASS(f"{on}, vm.swappiness = {swappiness} (<= {most})")
 
 
 @check("cpu.governor", "CPU frequency governor 'performance'", "minor")

@@ -316,6 +316,26 @@ def is_foreign(role: str) -> bool:
     return role in ("agent", "foreign")
 
 
+def holds_context(proc: GpuProcess) -> bool:
+    """In NVML's compute/graphics lists (a CUDA context) or holding GPU memory.
+
+    The device nodes cannot tell: on the H200 an nvmlInit-only process and one with a
+    CUDA context held the same set (/dev/nvidiactl, /dev/nvidia0, /dev/nvidia-uvm,
+    /dev/nvidia-caps/*). NVML's process lists can: only a context is in them."""
+    return proc.source == "nvml" or bool(proc.gpu_memory_bytes)
+
+
+def foreign_severity(proc: GpuProcess, nvml_lists: bool = True) -> str:
+    """"fail" for a foreign process that holds a CUDA context or GPU memory (it takes
+    memory and SM time from the engine), "warn" for one that only reads NVML: an
+    NVML-only agent polling at 10 Hz and ~94 Hz left the engine's ITL unchanged on the
+    H200 (docs/checks.md). `nvml_lists=False` (NVML's process lists could not be read):
+    an fd-only holder may hold a context unseen, so it fails too."""
+    if holds_context(proc) or not nvml_lists:
+        return "fail"
+    return "warn"
+
+
 def describe(proc: GpuProcess) -> str:
     """One line naming the process for a person: pid, name, user, unit/container, memory."""
     bits = [f"pid {proc.pid} {proc.name}"]
@@ -327,6 +347,8 @@ def describe(proc: GpuProcess) -> str:
         bits.append(f"container {proc.container}")
     if proc.gpu_memory_bytes is not None:
         bits.append(f"{proc.gpu_memory_bytes / 2**30:.1f} GiB on GPU {','.join(map(str, proc.gpus))}")
+    elif proc.source == "nvml":
+        bits.append(f"a CUDA context on GPU {','.join(map(str, proc.gpus)) or '?'} (memory not reported)")
     else:
         bits.append(f"holds {', '.join(proc.devices) or 'the GPU'} (fd scan; no CUDA context)")
     cmd = proc.cmdline if len(proc.cmdline) <= 60 else proc.cmdline[:57] + "..."

@@ -3,8 +3,10 @@
 Safe to automate: sysctls (kernel.numa_balancing=0, io_uring enabled) written live
 and persisted in /etc/sysctl.d/60-zerod.conf; transparent hugepages and the CPU
 governor written live and persisted with a systemd-tmpfiles rule; the memlock
-limit of the zerod unit as a drop-in. Never automated: GPU clocks, power limits,
-persistence, ECC or MIG - those are printed for a person to run.
+limit of the zerod unit as a drop-in; on request (`exclusive_gpu`), the GPUs'
+compute mode set to EXCLUSIVE_PROCESS through NVML (checks/compute_mode.py). Never
+automated: GPU clocks, power limits, persistence, ECC or MIG - those are printed
+for a person to run.
 
 The persisted files always hold the whole desired state (every setting harden
 manages on this host), never just what drifted since the last apply: a second
@@ -26,6 +28,7 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 
+from . import compute_mode as cm
 from .probe_sysfs import selected
 from .rootfs import RootEscape, inside_root, resolve_in_root
 
@@ -44,6 +47,9 @@ SYSCTLS = {
 # THP setting -> (the value harden replaces, what it writes instead); any other value is fine.
 THP_SETTINGS = {"enabled": ("always", "madvise"), "defrag": ("always", "defer+madvise")}
 GOVERNORS = "sys/devices/system/cpu/cpu[0-9]*/cpufreq/scaling_governor"
+# A compute-mode change is recorded under this pseudo path (no file: the GPU, by UUID).
+GPU_PREFIX = "nvml:"
+COMPUTE_MODE = "compute_mode"
 
 
 def sysctl_dropin_text() -> str:
@@ -72,8 +78,8 @@ class HardenRefused(HardenError):
 @dataclass
 class Change:
     key: str  # what a person recognises: kernel.numa_balancing, THP enabled, memlock drop-in
-    kind: str  # "value" (a live /proc or /sys file) or "file" (a persistent config file)
-    paths: list[str]  # absolute paths (under rootfs) written
+    kind: str  # "value" (a live /proc or /sys file), "file" (a persistent config file), "compute_mode"
+    paths: list[str]  # absolute paths (under rootfs) written; "nvml:UUID" for a GPU
     now: str | None  # current value; None: absent
     after: str
     why: str = ""
@@ -88,6 +94,7 @@ class Plan:
     rootfs: str
     changes: list[Change] = field(default_factory=list)
     manual: list[str] = field(default_factory=list)  # commands for a person (GPU settings)
+    gpu: object = None  # the compute-mode backend (cm.NvmlComputeModes) when the plan sets modes
 
     def to_dict(self) -> dict:
         return {"rootfs": self.rootfs, "changes": [c.to_dict() for c in self.changes], "manual": self.manual}
@@ -120,9 +127,20 @@ def _tmpfiles_text(thp: dict[str, str], governor: str | None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plan(rootfs: str = "/", facts=None, governor: str = "performance") -> Plan:
+def _gpu_path(uuid: str) -> str:
+    return GPU_PREFIX + uuid
+
+
+def _is_gpu(path: str) -> bool:
+    return path.startswith(GPU_PREFIX)
+
+
+def plan(rootfs: str = "/", facts=None, governor: str = "performance", exclusive_gpu: bool = False,
+         gpu=None) -> Plan:
     """What harden would change under `rootfs` (nothing is written). `facts` (optional,
-    from probe_facts) adds the GPU settings a person must change by hand."""
+    from probe_facts) adds the GPU settings a person must change by hand. `exclusive_gpu`
+    adds the GPUs' compute mode, read through `gpu` (default: NVML) - the host's GPUs,
+    whatever `rootfs` is."""
     pl = Plan(rootfs)
     # 1. sysctls, live and persisted
     for key, (want, why) in SYSCTLS.items():
@@ -169,6 +187,20 @@ def plan(rootfs: str = "/", facts=None, governor: str = "performance") -> Plan:
     if _read(ml) != memlock_dropin_text():
         pl.changes.append(Change("zerod.service memlock", "file", [ml], _read(ml), memlock_dropin_text(),
                                  "pinned host buffers need LimitMEMLOCK=infinity"))
+    # 5. on request: EXCLUSIVE_PROCESS on every GPU (lasts until the driver reloads)
+    if exclusive_gpu:
+        pl.gpu = gpu or cm.NvmlComputeModes()
+        try:
+            gpus = pl.gpu.gpus()
+        except cm.ComputeModeError as exc:
+            raise HardenError(f"--exclusive-gpu: {exc} (nothing was changed)") from None
+        for g in gpus:
+            if g["mode"] != cm.EXCLUSIVE_PROCESS:
+                pl.changes.append(Change(
+                    f"GPU {g['index']} compute mode", COMPUTE_MODE, [_gpu_path(g["uuid"])], cm.name(g["mode"]),
+                    cm.name(cm.EXCLUSIVE_PROCESS), "no second process can create a CUDA context beside the "
+                    "engine; NVML readers keep working", "not kept across reboots: it lasts until the driver "
+                    "reloads ([daemon] exclusive_gpu sets it at each start)"))
     pl.manual = manual_steps(facts)
     return pl
 
@@ -208,7 +240,7 @@ def check_rights(pl: Plan) -> None:
     if os.path.realpath(pl.rootfs) == "/" and os.geteuid() != 0:
         raise HardenRefused("zerod harden --apply changes kernel and system settings and needs root: "
                             "run it with sudo (nothing was changed)")
-    denied = sorted({p for c in pl.changes for p in c.paths if not _writable(p)}
+    denied = sorted({p for c in pl.changes for p in c.paths if not _is_gpu(p) and not _writable(p)}
                     | ({_p(pl.rootfs, STATE_FILE)} if not _writable(_p(pl.rootfs, STATE_FILE)) else set()))
     if denied:
         raise HardenRefused("cannot write " + ", ".join(denied) + " (permission denied): run as root "
@@ -266,18 +298,25 @@ def apply(pl: Plan) -> list[str]:
         # Record first (write-ahead): a crash mid-way still leaves a state to roll back,
         # with the folders about to be made, so that rollback removes them too.
         dirs = state.setdefault("dirs", [])
-        for p in [p for c in pl.changes for p in c.paths] + [_p(pl.rootfs, STATE_FILE)]:
+        for p in [p for c in pl.changes for p in c.paths if not _is_gpu(p)] + [_p(pl.rootfs, STATE_FILE)]:
             dirs += [d for d in _missing_dirs(p) if d not in dirs]
         for c in pl.changes:
             for p in c.paths:
                 if p not in known:
-                    before = _read(p)
+                    before = _mode_now(pl.gpu, p) if c.kind == COMPUTE_MODE else _read(p)
                     if c.kind == "value" and before is not None and "[" in before:
                         before = selected(before)
                     state["records"].append({"path": p, "kind": c.kind, "key": c.key, "before": before})
                     known.add(p)
         _save_state(pl.rootfs, state, made)
         for c in pl.changes:
+            if c.kind == COMPUTE_MODE:
+                for p in c.paths:
+                    before = _mode_now(pl.gpu, p)
+                    pl.gpu.set(p[len(GPU_PREFIX):], cm.EXCLUSIVE_PROCESS)
+                    undo.append((c.kind, p, before))  # only once set: a refused set left it as it was
+                done.append(f"{c.key}: {c.now} -> {c.after} ({', '.join(c.paths)})")
+                continue
             for p in c.paths:
                 before = _read(p)
                 if c.kind == "value" and before is not None:
@@ -295,7 +334,7 @@ def apply(pl: Plan) -> list[str]:
             done.append(f"{c.key}: {c.now if c.kind == 'value' else ('replaced' if c.now else 'absent')}"
                         f" -> {c.after if c.kind == 'value' else 'written'} ({', '.join(c.paths[:2])}"
                         f"{' ...' if len(c.paths) > 2 else ''})")
-    except OSError as exc:
+    except (OSError, cm.ComputeModeError) as exc:
         try:  # the state first, so that the folders made for it can go too
             if old_state is None:
                 os.unlink(_p(pl.rootfs, STATE_FILE))
@@ -303,15 +342,32 @@ def apply(pl: Plan) -> list[str]:
                 _save_state(pl.rootfs, old_state, [])
         except OSError:
             pass
-        errors = _undo(undo, made)
+        errors = _undo(undo, made, pl.gpu)
         tail = f"; could not undo: {'; '.join(errors)}" if errors else "; every change was rolled back"
+        if isinstance(exc, cm.ComputeModeError):
+            raise (HardenRefused if exc.denied else HardenError)(f"{exc}{tail}") from None
         raise HardenError(f"applying failed at {exc.filename or ''}: {exc.strerror or exc}{tail}") from None
     return done
 
 
-def _undo(undo: list[tuple[str, str, str | None]], made: list[str]) -> list[str]:
+def _mode_now(gpu, path: str) -> str:
+    """The GPU's compute mode now, as recorded in the state file (its number, as text)."""
+    uuid = path[len(GPU_PREFIX):]
+    for g in gpu.gpus():
+        if g["uuid"] == uuid:
+            return str(g["mode"])
+    raise cm.ComputeModeError(f"GPU {uuid} is gone")
+
+
+def _undo(undo: list[tuple[str, str, str | None]], made: list[str], gpu=None) -> list[str]:
     errors = []
     for kind, path, before in reversed(undo):
+        if kind == COMPUTE_MODE:
+            try:
+                gpu.set(path[len(GPU_PREFIX):], int(before))
+            except cm.ComputeModeError as exc:
+                errors.append(str(exc))
+            continue
         try:
             if before is None:
                 if os.path.lexists(path):
@@ -336,23 +392,35 @@ def _inside(rootfs: str, path: str) -> str:
         raise HardenError(f"{exc}; the state file was not used (nothing was changed)") from None
 
 
-def rollback(rootfs: str = "/") -> list[str]:
-    """Restore what `apply` recorded, then remove the folders it made; return what was done."""
+def rollback(rootfs: str = "/", gpu=None) -> list[str]:
+    """Restore what `apply` recorded (compute modes through `gpu`, default NVML), then
+    remove the folders it made; return what was done."""
     state = _load_state(rootfs)
     if state is None:
         return []
     if os.path.realpath(rootfs) == "/" and os.geteuid() != 0:
         raise HardenRefused("zerod harden --rollback needs root: run it with sudo (nothing was changed)")
     # Resolved again: a symlink planted since apply must not redirect the restore.
-    paths = {r["path"]: _inside(rootfs, r["path"]) for r in state["records"]}
+    paths = {r["path"]: r["path"] if r["kind"] == COMPUTE_MODE else _inside(rootfs, r["path"])
+             for r in state["records"]}
+    if any(r["kind"] == COMPUTE_MODE for r in state["records"]):
+        gpu = gpu or cm.NvmlComputeModes()
     dirs = [_inside(rootfs, d) for d in state.get("dirs", [])]
-    denied = [p for p in paths.values() if not _writable(p)]
+    denied = [p for p in paths.values() if not _is_gpu(p) and not _writable(p)]
     if denied:
         raise HardenRefused(f"cannot write {', '.join(denied)} (permission denied): run as root "
                             "(nothing was changed)")
     done, failed = [], []
     for r in reversed(state["records"]):
         path, before = paths[r["path"]], r["before"]
+        if r["kind"] == COMPUTE_MODE:
+            try:
+                gpu.set(path[len(GPU_PREFIX):], int(before))
+                done.append(f"{r['key']}: restored {cm.name(int(before))}")
+            except cm.ComputeModeError as exc:
+                failed.append(r)
+                done.append(f"{r['key']}: FAILED to restore {cm.name(int(before))}: {exc}")
+            continue
         try:
             if before is None:
                 if os.path.lexists(path):
@@ -386,7 +454,10 @@ def render_plan(pl: Plan) -> str:
     if not pl.changes:
         lines.append("  nothing to change: the host already has every setting")
     for c in pl.changes:
-        if c.kind == "value":
+        if c.kind == COMPUTE_MODE:
+            lines.append(f"  {c.key}: {c.now} -> {c.after} (NVML, {c.paths[0][len(GPU_PREFIX):]})")
+            lines.append(f"      {c.persist}")
+        elif c.kind == "value":
             lines.append(f"  {c.key}: {c.now} -> {c.after}")
             lines.append(f"      in {c.paths[0]}" + (f" (+{len(c.paths) - 1} more)" if len(c.paths) > 1 else ""))
             if c.persist:

@@ -1,96 +1,47 @@
-"""Probe the host's addresses over rtnetlink (an RTM_GETADDR dump).
+"""Probe the host's addresses with psutil (getifaddrs).
 
-A dozen lines of `struct` over an AF_NETLINK socket answer in well under a
-millisecond; pyroute2 reads the same messages but costs ~0.3 s to import, a third of
-doctor's time budget, and is absent on some GPU images. psutil's getifaddrs is the
-fallback where netlink sockets are refused (some sandboxes).
+`psutil.net_if_addrs()` gives every interface's addresses and netmasks, which is all
+`net.bind_exposure` reads, in well under a millisecond. pyroute2 would read the same
+from rtnetlink but costs ~0.3 s to import; doctor never imports it (the daemon's netlink
+subscription does, for link and address events).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import socket
-import struct
 
 from .facts import Facts
 
-RTM_NEWADDR, RTM_GETADDR = 20, 22
-NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
-NLMSG_ERROR, NLMSG_DONE = 2, 3
-IFA_ADDRESS, IFA_LOCAL, IFA_LABEL = 1, 2, 3
+SOURCE = "psutil.net_if_addrs()"
 
 
-def netlink_addresses(timeout: float = 1.0) -> list[dict]:
-    """[{ifname, family (4|6), address, prefixlen, scope}] from RTM_GETADDR."""
-    s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+def _prefixlen(netmask: str | None) -> int | None:
+    """255.255.255.0 -> 24, ffff:ffff:ffff:ffff:: -> 64 (psutil gives masks, not lengths)."""
     try:
-        s.settimeout(timeout)
-        s.bind((0, 0))
-        req = struct.pack("=LHHLL", 16 + 8, RTM_GETADDR, NLM_F_REQUEST | NLM_F_DUMP, 1, 0)
-        req += struct.pack("=BBBBI", socket.AF_UNSPEC, 0, 0, 0, 0)
-        s.send(req)
-        out: list[dict] = []
-        while True:
-            data = s.recv(65536)
-            off = 0
-            while off + 16 <= len(data):
-                length, mtype, _flags, _seq, _pid = struct.unpack_from("=LHHLL", data, off)
-                if length < 16:
-                    return out
-                if mtype == NLMSG_DONE:
-                    return out
-                if mtype == NLMSG_ERROR:
-                    (err,) = struct.unpack_from("=i", data, off + 16)
-                    if err:
-                        raise OSError(-err, "netlink RTM_GETADDR refused")
-                    return out
-                if mtype == RTM_NEWADDR:
-                    out.append(_addr(data[off + 16: off + length]))
-                off += (length + 3) & ~3
-    finally:
-        s.close()
+        bits = bin(int(ipaddress.ip_address(netmask or "")))[2:]
+    except ValueError:
+        return None
+    return bits.count("1") if "01" not in bits else None
 
 
-def _addr(msg: bytes) -> dict:
-    family, prefixlen, _flags, scope, index = struct.unpack_from("=BBBBI", msg, 0)
-    attrs: dict[int, bytes] = {}
-    off = 8
-    while off + 4 <= len(msg):
-        alen, atype = struct.unpack_from("=HH", msg, off)
-        if alen < 4:
-            break
-        attrs[atype] = msg[off + 4: off + alen]
-        off += (alen + 3) & ~3
-    af = socket.AF_INET if family == socket.AF_INET else socket.AF_INET6
-    raw = attrs.get(IFA_LOCAL) or attrs.get(IFA_ADDRESS) or b""
-    try:
-        address = socket.inet_ntop(af, raw)
-    except (ValueError, OSError):
-        address = raw.hex()
-    label = attrs.get(IFA_LABEL, b"").split(b"\0", 1)[0].decode() or None
-    if label is None:
-        try:
-            label = socket.if_indextoname(index)
-        except OSError:
-            label = str(index)
-    return {"ifname": label, "family": 4 if family == socket.AF_INET else 6,
-            "address": address, "prefixlen": prefixlen, "scope": scope}
+def addresses() -> list[dict]:
+    """[{ifname, family (4|6), address, prefixlen}] for every IPv4/IPv6 address."""
+    import psutil
+
+    out = []
+    for ifname, lst in psutil.net_if_addrs().items():
+        for a in lst:
+            if a.family not in (socket.AF_INET, socket.AF_INET6):
+                continue
+            out.append({"ifname": ifname, "family": 4 if a.family == socket.AF_INET else 6,
+                        "address": a.address.split("%")[0],  # fe80::1%eth0: the zone is the ifname
+                        "prefixlen": _prefixlen(a.netmask)})
+    return out
 
 
 def probe(facts: Facts) -> None:
     try:
-        facts.put("net.addresses", netlink_addresses(), "netlink RTM_GETADDR")
-        return
-    except (OSError, AttributeError) as exc:
-        netlink_error = f"netlink: {exc}"
-    try:
-        import psutil
-
-        addrs = []
-        for ifname, lst in psutil.net_if_addrs().items():
-            for a in lst:
-                if a.family in (socket.AF_INET, socket.AF_INET6):
-                    addrs.append({"ifname": ifname, "family": 4 if a.family == socket.AF_INET else 6,
-                                  "address": a.address.split("%")[0], "prefixlen": None, "scope": None})
-        facts.put("net.addresses", addrs, f"psutil.net_if_addrs() ({netlink_error})")
+        facts.put("net.addresses", addresses(), SOURCE)
     except Exception as exc:  # noqa: BLE001 - the reason is the fact
-        facts.fail("net.addresses", f"{netlink_error}; psutil: {exc}", "netlink RTM_GETADDR")
+        facts.fail("net.addresses", f"cannot list the interfaces: {type(exc).__name__}: {exc}", SOURCE)

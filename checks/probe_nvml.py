@@ -92,6 +92,28 @@ def probe(facts: Facts) -> None:
     facts.put("nvml.gpus", [_gpu(N, i) for i in range(count)], "nvmlDeviceGet*()")
 
 
+# nvmlValueType_t -> the member of nvmlValue_t that holds it
+_VALUE_FIELD = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+
+
+def _recovery_action(N, h, d: dict[str, Any]) -> None:
+    """What the driver says the GPU needs (nvidia-smi's "GPU Recovery Action"): a field
+    value from R550 drivers on, absent from older nvidia-ml-py and drivers."""
+    fid = getattr(N, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
+    if fid is None:
+        d["errors"]["recovery_action"] = "this nvidia-ml-py has no NVML_FI_DEV_GET_GPU_RECOVERY_ACTION"
+        return
+    try:
+        (v,) = N.nvmlDeviceGetFieldValues(h, [fid])
+    except N.NVMLError as exc:
+        d["errors"]["recovery_action"] = str(exc)
+        return
+    if v.nvmlReturn != 0:
+        d["errors"]["recovery_action"] = str(N.NVMLError(v.nvmlReturn))
+        return
+    d["recovery_action"] = int(getattr(v.value, _VALUE_FIELD.get(v.valueType, "uiVal")))
+
+
 def _gpu(N, index: int) -> dict[str, Any]:
     d: dict[str, Any] = {"index": index, "errors": {}}
     try:
@@ -136,6 +158,13 @@ def _gpu(N, index: int) -> dict[str, Any]:
     get("ecc_uncorrected_volatile", "nvmlDeviceGetTotalEccErrors", 1, 0)  # UNCORRECTED, VOLATILE
     get("temperature_c", "nvmlDeviceGetTemperature", 0)
     get("power_w", "nvmlDeviceGetPowerUsage", conv=lambda mw: mw / 1000)
+    get("compute_mode", "nvmlDeviceGetComputeMode")
+    _recovery_action(N, h, d)
+    get("vbios", "nvmlDeviceGetVbiosVersion", conv=_s)
+    get("inforom_image", "nvmlDeviceGetInforomImageVersion", conv=_s)
+    get("inforom_valid", "nvmlDeviceValidateInforom", conv=lambda _: True)  # raises Corrupted infoROM
+    get("gsp_firmware", "nvmlDeviceGetGspFirmwareVersion", conv=_s)
+    get("gsp_mode", "nvmlDeviceGetGspFirmwareMode", conv=list)  # [enabled, default]
     try:
         info = N.c_nvmlGpuFabricInfo_t()
         N.nvmlDeviceGetGpuFabricInfo(h, ctypes.byref(info))

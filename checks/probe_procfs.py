@@ -21,6 +21,10 @@ def probe(facts: Facts, roots: Roots) -> None:
     read_into(facts, "driver.proc_version", roots.proc("driver/nvidia/version"), _nvidia_version)
     read_into(facts, "mem.memlock", roots.proc("self/limits"), _memlock)
     read_into(facts, "self.status", roots.proc("self/status"), _status)
+    read_into(facts, "kernel.cmdline", roots.proc("cmdline"), str.strip)
+    read_into(facts, "mem.swap", roots.proc("meminfo"), _swap)
+    read_into(facts, "mem.swap_devices", roots.proc("swaps"), _swaps)
+    read_into(facts, "vm.swappiness", roots.proc("sys/vm/swappiness"), _int)
     _xids(facts, roots)
 
 
@@ -42,6 +46,29 @@ def _memlock(s: str) -> dict:
             conv = lambda v: None if v == "unlimited" else int(v)  # noqa: E731
             return {"soft": conv(soft), "hard": conv(hard)}
     raise ValueError("no 'Max locked memory' line")
+
+
+def _swap(s: str) -> dict:
+    """SwapTotal/SwapFree of /proc/meminfo, in bytes."""
+    kib = {}
+    for line in s.splitlines():
+        k, _, v = line.partition(":")
+        if k in ("SwapTotal", "SwapFree"):
+            kib[k] = int(v.split()[0]) * 1024
+    if len(kib) != 2:
+        raise ValueError("no SwapTotal/SwapFree lines")
+    return {"total_bytes": kib["SwapTotal"], "free_bytes": kib["SwapFree"]}
+
+
+def _swaps(s: str) -> list[dict]:
+    """/proc/swaps: 'Filename Type Size Used Priority', sizes in KiB."""
+    out = []
+    for line in s.splitlines()[1:]:
+        parts = line.split()
+        if len(parts) >= 5:
+            out.append({"name": parts[0], "type": parts[1], "size_bytes": int(parts[2]) * 1024,
+                        "used_bytes": int(parts[3]) * 1024, "priority": int(parts[4])})
+    return out
 
 
 def _status(s: str) -> dict:

@@ -1,4 +1,4 @@
-"""Probe /sys: NVIDIA PCI functions, transparent hugepages, cpufreq, NUMA nodes."""
+"""Probe /sys: NVIDIA PCI functions, transparent hugepages, cpufreq, NUMA nodes, the IOMMU."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ def probe(facts: Facts, roots: Roots) -> None:
     read_into(facts, "mm.thp_defrag", roots.sys("kernel/mm/transparent_hugepage/defrag"), selected)
     _governors(facts, roots)
     _numa(facts, roots)
+    _iommu(facts, roots)
 
 
 def selected(s: str) -> str:
@@ -97,3 +98,32 @@ def _numa(facts: Facts, roots: Roots) -> None:
         return
     facts.put("numa.nodes", {n[4:]: _read(os.path.join(base, n, "cpulist")) or "" for n in nodes},
               f"{base}/node*/cpulist")
+
+
+def _iommu(facts: Facts, roots: Roots) -> None:
+    """IOMMU units (/sys/class/iommu: dmar*, ivhd*), and for each GPU its group and the
+    group's DMA domain type (identity: passthrough; DMA, DMA-FQ: translated)."""
+    units_dir, groups_dir = roots.sys("class/iommu"), roots.sys("kernel/iommu_groups")
+    try:
+        units = sorted(os.listdir(units_dir))
+    except FileNotFoundError:
+        units = []
+    except OSError as exc:
+        facts.fail("iommu", f"cannot list {units_dir}: {exc.strerror}", units_dir)
+        return
+    try:
+        groups = len(os.listdir(groups_dir))
+    except OSError:
+        groups = 0
+    gpus = {}
+    for d in facts.value("pci.nvidia") or []:
+        if d.get("kind") != "gpu":
+            continue
+        try:
+            group = os.path.basename(os.readlink(roots.sys(f"bus/pci/devices/{d['bdf']}/iommu_group")))
+        except OSError:
+            group = None
+        gpus[d["bdf"]] = {"group": group,
+                          "type": _read(os.path.join(groups_dir, group, "type")) if group else None}
+    facts.put("iommu", {"units": units, "groups": groups, "gpus": gpus},
+              f"{units_dir}, {groups_dir}/*/type, /sys/bus/pci/devices/*/iommu_group")

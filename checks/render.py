@@ -7,7 +7,7 @@ import textwrap
 
 from .report import Report
 
-AREAS = {"gpu": "GPU", "kernel": "Kernel", "numa": "NUMA", "mem": "Memory", "cpu": "CPU",
+AREAS = {"gpu": "GPU", "kernel": "Kernel", "numa": "NUMA", "host": "Host", "mem": "Memory", "cpu": "CPU",
          "net": "Network", "engine": "Engine"}
 LABEL = {"pass": "ok", "warn": "WARN", "fail": "FAIL", "skip": "skip", "error": "ERR"}
 COLOUR = {"pass": "green", "warn": "yellow", "fail": "red", "skip": "bright_black", "error": "magenta"}

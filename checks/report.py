@@ -14,10 +14,13 @@ STATUSES = ("pass", "warn", "fail", "skip", "error")
 # Stable IDs, in the order the report shows them (the catalogue of docs/checks.md).
 CATALOGUE = (
     "gpu.driver_loaded", "gpu.compute_capability", "gpu.driver_version", "gpu.cuda_compat",
-    "gpu.persistence_mode", "gpu.ecc_health", "gpu.pcie_link", "gpu.clock_events", "gpu.mig_mode",
-    "gpu.fabric_manager", "gpu.foreign_processes", "gpu.memory_headroom", "gpu.xid_recent",
+    "gpu.persistence_mode", "gpu.ecc_health", "gpu.recovery_action", "gpu.firmware", "gpu.pcie_link",
+    "gpu.clock_events", "gpu.mig_mode", "gpu.compute_mode", "gpu.fabric_manager",
+    "gpu.foreign_processes", "gpu.memory_headroom", "gpu.xid_recent",
     "kernel.version", "kernel.io_uring", "kernel.numa_balancing", "numa.gpu_affinity",
-    "mem.memlock", "mem.transparent_hugepages", "cpu.governor", "net.bind_exposure", "engine.config",
+    "host.iommu", "host.container_runtime",
+    "mem.memlock", "mem.transparent_hugepages", "mem.swap", "cpu.governor", "net.bind_exposure",
+    "engine.config",
 )
 BUG_FIX = "this is a bug in zerod: please report it with the snapshot from `zerod doctor --save-facts FILE`"
 

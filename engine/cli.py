@@ -1,9 +1,10 @@
 """`zerod serve`: the engine alone behind its OpenAI-compatible HTTP server.
 
 Flags take vLLM's names wherever the meaning is the same, so an existing `vllm serve`
-command line mostly carries over. Errors a user can cause (a missing model directory, a
-bad flag value, an engine that cannot start with this model) are printed as one plain
-line and exit non-zero, never as a traceback.
+command line mostly carries over; their defaults are EngineConfig's own. Errors a user can
+cause (a missing model directory, a bad flag value, a taken port, an engine that cannot
+start with this model) are printed as one plain line and exit non-zero, never as a
+traceback. The port is bound before the model loads, so a taken one fails at once.
 """
 
 from __future__ import annotations
@@ -17,6 +18,10 @@ import sys
 from pathlib import Path
 
 import click
+from zerod.engine.config import EngineConfig, EngineError
+
+# Each engine flag's default is EngineConfig's (one owner).
+_DEFAULT = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 
@@ -76,44 +81,67 @@ def _check_model(ctx, param, value):
                    "Default: the model's name.")
 @click.option("--tokenizer", default=None, type=click.Path(exists=True, file_okay=False),
               help="Directory with tokenizer.json (default: the model directory).")
-@click.option("--dtype", default="auto", show_default=True,
+@click.option("--dtype", default=_DEFAULT["dtype"], show_default=True,
               type=click.Choice(["auto", "bfloat16", "float16", "half", "float32", "float"]),
               help="Weights and KV cache dtype; auto = config.json's (float32 on CPU).")
-@click.option("--load-format", default="auto", show_default=True,
+@click.option("--load-format", default=_DEFAULT["load_format"], show_default=True,
               type=click.Choice(["auto", "safetensors", "dummy"]),
               help="dummy: random weights from config.json alone (benchmarks).")
-@click.option("--max-model-len", type=click.IntRange(min=2), default=None,
+@click.option("--max-model-len", type=click.IntRange(min=2), default=_DEFAULT["max_model_len"],
               help="Context length (prompt + output). Default: the model's, capped by the "
                    "KV pool.")
-@click.option("--max-num-seqs", type=click.IntRange(min=1), default=256, show_default=True,
-              help="Most requests running at once.")
-@click.option("--max-num-batched-tokens", type=click.IntRange(min=1), default=2048,
+@click.option("--max-num-seqs", type=click.IntRange(min=1), default=_DEFAULT["max_num_seqs"],
+              show_default=True, help="Most requests running at once.")
+@click.option("--max-num-batched-tokens", type=click.IntRange(min=1),
+              default=_DEFAULT["max_num_batched_tokens"],
               show_default=True, help="Prompt tokens per step (chunked prefill budget).")
-@click.option("--max-prefill-tokens-idle", type=click.IntRange(min=1), default=16384,
+@click.option("--max-prefill-tokens-idle", type=click.IntRange(min=1),
+              default=_DEFAULT["max_prefill_tokens_idle"],
               show_default=True, help="Prompt tokens per step while nothing decodes (a long "
                                       "prompt then goes in whole, unchunked).")
-@click.option("--max-waiting", type=click.IntRange(min=0), default=1024, show_default=True,
+@click.option("--enable-prefix-caching/--no-enable-prefix-caching",
+              default=_DEFAULT["enable_prefix_caching"], show_default=True,
+              help="Share the KV of full prompt pages between requests with the same prefix.")
+@click.option("--target-itl-ms", type=click.FloatRange(min=0.1, max=1e5),
+              default=_DEFAULT["target_itl_ms"], show_default=True,
+              help="While streams decode, prompt chunks keep a step within this (from "
+                   "measured step costs), down to --min-prefill-chunk.")
+@click.option("--target-ttft-ms", type=click.FloatRange(min=0.1, max=1e5),
+              default=_DEFAULT["target_ttft_ms"], show_default=True,
+              help="While streams decode, prompt chunks grow to clear waiting prompts within "
+                   "this, up to --max-num-batched-tokens.")
+@click.option("--min-prefill-chunk", type=click.IntRange(min=1),
+              default=_DEFAULT["min_prefill_chunk"], show_default=True,
+              help="Prompt tokens a step takes at least while streams decode (prefill is "
+                   "never starved).")
+@click.option("--max-waiting", type=click.IntRange(min=0), default=_DEFAULT["max_waiting"],
+              show_default=True,
               help="Wait line bound; beyond it requests get 429 with Retry-After.")
-@click.option("--gpu-memory-utilization", type=click.FloatRange(0.05, 1.0), default=0.90,
+@click.option("--gpu-memory-utilization", type=click.FloatRange(0.05, 1.0),
+              default=_DEFAULT["gpu_memory_utilization"],
               show_default=True, help="CUDA: fraction of the GPU the engine may hold "
                                       "(weights + KV pool + activations).")
-@click.option("--kv-pages", type=click.IntRange(min=2), default=None,
+@click.option("--kv-pages", type=click.IntRange(min=2), default=_DEFAULT["kv_pages"],
               help="KV pool size in pages of --block-size tokens (CPU budget; on CUDA it "
                    "overrides --gpu-memory-utilization's sizing).")
-@click.option("--kv-cache-memory-bytes", type=ByteSize(), default=None,
+@click.option("--kv-cache-memory-bytes", type=ByteSize(),
+              default=_DEFAULT["kv_cache_memory_bytes"],
               help="CPU: KV pool budget in bytes when --kv-pages is not given (e.g. 2GiB; "
                    "default 256 MiB).")
-@click.option("--block-size", type=click.IntRange(min=1), default=16, show_default=True,
+@click.option("--block-size", type=click.IntRange(min=1), default=_DEFAULT["block_size"],
+              show_default=True,
               help="KV page size in tokens (a power of two).")
-@click.option("--device", type=Device(), default="auto", show_default=True,
+@click.option("--device", type=Device(), default=_DEFAULT["device"], show_default=True,
               help="cpu, cuda, cuda:N; auto = cuda if available.")
-@click.option("--enforce-eager", is_flag=True, help="CUDA: no CUDA graphs.")
-@click.option("--seed", type=int, default=0, show_default=True,
+@click.option("--enforce-eager", is_flag=True, default=_DEFAULT["enforce_eager"],
+              help="CUDA: no CUDA graphs.")
+@click.option("--seed", type=int, default=_DEFAULT["seed"], show_default=True,
               help="Seeds dummy weights and requests that carry no seed.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Bind address.")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
-@click.option("--api-key", envvar="ZEROD_API_KEY", default=None,
-              help="Require 'Authorization: Bearer KEY' on /v1/* (env ZEROD_API_KEY).")
+@click.option("--api-key", envvar=["ZEROD_API_KEY", "VLLM_API_KEY"], default=None,
+              help="Require 'Authorization: Bearer KEY' on /v1/* (env ZEROD_API_KEY or, "
+                   "as vLLM, VLLM_API_KEY).")
 @click.option("--drain-timeout", type=click.FloatRange(min=0), default=30.0,
               show_default=True,
               help="On SIGTERM: seconds in-flight requests get to finish before they are "
@@ -125,7 +153,8 @@ def _check_model(ctx, param, value):
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 def serve(model, served_model_name, tokenizer, dtype, load_format, max_model_len,
-          max_num_seqs, max_num_batched_tokens, max_prefill_tokens_idle, max_waiting,
+          max_num_seqs, max_num_batched_tokens, max_prefill_tokens_idle, enable_prefix_caching,
+          target_itl_ms, target_ttft_ms, min_prefill_chunk, max_waiting,
           gpu_memory_utilization, kv_pages,
           kv_cache_memory_bytes, block_size, device, enforce_eager, seed, host, port, api_key,
           drain_timeout, default_max_tokens, log_level):
@@ -134,46 +163,36 @@ def serve(model, served_model_name, tokenizer, dtype, load_format, max_model_len
     from zerod.logs import setup_logging  # the daemon's format: one journal, one format
 
     setup_logging(log_level)
-    try:
-        from zerod.engine.config import EngineConfig, EngineError
-    except ImportError as exc:  # pragma: no cover - broken install
-        raise click.ClickException(f"the engine is not importable here: {exc}")
+    from zerod.engine.http_edge import PortTaken, bind_socket
 
     if block_size & (block_size - 1):
         raise click.BadParameter("must be a power of two", param_hint="--block-size")
     names = list(served_model_name)
-    wanted = {
-        "model": model, "served_model_name": names[0] if names else None,
-        "tokenizer": tokenizer, "dtype": dtype, "load_format": load_format,
-        "max_model_len": max_model_len, "max_num_seqs": max_num_seqs,
-        "max_num_batched_tokens": max_num_batched_tokens,
-        "max_prefill_tokens_idle": max_prefill_tokens_idle, "max_waiting": max_waiting,
-        "gpu_memory_utilization": gpu_memory_utilization, "kv_pages": kv_pages,
-        "kv_cache_memory_bytes": kv_cache_memory_bytes, "block_size": block_size,
-        "device": device, "enforce_eager": enforce_eager, "seed": seed,
-    }
-    fields = {f.name for f in dataclasses.fields(EngineConfig)}
-    defaults = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
-    for k in list(wanted):
-        if k not in fields:
-            v = wanted.pop(k)
-            if v not in (None, False):
-                raise click.UsageError(f"--{k.replace('_', '-')} is not supported by this "
-                                       "engine build")
-    # Keep the engine's own defaults for what the user left unset.
-    kwargs = {k: v for k, v in wanted.items() if v is not None or defaults.get(k) is None}
-
+    try:
+        config = EngineConfig(
+            model=model, served_model_name=names[0] if names else None, tokenizer=tokenizer,
+            dtype=dtype, load_format=load_format, max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+            max_prefill_tokens_idle=max_prefill_tokens_idle, max_waiting=max_waiting,
+            enable_prefix_caching=enable_prefix_caching, target_itl_ms=target_itl_ms,
+            target_ttft_ms=target_ttft_ms, min_prefill_chunk=min_prefill_chunk,
+            gpu_memory_utilization=gpu_memory_utilization, kv_pages=kv_pages,
+            kv_cache_memory_bytes=kv_cache_memory_bytes, block_size=block_size,
+            device=device, enforce_eager=enforce_eager, seed=seed)
+    except EngineError as exc:
+        raise click.UsageError(str(exc)) from None
     _warn_exposure(host, api_key)
+    try:  # before loading anything: a taken port fails now, not after minutes of loading
+        sock = bind_socket(host, port)
+    except PortTaken as exc:
+        click.echo(f"zerod serve: error: {exc.strerror}", err=True)
+        sys.exit(1)
     try:
         from zerod.engine.engine import Engine
 
-        config = EngineConfig(**kwargs)
         click.echo(f"zerod serve: loading {model} ...", err=True)
         engine = Engine(config)
-    except EngineError as exc:
-        click.echo(f"zerod serve: error: {exc}", err=True)
-        sys.exit(1)
-    except (ValueError, OSError) as exc:
+    except (EngineError, ValueError, OSError) as exc:
         click.echo(f"zerod serve: error: {exc}", err=True)
         sys.exit(1)
 
@@ -181,10 +200,9 @@ def serve(model, served_model_name, tokenizer, dtype, load_format, max_model_len
 
     def ready(bound: int) -> None:
         st = engine.stats()
-        pages = getattr(st, "kv_pages_total", "?")
         click.echo(f"zerod serve: {engine.model_name} ready on http://{host}:{bound} "
                    f"(pid {os.getpid()}, max_model_len {engine.max_model_len}, "
-                   f"{pages} KV pages)", err=True)
+                   f"{st.kv_pages_total} KV pages)", err=True)
         if model == "demo":
             click.echo("zerod serve: the demo model has random weights: its text is "
                        "meaningless", err=True)
@@ -195,16 +213,12 @@ def serve(model, served_model_name, tokenizer, dtype, load_format, max_model_len
     threading.current_thread().name = "zerod-http"  # the event loop's thread, in /health
     try:
         engine.start()
-        asyncio.run(serve_async(engine, host, port,
+        asyncio.run(serve_async(engine, sock,
                                 served_model_names=names or None, api_key=api_key,
                                 drain_timeout=drain_timeout,
                                 default_max_tokens=default_max_tokens, on_ready=ready))
     except EngineError as exc:
         click.echo(f"zerod serve: error: {exc}", err=True)
-        code = 1
-    except OSError as exc:  # e.g. the port is taken
-        click.echo(f"zerod serve: error: cannot listen on {host}:{port}: {exc.strerror or exc}",
-                   err=True)
         code = 1
     finally:
         try:

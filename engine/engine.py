@@ -40,6 +40,8 @@ __all__ = ["Engine", "EngineConfig", "EngineError", "EngineStats", "RequestOutpu
 
 log = logging.getLogger("zerod.engine")
 
+SLOW_LAUNCH_S = 0.1   # a step whose host side takes longer is logged
+
 
 def _resolve_device(name: str) -> torch.device:
     if name == "auto":
@@ -338,6 +340,11 @@ class Engine:
                 ring.free.put(ring_idx)
             raise
         self._steps += 1
+        launch_s = time.perf_counter() - t0
+        if launch_s > SLOW_LAUNCH_S:  # the host, not the GPU, held this step up (a compile?)
+            log.warning("step %d took %.0f ms to launch (%d prompt chunks, %d tokens, %d decodes)",
+                        self._steps, launch_s * 1000, len(batch.chunks),
+                        sum(c.n for c in batch.chunks), len(batch.decodes))
         self.poller.put(StepRecord(ring_idx, rows, start if start is not None else t0,
                                    end if end is not None else time.perf_counter(),
                                    prefill_tokens=sum(c.n for c in batch.chunks),

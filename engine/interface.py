@@ -28,6 +28,9 @@ class EngineStats:
 
 class TokenizerLike(Protocol):
     eos_token_ids: list[int]
+    # At most this many characters of text per token (text_bound.py), None: no bound.
+    # The server refuses longer text than max_model_len tokens could hold, untokenized.
+    max_chars_per_token: int | None
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 

@@ -126,6 +126,9 @@ class OutputPoller(threading.Thread):
         toks = self.ring.tokens[rec.ring_idx, :n].tolist()
         self.ring.free.put(rec.ring_idx)
         self.metrics.step_seconds.observe(step_s)
+        if step_s > 0.25:
+            log.info("a step took %.0f ms (%d prompt tokens, %d decodes)", step_s * 1000,
+                     rec.prefill_tokens, rec.decodes)
         self.on_step_time(rec.prefill_tokens, rec.decodes, step_s)
         now = time.monotonic()
         gen = 0

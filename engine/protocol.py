@@ -1,10 +1,12 @@
 """OpenAI wire protocol: request validation, response and chunk shapes, error JSON.
 
-Pure Python (no torch, no aiohttp): `server.py` calls these. Validation turns a
-decoded JSON body into a `CompletionRequest` (prompt still as text, ids or chat
-messages; sampling fields checked for type and range) or raises `APIError`
-with the status and OpenAI's error shape. Unknown fields are ignored; a known
-field of the wrong type or out of range is a 400 naming the field (`param`).
+Pure Python (no torch, no aiohttp): `server.py` calls these. The request fields of both
+generation endpoints are declared once, as `api_schema` fields (`RequestSchemas`): the same
+table validates a decoded body and is published in /openapi.json. Every numeric field is
+bounded by what the engine can do (token ids and `top_k` by the vocabulary, lengths by
+`max_model_len`, seeds by int64, floats finite); a field of the wrong type or out of range is
+a 400 naming it (`param`). Unknown fields are ignored. Validation turns a body into a
+`CompletionRequest` (prompt still as text, ids or chat messages).
 
 Streaming is the hot path (200 streams x ~100 tokens/s each on the GPU), so a
 `ChunkEncoder` pre-encodes each request's constant JSON around the content and
@@ -14,12 +16,14 @@ a token costs one `json.dumps` of its text and two byte concatenations.
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from .api_schema import AnyOf, Array, Bool, Field, Int, Invalid, Num, Obj, Str
+from .request import SamplingParams
 
 # --------------------------------------------------------------------------- errors
 
@@ -50,15 +54,10 @@ class APIError(Exception):
 
 
 _ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "invalid_request_error",
-    404: "invalid_request_error",
-    405: "invalid_request_error",
-    413: "invalid_request_error",
     429: "rate_limit_error",
     500: "server_error",
     503: "service_unavailable",
-}
+}  # every other 4xx: invalid_request_error
 
 
 def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,
@@ -94,305 +93,229 @@ class CompletionRequest:
     ignore_eos: bool = False
     stream: bool = False
     include_usage: bool = False
-    # which sampling fields the client set explicitly (others keep the engine's defaults)
-    explicit: set[str] = field(default_factory=set)
+
+    @property
+    def prompt_field(self) -> str:
+        """The field that holds the prompt (the `param` of a context error)."""
+        return "messages" if self.kind == "chat" else "prompt"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the served engine can do: every request bound derives from these."""
+
+    max_model_len: int
+    vocab_size: int
+    # Text longer than this cannot fit max_model_len tokens whatever it says (from the
+    # tokenizer: see text_bound.py); None when the tokenizer gives no such bound.
+    max_prompt_chars: int | None = None
 
 
 # OpenAI's documented default for /v1/completions.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
-# Largest max_tokens accepted before the context check (guards int overflow in the engine).
-MAX_TOKENS_LIMIT = 1 << 31
+# Nesting deeper than this is refused before validation walks it (no request needs > 5).
+MAX_JSON_DEPTH = 64
+# Stop strings are matched against the output text after every token (the poller's
+# time, shared by all streams), so their number and length are bounded.
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 1024
+MAX_STOP_TOKEN_IDS = 256
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+_ROLES = ("system", "user", "assistant", "tool", "developer")
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+def _context_exceeded(max_model_len: int, what: str) -> str:
+    return (f"This model's maximum context length is {max_model_len} tokens. However, "
+            f"your {what}. Please reduce the length of the {what.split()[0]}.")
 
 
-def _is_num(v: Any) -> bool:
-    return (isinstance(v, (int, float)) and not isinstance(v, bool)
-            and math.isfinite(v))
+class RequestSchemas:
+    """The request bodies of /v1/completions and /v1/chat/completions for one served
+    engine: `completion` and `chat` are `api_schema.Obj` tables (validation and schema)."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        mml, vocab = limits.max_model_len, limits.vocab_size
+        token_id = Int(0, vocab - 1, hi_why=f"(the vocabulary has {vocab} tokens)")
+        max_tokens = Int(1, mml, hi_why="(max_model_len)")
+        doc_max = "Tokens to generate; null: what the context leaves."
+        common = (
+            Field("model", Str(), doc="A served model name (GET /v1/models)."),
+            Field("stream", Bool()),
+            Field("stream_options", Obj((Field("include_usage", Bool()),)),
+                  doc="Only with stream: true."),
+            Field("n", Int(1, 128), only=1, only_why="only n=1 (one choice per request)"),
+            Field("best_of", Int(1, 128), only=1, only_why="only best_of=1"),
+            Field("temperature", Num(0.0, 2.0), doc="0 = greedy."),
+            Field("top_p", Num(0.0, 1.0, lo_open=True)),
+            Field("top_k", Int(-1, vocab, hi_why="(the vocabulary size)"),
+                  doc="-1 or 0: off."),
+            Field("min_tokens", Int(0, mml, hi_why="(max_model_len)")),
+            Field("seed", Int(INT64_MIN, INT64_MAX)),
+            Field("stop", AnyOf((Str(1, MAX_STOP_CHARS),
+                                 Array(Str(1, MAX_STOP_CHARS), max_items=MAX_STOP_STRINGS)),
+                                "a string or a list of strings")),
+            Field("stop_token_ids", Array(token_id, max_items=MAX_STOP_TOKEN_IDS)),
+            Field("ignore_eos", Bool()),
+            Field("presence_penalty", Num(-2.0, 2.0), only=0.0, only_why="no penalties"),
+            Field("frequency_penalty", Num(-2.0, 2.0), only=0.0, only_why="no penalties"),
+            Field("repetition_penalty", Num(0.0, 2.0, lo_open=True), only=1.0,
+                  only_why="no penalties"),
+            Field("logit_bias", Obj(values=Num(-100.0, 100.0)), only={},
+                  only_why="no logit bias"),
+            Field("user", Str()),
+        )
+        over_ids = _context_exceeded(mml, "prompt has {n} tokens, which leaves no room "
+                                          "for output")
+        stream_rule = (("stream_options", "stream", True),)
+        self.completion = Obj(when=stream_rule, fields=common + (
+            Field("prompt", required=True, type=AnyOf((
+                Str(1),
+                Array(token_id, 1, mml - 1, "context_length_exceeded", over_ids),
+                Array(Str(1), 1, 1, "unsupported", "'{path}' is not supported by this "
+                      "server: one prompt per request (got a batch of {n})"),
+                Array(Array(token_id, 1, mml - 1, "context_length_exceeded", over_ids),
+                      1, 1, "unsupported", "'{path}' is not supported by this server: one "
+                      "prompt per request (got a batch of {n})"),
+            ), "a string, a list of token ids, or a list of one of those")),
+            Field("max_tokens", max_tokens, null_ok=True, doc=doc_max + " Default 16."),
+            Field("echo", Bool(), only=False, only_why="no echo of the prompt"),
+            Field("logprobs", Int(0, 5), only=0, only_why="no log probabilities"),
+            Field("suffix", Str(), only="", only_why="no insertion with a suffix"),
+        ))
+        part = Obj((Field("type", Str(), required=True, only="text",
+                          only_why="text content parts only"),
+                    Field("text", Str(), required=True)))
+        message = Obj((
+            Field("role", Str(enum=_ROLES), required=True),
+            Field("content", AnyOf((Str(), Array(part)),
+                                   "a string or a list of content parts")),
+            Field("name", Str()),
+        ))
+        self.chat = Obj(when=stream_rule, fields=common + (
+            Field("messages", Array(message, 1, mml, "context_length_exceeded",
+                                    _context_exceeded(mml, "messages are {n}, more than "
+                                                           "could fit")), required=True),
+            Field("max_completion_tokens", max_tokens, null_ok=True, doc=doc_max),
+            Field("max_tokens", max_tokens, null_ok=True,
+                  doc=doc_max + " (max_completion_tokens wins)."),
+            Field("add_generation_prompt", Bool()),
+            Field("logprobs", Bool(), only=False, only_why="no log probabilities"),
+            Field("top_logprobs", Int(0, 20)),
+            Field("tools", Array(Obj()), only=[], only_why="no tool calling"),
+            Field("response_format", Obj((Field(
+                "type", Str(), required=True, only="text",
+                only_why="only response_format type 'text'"),))),
+        ))
+
+    # ---------------------------------------------------------------- parsing
+
+    def parse_completion(self, body: Any) -> CompletionRequest:
+        """Validate a decoded /v1/completions body."""
+        v = _check(self.completion, body)
+        req = CompletionRequest(kind="completion", model=v["model"])
+        _common(v, req)
+        prompt = v["prompt"]
+        if isinstance(prompt, list) and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]  # a list of one prompt
+        if isinstance(prompt, str):
+            self._check_text_len(len(prompt), "prompt")
+            req.prompt_text = prompt
+        else:
+            req.prompt_ids = prompt
+        if "max_tokens" not in body:
+            req.max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS  # OpenAI's default
+        else:
+            req.max_tokens = v["max_tokens"]  # null: what the context leaves
+        return req
+
+    def parse_chat(self, body: Any) -> CompletionRequest:
+        """Validate a decoded /v1/chat/completions body."""
+        v = _check(self.chat, body)
+        req = CompletionRequest(kind="chat", model=v["model"])
+        _common(v, req)
+        req.messages = []
+        for m in v["messages"]:
+            content = m["content"]
+            if isinstance(content, list):
+                content = "".join(p["text"] for p in content)
+            msg = {"role": m["role"], "content": content or ""}
+            if m["name"] is not None:
+                msg["name"] = m["name"]
+            req.messages.append(msg)
+        self._check_text_len(sum(len(m["content"]) for m in req.messages), "messages")
+        mct = v["max_completion_tokens"]
+        req.max_tokens = mct if mct is not None else v["max_tokens"]
+        if v["add_generation_prompt"] is not None:
+            req.add_generation_prompt = v["add_generation_prompt"]
+        return req
+
+    def _check_text_len(self, chars: int, where: str) -> None:
+        """Refuse, before tokenizing, text that cannot fit the context whatever it says."""
+        bound = self.limits.max_prompt_chars
+        if bound is not None and chars > bound:
+            raise bad(_context_exceeded(
+                self.limits.max_model_len, f"{where} text has {chars} characters, more "
+                f"than any {self.limits.max_model_len} tokens of this tokenizer can hold "
+                f"({bound})"), where, "context_length_exceeded")
 
 
-def _get_int(body: dict, name: str, lo: int | None = None, hi: int | None = None,
-             nullable: bool = True) -> int | None:
-    v = body.get(name)
-    if v is None:
-        if not nullable and name in body:
-            raise bad(f"'{name}' must be an integer, not null", name)
-        return None
-    if not _is_int(v):
-        raise bad(f"'{name}' must be an integer, got {type(v).__name__}: {v!r:.50}", name)
-    if lo is not None and v < lo:
-        raise bad(f"'{name}' must be >= {lo}, got {v}", name)
-    if hi is not None and v > hi:
-        raise bad(f"'{name}' must be <= {hi}, got {v}", name)
-    return v
+def _check(table: Obj, body: Any) -> dict[str, Any]:
+    try:
+        return table.check(body)
+    except Invalid as exc:
+        raise bad(exc.message, exc.param, exc.code) from None
 
 
-def _get_num(body: dict, name: str, lo: float | None = None, hi: float | None = None,
-             lo_open: bool = False) -> float | None:
-    v = body.get(name)
-    if v is None:
-        return None
-    if not _is_num(v):
-        raise bad(f"'{name}' must be a number, got {type(v).__name__}: {v!r:.50}", name)
-    if lo is not None and (v < lo or (lo_open and v == lo)):
-        raise bad(f"'{name}' must be {'>' if lo_open else '>='} {lo}, got {v}", name)
-    if hi is not None and v > hi:
-        raise bad(f"'{name}' must be <= {hi}, got {v}", name)
-    return float(v)
+def _common(v: dict[str, Any], req: CompletionRequest) -> None:
+    """Fields shared by both endpoints, from validated values (None: absent)."""
+    req.stream = bool(v["stream"])
+    if v["stream_options"] is not None:  # only with stream true (the tables' `when`)
+        req.include_usage = bool(v["stream_options"]["include_usage"])
+    for name in ("temperature", "top_p", "min_tokens", "seed", "ignore_eos"):
+        if v[name] is not None:
+            setattr(req, name, v[name])
+    if v["top_k"] is not None:
+        req.top_k = 0 if v["top_k"] == -1 else v["top_k"]
+    stop = v["stop"]
+    if stop is not None:
+        req.stop = [stop] if isinstance(stop, str) else stop
+    if v["stop_token_ids"] is not None:
+        req.stop_token_ids = v["stop_token_ids"]
 
 
-def _get_bool(body: dict, name: str) -> bool | None:
-    v = body.get(name)
-    if v is None:
-        return None
-    if not isinstance(v, bool):
-        raise bad(f"'{name}' must be a boolean, got {type(v).__name__}: {v!r:.50}", name)
-    return v
-
-
-def _get_str(body: dict, name: str) -> str | None:
-    v = body.get(name)
-    if v is None:
-        return None
-    if not isinstance(v, str):
-        raise bad(f"'{name}' must be a string, got {type(v).__name__}", name)
-    return v
-
-
-def _int_list(v: Any, name: str) -> list[int]:
-    if not isinstance(v, list) or not all(_is_int(x) for x in v):
-        raise bad(f"'{name}' must be a list of integers", name)
-    if any(x < 0 for x in v):
-        raise bad(f"'{name}' must not hold negative token ids", name)
-    return v
-
-
-def _unsupported_if(cond: bool, name: str, what: str) -> None:
-    if cond:
-        raise bad(f"'{name}' is not supported by this server: {what}", name, "unsupported")
-
-
-def parse_body(raw: bytes) -> dict[str, Any]:
-    """Decode a JSON request body into a dict or raise a 400."""
+def parse_body(raw: bytes) -> Any:
+    """Decode a JSON request body or raise a 400 (NaN / Infinity are not JSON)."""
     if not raw:
         raise bad("the request body is empty; expected a JSON object")
+    too_deep = bad(f"the request JSON is nested deeper than {MAX_JSON_DEPTH} levels")
     try:
-        body = json.loads(raw)
+        body = json.loads(raw, parse_constant=_not_json)
+    except RecursionError:
+        raise too_deep from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad(f"the request body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise bad(f"the request body must be a JSON object, got {type(body).__name__}")
+    # A body with few brackets cannot be deep: skip the walk (a long id list has one).
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and _deeper_than(body,
+                                                                            MAX_JSON_DEPTH):
+        raise too_deep
     return body
 
 
-def _common(body: dict, req: CompletionRequest) -> None:
-    """Fields shared by both endpoints."""
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise bad("'model' must be a string", "model")
-    req.model = model
-
-    n = _get_int(body, "n", lo=1)
-    _unsupported_if(n is not None and n != 1, "n", "only n=1 (one choice per request)")
-    best_of = _get_int(body, "best_of", lo=1)
-    _unsupported_if(best_of is not None and best_of != 1, "best_of", "only best_of=1")
-
-    stream = _get_bool(body, "stream")
-    req.stream = bool(stream)
-    so = body.get("stream_options")
-    if so is not None:
-        if not isinstance(so, dict):
-            raise bad("'stream_options' must be an object", "stream_options")
-        iu = so.get("include_usage")
-        if iu is not None and not isinstance(iu, bool):
-            raise bad("'stream_options.include_usage' must be a boolean",
-                      "stream_options.include_usage")
-        if not req.stream:
-            raise bad("'stream_options' is only allowed when 'stream' is true", "stream_options")
-        req.include_usage = bool(iu)
-
-    t = _get_num(body, "temperature", lo=0.0, hi=2.0)
-    if t is not None:
-        req.temperature = t
-        req.explicit.add("temperature")
-    p = _get_num(body, "top_p", lo=0.0, hi=1.0, lo_open=True)
-    if p is not None:
-        req.top_p = p
-        req.explicit.add("top_p")
-    k = _get_int(body, "top_k", lo=-1)
-    if k is not None:
-        req.top_k = 0 if k == -1 else k
-        req.explicit.add("top_k")
-    mt = _get_int(body, "min_tokens", lo=0)
-    if mt is not None:
-        req.min_tokens = mt
-        req.explicit.add("min_tokens")
-    seed = _get_int(body, "seed")
-    if seed is not None:
-        req.seed = seed
-        req.explicit.add("seed")
-
-    stop = body.get("stop")
-    if stop is not None:
-        if isinstance(stop, str):
-            stop = [stop]
-        if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
-            raise bad("'stop' must be a string or a list of strings", "stop")
-        if any(s == "" for s in stop):
-            raise bad("'stop' must not contain empty strings", "stop")
-        req.stop = stop
-        if stop:
-            req.explicit.add("stop")
-    sti = body.get("stop_token_ids")
-    if sti is not None:
-        req.stop_token_ids = _int_list(sti, "stop_token_ids")
-        if sti:
-            req.explicit.add("stop_token_ids")
-    ie = _get_bool(body, "ignore_eos")
-    if ie is not None:
-        req.ignore_eos = ie
-        if ie:
-            req.explicit.add("ignore_eos")
-
-    # Accepted at their neutral value, refused otherwise (silently ignoring them would
-    # hand the client something other than what it asked for).
-    for name, neutral in (("presence_penalty", 0.0), ("frequency_penalty", 0.0),
-                          ("repetition_penalty", 1.0)):
-        v = _get_num(body, name)
-        _unsupported_if(v is not None and v != neutral, name, f"only {neutral}")
-    lb = body.get("logit_bias")
-    if lb is not None and not isinstance(lb, dict):
-        raise bad("'logit_bias' must be an object", "logit_bias")
-    _unsupported_if(bool(lb), "logit_bias", "no logit bias")
-    user = body.get("user")
-    if user is not None and not isinstance(user, str):
-        raise bad("'user' must be a string", "user")
+def _not_json(name: str) -> None:
+    raise ValueError(f"{name} is not a JSON value")
 
 
-def _max_tokens(body: dict, names: tuple[str, ...]) -> int | None:
-    for name in names:
-        v = _get_int(body, name, lo=1, hi=MAX_TOKENS_LIMIT)
-        if v is not None:
-            return v
-    return None
-
-
-def parse_completion(body: dict[str, Any]) -> CompletionRequest:
-    """Validate a /v1/completions body."""
-    req = CompletionRequest(kind="completion", model=None)
-    _common(body, req)
-    if "prompt" not in body or body["prompt"] is None:
-        raise bad("'prompt' is required", "prompt")
-    prompt = body["prompt"]
-    # A list of one prompt (text or ids) is unwrapped; batches of several are refused.
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-        _unsupported_if(len(prompt) != 1, "prompt",
-                        f"one prompt per request (got a batch of {len(prompt)})")
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        if prompt == "":
-            raise bad("'prompt' must not be empty", "prompt")
-        req.prompt_text = prompt
-    elif isinstance(prompt, list):
-        if not prompt:
-            raise bad("'prompt' must not be empty", "prompt")
-        req.prompt_ids = _int_list(prompt, "prompt")
-    else:
-        raise bad("'prompt' must be a string, a list of token ids, or a list of one of those",
-                  "prompt")
-    req.max_tokens = _max_tokens(body, ("max_tokens",))
-    if req.max_tokens is None and "max_tokens" not in body:
-        req.max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS  # OpenAI's default
-    # an explicit null means: what the context leaves
-    echo = _get_bool(body, "echo")
-    _unsupported_if(bool(echo), "echo", "echo of the prompt")
-    lp = body.get("logprobs")
-    if lp is not None and not _is_int(lp):
-        raise bad("'logprobs' must be an integer or null", "logprobs")
-    _unsupported_if(lp is not None and lp > 0, "logprobs", "log probabilities")
-    suffix = body.get("suffix")
-    if suffix is not None and not isinstance(suffix, str):
-        raise bad("'suffix' must be a string", "suffix")
-    _unsupported_if(bool(suffix), "suffix", "insertion with a suffix")
-    return req
-
-
-_ROLES = {"system", "user", "assistant", "tool", "developer"}
-
-
-def _message_content(content: Any, i: int) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if not isinstance(part, dict) or not isinstance(part.get("type"), str):
-                raise bad(f"messages[{i}].content parts must be objects with a 'type'",
-                          f"messages[{i}].content")
-            if part["type"] != "text":
-                raise bad(f"messages[{i}].content part of type {part['type']!r} is not "
-                          "supported by this server (text only)", f"messages[{i}].content",
-                          "unsupported")
-            if not isinstance(part.get("text"), str):
-                raise bad(f"messages[{i}].content text part needs a string 'text'",
-                          f"messages[{i}].content")
-            parts.append(part["text"])
-        return "".join(parts)
-    raise bad(f"messages[{i}].content must be a string or a list of content parts",
-              f"messages[{i}].content")
-
-
-def parse_chat(body: dict[str, Any]) -> CompletionRequest:
-    """Validate a /v1/chat/completions body."""
-    req = CompletionRequest(kind="chat", model=None)
-    _common(body, req)
-    msgs = body.get("messages")
-    if msgs is None:
-        raise bad("'messages' is required", "messages")
-    if not isinstance(msgs, list):
-        raise bad("'messages' must be a list of messages", "messages")
-    if not msgs:
-        raise bad("'messages' must not be empty", "messages")
-    clean: list[dict[str, Any]] = []
-    for i, m in enumerate(msgs):
-        if not isinstance(m, dict):
-            raise bad(f"messages[{i}] must be an object", f"messages[{i}]")
-        role = m.get("role")
-        if not isinstance(role, str) or role not in _ROLES:
-            raise bad(f"messages[{i}].role must be one of {sorted(_ROLES)}, got {role!r:.40}",
-                      f"messages[{i}].role")
-        msg = {"role": role, "content": _message_content(m.get("content"), i)}
-        name = m.get("name")
-        if name is not None:
-            if not isinstance(name, str):
-                raise bad(f"messages[{i}].name must be a string", f"messages[{i}].name")
-            msg["name"] = name
-        clean.append(msg)
-    req.messages = clean
-    req.max_tokens = _max_tokens(body, ("max_completion_tokens", "max_tokens"))
-    agp = _get_bool(body, "add_generation_prompt")
-    if agp is not None:
-        req.add_generation_prompt = agp
-    lp = _get_bool(body, "logprobs")
-    _unsupported_if(bool(lp), "logprobs", "log probabilities")
-    tl = body.get("top_logprobs")
-    if tl is not None and not _is_int(tl):
-        raise bad("'top_logprobs' must be an integer", "top_logprobs")
-    tools = body.get("tools")
-    if tools is not None and not isinstance(tools, list):
-        raise bad("'tools' must be a list", "tools")
-    _unsupported_if(bool(tools), "tools", "tool calling")
-    rf = body.get("response_format")
-    if rf is not None:
-        if not isinstance(rf, dict) or not isinstance(rf.get("type"), str):
-            raise bad("'response_format' must be an object with a 'type'", "response_format")
-        _unsupported_if(rf["type"] != "text", "response_format",
-                        f"only type 'text' (got {rf['type']!r:.40})")
-    return req
+def _deeper_than(obj: Any, limit: int) -> bool:
+    stack = [(obj, 1)] if isinstance(obj, (dict, list)) else []
+    while stack:
+        o, depth = stack.pop()
+        if depth > limit:
+            return True
+        for child in (o.values() if isinstance(o, dict) else o):
+            if isinstance(child, (dict, list)):
+                stack.append((child, depth + 1))
+    return False
 
 
 def check_context(req: CompletionRequest, prompt_len: int, max_model_len: int,
@@ -402,12 +325,10 @@ def check_context(req: CompletionRequest, prompt_len: int, max_model_len: int,
     A request without max_tokens gets what the context leaves, capped by
     `default_max_tokens` when the server sets one (the engine reserves KV pages for
     prompt + max_tokens at admission, so "the whole context" is a large reservation)."""
-    where = "messages" if req.kind == "chat" else "prompt"
+    where = req.prompt_field
     if prompt_len >= max_model_len:
-        raise bad(f"This model's maximum context length is {max_model_len} tokens. However, "
-                  f"your {where} has {prompt_len} tokens, which leaves no room for output. "
-                  "Please reduce the length of the "
-                  f"{where}.", "messages" if req.kind == "chat" else "prompt",
+        raise bad(_context_exceeded(max_model_len, f"{where} has {prompt_len} tokens, which "
+                                    "leaves no room for output"), where,
                   "context_length_exceeded")
     if req.max_tokens is None:
         left = max_model_len - prompt_len
@@ -420,58 +341,15 @@ def check_context(req: CompletionRequest, prompt_len: int, max_model_len: int,
     return req.max_tokens
 
 
-def sampling_kwargs(req: CompletionRequest, max_tokens: int) -> dict[str, Any]:
-    """The SamplingParams keyword arguments for this request."""
-    return {
-        "max_tokens": max_tokens,
-        "temperature": req.temperature,
-        "top_p": req.top_p,
-        "top_k": req.top_k,
-        "min_tokens": req.min_tokens,
-        "seed": req.seed,
-        "stop": list(req.stop),
-        "stop_token_ids": list(req.stop_token_ids),
-        "ignore_eos": req.ignore_eos,
-    }
-
-
-_NEUTRAL = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_tokens": 0, "seed": None,
-            "stop": [], "stop_token_ids": [], "ignore_eos": False}
-
-
-def build_sampling_params(cls: type, req: CompletionRequest, max_tokens: int) -> Any:
-    """Build the engine's SamplingParams, passing only fields it has.
-
-    A field the client set to a non-neutral value that the engine's SamplingParams lacks
-    is refused (400) rather than silently dropped.
-    """
-    kwargs = sampling_kwargs(req, max_tokens)
-    names = _field_names(cls)
-    if names is not None:
-        for k in list(kwargs):
-            if k not in names:
-                v = kwargs.pop(k)
-                if k != "max_tokens" and v != _NEUTRAL.get(k):
-                    raise bad(f"'{k}' is not supported by this engine", k, "unsupported")
-    try:
-        return cls(**kwargs)
-    except (ValueError, TypeError) as exc:  # the engine's own validation
-        raise bad(str(exc)) from None
-
-
-def _field_names(cls: type) -> set[str] | None:
-    import dataclasses
-    import inspect
-
-    if dataclasses.is_dataclass(cls):
-        return {f.name for f in dataclasses.fields(cls)}
-    try:
-        params = inspect.signature(cls).parameters
-    except (TypeError, ValueError):
-        return None
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return None
-    return set(params)
+def sampling_params(req: CompletionRequest, max_tokens: int) -> SamplingParams:
+    """The engine's SamplingParams for this request (max_tokens settled by check_context)."""
+    if req.min_tokens > max_tokens:
+        raise bad(f"'min_tokens' ({req.min_tokens}) must be <= max_tokens ({max_tokens})",
+                  "min_tokens")
+    return SamplingParams(max_tokens=max_tokens, temperature=req.temperature,
+                          top_p=req.top_p, top_k=req.top_k, seed=req.seed,
+                          stop=list(req.stop), stop_token_ids=list(req.stop_token_ids),
+                          ignore_eos=req.ignore_eos, min_tokens=req.min_tokens)
 
 
 # --------------------------------------------------------------------------- responses
@@ -481,30 +359,32 @@ def new_id(kind: str) -> str:
     return ("chatcmpl-" if kind == "chat" else "cmpl-") + os.urandom(12).hex()
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+    """OpenAI's usage object; cached_tokens: prompt tokens the prefix cache supplied."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
 def completion_response(rid: str, created: int, model: str, text: str,
                         finish_reason: str | None, prompt_tokens: int,
-                        completion_tokens: int) -> dict[str, Any]:
+                        completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
     return {
         "id": rid, "object": "text_completion", "created": created, "model": model,
         "choices": [{"index": 0, "text": text, "logprobs": None,
                      "finish_reason": finish_reason}],
-        "usage": usage(prompt_tokens, completion_tokens),
+        "usage": usage(prompt_tokens, completion_tokens, cached_tokens),
     }
 
 
 def chat_response(rid: str, created: int, model: str, text: str, finish_reason: str | None,
-                  prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+                  prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
     return {
         "id": rid, "object": "chat.completion", "created": created, "model": model,
         "choices": [{"index": 0,
                      "message": {"role": "assistant", "content": text},
                      "logprobs": None, "finish_reason": finish_reason}],
-        "usage": usage(prompt_tokens, completion_tokens),
+        "usage": usage(prompt_tokens, completion_tokens, cached_tokens),
     }
 
 
@@ -607,8 +487,8 @@ class ChunkEncoder:
                                    "finish_reason": finish_reason}]))
         return self.content("", finish_reason)
 
-    def usage(self, prompt_tokens: int, completion_tokens: int) -> bytes:
-        return sse(self._obj([], usage(prompt_tokens, completion_tokens)))
+    def usage(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> bytes:
+        return sse(self._obj([], usage(prompt_tokens, completion_tokens, cached_tokens)))
 
 
 def now() -> int:

@@ -1,7 +1,13 @@
-"""The OpenAI-compatible HTTP server (aiohttp) in front of an `Engine`.
+"""The OpenAI-compatible HTTP server (aiohttp) in front of an engine (`EngineLike`).
 
 Endpoints: GET /v1/models, POST /v1/completions, POST /v1/chat/completions (stream
-true/false), GET /health, GET /metrics. See docs/engine-server.md.
+true/false), GET /health, GET /metrics, GET /openapi.json. See docs/engine-server.md.
+The connection-level limits and error shapes live in http_edge.py.
+
+CPU work of a request (tokenizing, rendering the chat template) runs inline only for short
+text; longer text goes to a small thread pool (`tokenizers` releases the GIL while
+encoding), so a large prompt cannot stall /health or other streams. Text that could never
+fit max_model_len is refused before it is tokenized at all (protocol.Limits).
 
 Hand-off from the engine: `on_output` runs on the engine's poller thread. It appends
 (request state, output) to one shared inbox and, only when no wake-up is pending yet,
@@ -27,26 +33,32 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import hmac
 import json
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from aiohttp import web
 from zerod.engine import protocol as P
 from zerod.engine.config import RequestRejected
-from zerod.engine.request import SamplingParams
+from zerod.engine.http_edge import EdgeLimits, EdgeRunner, bind_socket, edge_error
+from zerod.engine.interface import EngineLike
+from zerod.engine.openapi import openapi_document
 
 log = logging.getLogger("zerod.engine.server")
 
-# Long text prompts are tokenized off the event loop.
-_TOKENIZE_INLINE_CHARS = 8192
-CLIENT_MAX_SIZE = 32 * 1024 * 1024
+# Text up to this many characters is tokenized inline: ~1-2 ms at worst, less than the
+# hop to a thread, so short prompts ("Hello": the idle TTFT figure) pay nothing extra.
+TOKENIZE_INLINE_CHARS = 2048
+TOKENIZE_THREADS = 2
 
 _ABORTED = object()  # pushed into a stream by the server itself when draining ends it
 
@@ -131,22 +143,32 @@ def _json(obj: Any, status: int = 200, headers: dict[str, str] | None = None) ->
 
 
 def _error_response(err: P.APIError) -> web.Response:
-    return _json(err.body(), err.status, err.headers or None)
+    resp = _json(err.body(), err.status, err.headers or None)
+    if err.headers.get("Connection") == "close":
+        resp.force_close()
+    return resp
 
 
 class OpenAIServer:
-    def __init__(self, engine: Any, *, served_model_names: list[str] | None = None,
+    def __init__(self, engine: EngineLike, *, served_model_names: list[str] | None = None,
                  api_key: str | None = None, drain_timeout: float = 30.0,
-                 default_max_tokens: int | None = None) -> None:
+                 default_max_tokens: int | None = None,
+                 edge: EdgeLimits | None = None) -> None:
         self.engine = engine
         self.default_max_tokens = default_max_tokens
-        name = getattr(engine, "model_name", None) or "model"
-        self.model_names = list(served_model_names or [name])
+        self.model_names = list(served_model_names or [engine.model_name])
         self.default_model = self.model_names[0]
         self.api_key = api_key.encode() if api_key else None
         self.drain_timeout = drain_timeout
-        self.max_model_len = int(engine.max_model_len)
-        self.vocab_size = _vocab_size(engine)
+        self.edge = edge or EdgeLimits()
+        self.max_model_len = engine.max_model_len
+        self.vocab_size = engine.vocab_size
+        per_token = engine.tokenizer.max_chars_per_token
+        self.schemas = P.RequestSchemas(P.Limits(
+            self.max_model_len, self.vocab_size,
+            per_token * self.max_model_len if per_token else None))
+        self.tokenize_pool = ThreadPoolExecutor(TOKENIZE_THREADS,
+                                                thread_name_prefix="zerod-tokenize")
         self.created = P.now()
         self.draining = False
         self.inflight: set[_Req] = set()
@@ -156,19 +178,24 @@ class OpenAIServer:
     # ----------------------------------------------------------------- app
 
     def make_app(self) -> web.Application:
-        app = web.Application(client_max_size=CLIENT_MAX_SIZE,
+        app = web.Application(client_max_size=self.edge.max_body_bytes,
                               middlewares=[self._middleware])
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics)
+        app.router.add_get("/openapi.json", self.openapi)
         app.on_startup.append(self._on_startup)
+        app.on_cleanup.append(self._on_cleanup)
         return app
 
     async def _on_startup(self, app: web.Application) -> None:
         self.loop = asyncio.get_running_loop()
         self.router = OutputRouter(self.loop)
+
+    async def _on_cleanup(self, app: web.Application) -> None:
+        self.tokenize_pool.shutdown(wait=False, cancel_futures=True)
 
     @web.middleware
     async def _middleware(self, request: web.Request, handler: Callable) -> web.StreamResponse:
@@ -185,22 +212,31 @@ class OpenAIServer:
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
-            msg = {404: f"no route {request.path}",
-                   405: f"method {request.method} is not allowed on {request.path}",
-                   413: f"the request body is larger than {CLIENT_MAX_SIZE} bytes"}.get(
-                       exc.status, exc.reason)
-            return _error_response(P.APIError(exc.status, msg))
+            err = edge_error(exc, self.edge) or P.APIError(exc.status, {
+                404: f"no route {request.path}",
+                405: f"method {request.method} is not allowed on {request.path}",
+            }.get(exc.status, exc.reason))
+            if "Allow" in exc.headers:  # a 405 says which methods are
+                err.headers["Allow"] = exc.headers["Allow"]
+            return _error_response(err)
         except (asyncio.CancelledError, ConnectionResetError):
             raise
-        except Exception as exc:  # a bug: answer 500 in the error shape, keep serving
+        except Exception as exc:
+            err = edge_error(exc, self.edge)  # a malformed body aiohttp found while reading
+            if err is not None:
+                request.content.feed_eof()  # nothing after a broken body is worth reading
+                err.headers["Connection"] = "close"
+                return _error_response(err)
+            # a bug: answer 500 in the error shape, keep serving
             log.exception("internal error on %s", request.path)
             return _error_response(P.APIError(500, f"internal server error: {exc}"))
 
     def _check_auth(self, request: web.Request) -> None:
         auth = request.headers.get("Authorization", "")
         scheme, _, token = auth.partition(" ")
+        # Header bytes that are not UTF-8 arrive as surrogate escapes: compare bytes.
         ok = scheme.lower() == "bearer" and hmac.compare_digest(
-            token.strip().encode(), self.api_key)
+            token.strip().encode("utf-8", "surrogateescape"), self.api_key)
         if not ok:
             raise P.APIError(401, "invalid or missing API key: send 'Authorization: Bearer "
                              "<key>'", code="invalid_api_key",
@@ -209,21 +245,17 @@ class OpenAIServer:
     # ----------------------------------------------------------------- simple endpoints
 
     async def models(self, request: web.Request) -> web.Response:
-        root = str(getattr(getattr(self.engine, "config", None), "model", self.default_model))
-        return _json(P.models_response(self.model_names, self.max_model_len, root,
-                                       self.created))
+        return _json(P.models_response(self.model_names, self.max_model_len,
+                                       self.engine.model_path, self.created))
+
+    async def openapi(self, request: web.Request) -> web.Response:
+        return _json(openapi_document(self.schemas, self.model_names))
 
     def _stats(self) -> dict[str, Any]:
         try:
-            s = self.engine.stats()
+            return dataclasses.asdict(self.engine.stats())
         except Exception as exc:  # a broken engine is unhealthy, not a 500
             return {"healthy": False, "error": str(exc)}
-        if isinstance(s, dict):
-            return dict(s)
-        import dataclasses
-        if dataclasses.is_dataclass(s):
-            return dataclasses.asdict(s)
-        return {k: v for k, v in vars(s).items() if not k.startswith("_")}
 
     async def health(self, request: web.Request) -> web.Response:
         stats = self._stats()
@@ -250,12 +282,27 @@ class OpenAIServer:
     # ----------------------------------------------------------------- generation
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        body = P.parse_body(await request.read())
-        return await self._generate(request, P.parse_completion(body))
+        body = await self._body(request)
+        return await self._generate(request, self.schemas.parse_completion(body))
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        body = P.parse_body(await request.read())
-        return await self._generate(request, P.parse_chat(body))
+        body = await self._body(request)
+        return await self._generate(request, self.schemas.parse_chat(body))
+
+    async def _body(self, request: web.Request) -> Any:
+        limit = self.edge.max_body_bytes
+        if request.content_length is not None and request.content_length > limit:
+            raise P.APIError(413, f"the request body is larger than {limit} bytes",
+                             code="request_too_large", headers={"Connection": "close"})
+        try:
+            async with asyncio.timeout(self.edge.body_timeout):
+                raw = await request.read()
+        except TimeoutError:
+            request.content.feed_eof()  # close now: no lingering on a slow client's body
+            raise P.APIError(408, f"the request body did not arrive within "
+                             f"{self.edge.body_timeout:g} s", headers={"Connection": "close"}
+                             ) from None
+        return P.parse_body(raw)
 
     def _model(self, name: str | None) -> str:
         if name is None or name in self.model_names:
@@ -265,41 +312,29 @@ class OpenAIServer:
                          code="model_not_found")
 
     async def _prompt_ids(self, req: P.CompletionRequest) -> list[int]:
-        tok = self.engine.tokenizer
         if req.prompt_ids is not None:
-            ids = req.prompt_ids
-            if self.vocab_size is not None:
-                big = next((t for t in ids if t >= self.vocab_size), None)
-                if big is not None:
-                    raise P.bad(f"prompt token id {big} is out of range (vocab size "
-                                f"{self.vocab_size})", "prompt")
-            return ids
+            return req.prompt_ids  # ids already checked against the vocabulary
+        tok = self.engine.tokenizer
         if req.kind == "chat":
             def work() -> list[int]:
-                out = tok.apply_chat_template(req.messages,
-                                              add_generation_prompt=req.add_generation_prompt)
-                if isinstance(out, str):
-                    return _encode(tok, out, add_special_tokens=False)
-                return list(out)
+                text = tok.apply_chat_template(req.messages,
+                                               add_generation_prompt=req.add_generation_prompt)
+                return tok.encode(text, add_special_tokens=False)
             n = sum(len(m["content"]) for m in req.messages)
         else:
-            text = req.prompt_text
-
             def work() -> list[int]:
-                return _encode(tok, text, add_special_tokens=True)
-            n = len(text)
+                return tok.encode(req.prompt_text, add_special_tokens=True)
+            n = len(req.prompt_text)
         try:
-            if n > _TOKENIZE_INLINE_CHARS:
-                ids = await asyncio.get_running_loop().run_in_executor(None, work)
+            if n > TOKENIZE_INLINE_CHARS:
+                ids = await self.loop.run_in_executor(self.tokenize_pool, work)
             else:
                 ids = work()
-        except P.APIError:
-            raise
         except Exception as exc:  # a template error is the request's fault
-            raise P.bad(f"could not tokenize the {'messages' if req.kind == 'chat' else 'prompt'}"
-                        f": {exc}") from None
+            raise P.bad(f"could not tokenize the {req.prompt_field}: {exc}",
+                        req.prompt_field) from None
         if not ids:
-            raise P.bad("the prompt is empty after tokenization", "prompt")
+            raise P.bad("the prompt is empty after tokenization", req.prompt_field)
         return ids
 
     async def _generate(self, request: web.Request, req: P.CompletionRequest
@@ -308,7 +343,7 @@ class OpenAIServer:
         prompt_ids = await self._prompt_ids(req)
         max_tokens = P.check_context(req, len(prompt_ids), self.max_model_len,
                                      self.default_max_tokens)
-        params = P.build_sampling_params(SamplingParams, req, max_tokens)
+        params = P.sampling_params(req, max_tokens)
         st = _Req()
         try:
             st.rid = self.engine.submit(prompt_ids, params, self.router.callback(st))
@@ -337,7 +372,7 @@ class OpenAIServer:
                        prompt_len: int) -> web.Response:
         loop = self.loop
         texts: list[str] = []
-        completion_tokens = 0
+        completion_tokens = cached_tokens = 0
         finish_reason = None
         while not st.finished:
             for out in await _next_items(st, loop):
@@ -351,8 +386,9 @@ class OpenAIServer:
                 if out.finished:
                     st.finished = True
                     finish_reason = out.finish_reason
-                    st.error = getattr(out, "error", None)
+                    st.error = out.error
                     prompt_len = out.prompt_tokens or prompt_len
+                    cached_tokens = out.cached_tokens
                     break
         if finish_reason == "error":
             raise P.APIError(500, st.error or "the engine failed while generating this "
@@ -360,7 +396,7 @@ class OpenAIServer:
         rid = P.new_id(req.kind)
         make = P.chat_response if req.kind == "chat" else P.completion_response
         return _json(make(rid, P.now(), model, "".join(texts), finish_reason, prompt_len,
-                          completion_tokens))
+                          completion_tokens, cached_tokens))
 
     async def _stream(self, request: web.Request, req: P.CompletionRequest, st: _Req,
                       model: str, prompt_len: int) -> web.StreamResponse:
@@ -419,13 +455,15 @@ class OpenAIServer:
 class _SSEFormatter:
     """Engine outputs -> the SSE bytes of one stream (state: counts, finished)."""
 
-    __slots__ = ("completion_tokens", "enc", "finished", "include_usage", "prompt_len")
+    __slots__ = ("cached_tokens", "completion_tokens", "enc", "finished", "include_usage",
+                 "prompt_len")
 
     def __init__(self, enc: P.ChunkEncoder, include_usage: bool, prompt_len: int) -> None:
         self.enc = enc
         self.include_usage = include_usage
         self.prompt_len = prompt_len
         self.completion_tokens = 0
+        self.cached_tokens = 0
         self.finished = False
 
     def __call__(self, items: list[Any], head: bytes = b"") -> bytes:
@@ -442,12 +480,12 @@ class _SSEFormatter:
                 self.finished = True
                 fr = out.finish_reason
                 self.prompt_len = out.prompt_tokens or self.prompt_len
+                self.cached_tokens = out.cached_tokens
                 if fr == "error":
                     if out.text:
                         parts.append(content(out.text))
                     parts.append(P.sse(P.error_body(
-                        getattr(out, "error", None)
-                        or "the engine failed while generating this request",
+                        out.error or "the engine failed while generating this request",
                         "server_error", None, "engine_error")))
                 elif out.text:
                     parts.append(content(out.text, fr))
@@ -458,7 +496,7 @@ class _SSEFormatter:
                 parts.append(content(out.text))
         if self.finished:
             if self.include_usage:
-                parts.append(enc.usage(self.prompt_len, self.completion_tokens))
+                parts.append(enc.usage(self.prompt_len, self.completion_tokens, self.cached_tokens))
             parts.append(P.DONE)
         return b"".join(parts)
 
@@ -509,61 +547,39 @@ def _push_end(st: _Req) -> None:
             w.set_result(None)
 
 
-def _encode(tok: Any, text: str, add_special_tokens: bool) -> list[int]:
-    try:
-        return list(tok.encode(text, add_special_tokens=add_special_tokens))
-    except TypeError:
-        return list(tok.encode(text))
-
-
-def _vocab_size(engine: Any) -> int | None:
-    for obj, attr in ((engine, "vocab_size"),
-                      (getattr(engine, "model_config", None), "vocab_size"),
-                      (getattr(engine, "tokenizer", None), "vocab_size")):
-        v = getattr(obj, attr, None) if obj is not None else None
-        if callable(v):
-            try:
-                v = v()
-            except Exception:
-                v = None
-        if isinstance(v, int) and v > 0:
-            return v
-    return None
-
-
 # --------------------------------------------------------------------------- running it
 
 
-async def _start(server: OpenAIServer, host: str, port: int) -> tuple[web.AppRunner, int]:
+async def _start(server: OpenAIServer, sock: socket.socket) -> EdgeRunner:
+    """Serve `server` on `sock` (bound by http_edge.bind_socket; listening starts here)."""
     app = server.make_app()
     # We drain in-flight requests ourselves first; what is left after that (a client that
     # stopped reading) gets 2 s, not aiohttp's default 60 s, before its handler is cancelled.
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None,
-                           shutdown_timeout=2.0)
+    runner = EdgeRunner(app, server.edge, handler_cancellation=True, access_log=None,
+                        shutdown_timeout=2.0)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, backlog=2048, reuse_address=True)
-    await site.start()
-    sockets = getattr(site._server, "sockets", None) or []
-    bound = sockets[0].getsockname()[1] if sockets else port
-    return runner, bound
+    await web.SockSite(runner, sock, backlog=2048).start()
+    return runner
 
 
-async def serve_async(engine: Any, host: str, port: int, *, served_model_names=None,
+async def serve_async(engine: EngineLike, sock: socket.socket, *, served_model_names=None,
                       api_key: str | None = None, drain_timeout: float = 30.0,
                       default_max_tokens: int | None = None,
+                      edge: EdgeLimits | None = None,
                       on_ready: Callable[[int], None] | None = None,
                       stop_event: asyncio.Event | None = None,
                       handle_signals: bool = True) -> None:
     server = OpenAIServer(engine, served_model_names=served_model_names, api_key=api_key,
-                          drain_timeout=drain_timeout, default_max_tokens=default_max_tokens)
+                          drain_timeout=drain_timeout, default_max_tokens=default_max_tokens,
+                          edge=edge)
     loop = asyncio.get_running_loop()
     stop = stop_event or asyncio.Event()
     if handle_signals:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-    runner, bound = await _start(server, host, port)
+    runner = await _start(server, sock)
     if on_ready:
-        on_ready(bound)
+        on_ready(sock.getsockname()[1])
     try:
         await stop.wait()
         log.info("stopping: draining up to %.1fs", drain_timeout)
@@ -575,7 +591,8 @@ async def serve_async(engine: Any, host: str, port: int, *, served_model_names=N
 class ServerThread:
     """The server on its own event loop in a thread (tests, embedding)."""
 
-    def __init__(self, engine: Any, host: str = "127.0.0.1", port: int = 0, **kw: Any) -> None:
+    def __init__(self, engine: EngineLike, host: str = "127.0.0.1", port: int = 0,
+                 **kw: Any) -> None:
         self.engine = engine
         self.host = host
         self.kw = kw
@@ -612,7 +629,9 @@ class ServerThread:
     async def _main(self) -> None:
         self._stop = asyncio.Event()
         self.server = OpenAIServer(self.engine, **self.kw)
-        runner, self.port = await _start(self.server, self.host, self.port)
+        sock = bind_socket(self.host, self.port)
+        self.port = sock.getsockname()[1]
+        runner = await _start(self.server, sock)
         self._ready.set()
         try:
             await self._stop.wait()

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import EngineError
+from .text_bound import max_chars_per_token
 
 
 def _tok_str(v) -> str | None:
@@ -58,6 +59,7 @@ class Tokenizer:
                 eos.append(i)
         self.eos_token_ids = eos
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
+        self.max_chars_per_token = max_chars_per_token(self._tok)
 
     # ------------------------------------------------------------------ encode / decode
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:

@@ -108,7 +108,9 @@ def test_scan_of_the_real_proc_is_cheap_and_finds_nothing_here():
 
 def test_foreign_agent_snapshot_names_agents_and_fixes():
     r = result(load("foreign-agent"), "gpu.foreign_processes")
-    assert r.status == "fail" and "3 foreign process(es)" in r.message
+    # severity from evidence: two hold a CUDA context and memory (fail), one only reads NVML
+    assert r.status == "fail" and "2 foreign process(es) with a CUDA context or GPU memory" in r.message
+    assert "1 process(es) only read NVML" in r.message
     assert "pid 488 dcgm-exporter" in r.message and "2.5 GiB on GPU 0" in r.message
     assert "pid 501 datadog-agent" in r.message and "fd scan; no CUDA context" in r.message
     assert "unit datadog-agent.service" in r.message and "container docker:4f1c2a9e0b7d" in r.message
@@ -116,6 +118,50 @@ def test_foreign_agent_snapshot_names_agents_and_fixes():
     assert "dcgm-exporter" in r.remediation and "allowed_gpu_processes" in r.remediation
     roles = {e["name"]: e["value"]["role"] for e in r.evidence}
     assert roles["pid 419"] == "self"  # the doctor process that took the H200 snapshot
+    levels = {e["name"]: e["value"]["severity"] for e in r.evidence}
+    assert levels == {"pid 419": None, "pid 488": "fail", "pid 501": "warn", "pid 733": "fail"}
+
+
+def _only(facts, *pids):
+    from test_checks_helpers import edit
+
+    return edit(facts, "gpu.processes", [p for p in facts.value("gpu.processes") if p["pid"] in pids])
+
+
+def test_an_nvml_only_agent_warns_and_cites_the_measurement():
+    f = _only(load("foreign-agent"), 419, 501)  # doctor itself and datadog-agent (fd scan only)
+    r = result(f, "gpu.foreign_processes")
+    assert r.status == "warn", r.message
+    assert "pid 501 datadog-agent" in r.message and "no CUDA context" in r.message
+    assert "p50 5.32 ms" in r.message and "conf.d/nvml.d" in r.remediation
+
+
+def test_a_cuda_context_without_reported_memory_still_fails():
+    f = _only(load("foreign-agent"), 488)
+    procs = f.value("gpu.processes")
+    procs[0]["gpu_memory_bytes"] = None  # the driver hides it (a container, MIG)
+    r = result(f, "gpu.foreign_processes")
+    assert r.status == "fail" and "a CUDA context on GPU 0 (memory not reported)" in r.message
+
+
+def test_without_nvml_process_lists_an_fd_holder_cannot_be_cleared():
+    from test_checks_helpers import edit
+
+    f = _only(load("foreign-agent"), 501)
+    f = edit(f, "gpu.process_scan", {"processes": 9, "scanned": 9, "unreadable": 0,
+                                     "nvml_error": "Insufficient Permissions"})
+    r = result(f, "gpu.foreign_processes")
+    assert r.status == "fail" and "NVML's process lists could not be read" in r.message
+
+
+def test_foreign_severity_for_the_daemon():
+    from zerod.checks.gpu_processes import foreign_severity, holds_context
+
+    reader = GpuProcess(pid=5, source="fd", devices=["/dev/nvidiactl", "/dev/nvidia0", "/dev/nvidia-uvm"])
+    job = GpuProcess(pid=6, source="nvml", gpu_memory_bytes=16 << 30)
+    assert not holds_context(reader) and holds_context(job)
+    assert foreign_severity(reader) == "warn" and foreign_severity(job) == "fail"
+    assert foreign_severity(reader, nvml_lists=False) == "fail"
 
 
 def test_allowed_processes_from_config_pass():

@@ -7,7 +7,7 @@ import json
 from test_checks_helpers import load
 
 from zerod.checks import Facts, Roots, probe_facts, run_checks
-from zerod.checks.probe_net import netlink_addresses
+from zerod.checks.probe_net import addresses
 import pytest
 
 from zerod.checks.clock_events import CLOCK_EVENTS, reasons_from_mask
@@ -60,10 +60,22 @@ def test_daemon_and_doctor_name_clock_events_alike():
     assert [CLOCK_EVENTS[b].level for b in (0x8, 0x20, 0x100)] == ["fail", "warn", None]
 
 
-def test_netlink_lists_loopback():
-    addrs = netlink_addresses()
-    assert {"ifname": "lo", "family": 4, "address": "127.0.0.1"}.items() <= next(
-        a for a in addrs if a["address"] == "127.0.0.1").items()
+def test_addresses_list_loopback_with_its_prefix():
+    addrs = addresses()
+    assert {"ifname": "lo", "family": 4, "address": "127.0.0.1", "prefixlen": 8} == next(
+        a for a in addrs if a["address"] == "127.0.0.1")
+    assert {"ifname": "lo", "family": 6, "address": "::1", "prefixlen": 128} in addrs
+    assert all("%" not in a["address"] for a in addrs)  # link-local zones are stripped
+
+
+def test_doctor_imports_no_pyroute2():
+    import subprocess
+    import sys
+
+    code = ("import sys; from zerod.checks import probe_facts, run_checks; run_checks(probe_facts()); "
+            "print('pyroute2' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False", out.stderr
 
 
 def test_torch_version_read_as_text():

@@ -92,11 +92,11 @@ def test_human_output_grouped_80_columns_no_colour():
     out = r.output
     assert "\x1b[" not in out  # not a terminal: no colour codes
     assert all(len(line) <= 80 for line in out.splitlines()), max(out.splitlines(), key=len)
-    for area in ("GPU", "Kernel", "NUMA", "Memory", "CPU", "Network", "Engine"):
+    for area in ("GPU", "Kernel", "NUMA", "Host", "Memory", "CPU", "Network", "Engine"):
         assert f"\n{area}\n" in out
     assert re.search(r"FAIL gpu\.driver_loaded +no NVIDIA driver found", out)
     assert "fix: install the NVIDIA" in out
-    assert re.search(r"22 checks: \d+ ok, \d+ warn, \d+ fail, \d+ skipped, \d+ errors -> exit 2", out)
+    assert re.search(r"28 checks: \d+ ok, \d+ warn, \d+ fail, \d+ skipped, \d+ errors -> exit 2", out)
 
 
 def test_exit_codes_from_snapshots(tmp_path):

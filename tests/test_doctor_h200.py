@@ -25,9 +25,12 @@ def test_snapshot_is_the_one_from_the_device():
 def test_replay_gives_the_report_printed_on_the_device():
     there = json.loads((RESULTS / "doctor-idle.json").read_text())
     here = run_checks(h200()).to_dict()
-    assert [(c["id"], c["status"], c["message"]) for c in here["checks"]] == [
+    # the checks added since the device run skip on this snapshot: it lacks their facts
+    ids = {c["id"] for c in there["checks"]}
+    assert [(c["id"], c["status"], c["message"]) for c in here["checks"] if c["id"] in ids] == [
         (c["id"], c["status"], c["message"]) for c in there["checks"]]
-    assert there["summary"]["exit_code"] == 0
+    assert {c["status"] for c in here["checks"] if c["id"] not in ids} == {"skip"}
+    assert there["summary"]["exit_code"] == here["summary"]["exit_code"] == 0
 
 
 def test_the_fd_scan_saw_doctor_itself_and_knew_it():
@@ -61,4 +64,5 @@ def test_stand_in_agents_on_the_h200_are_named_with_their_fix():
     assert procs["datadog-agent"]["source"] == "fd"
     # what doctor printed on the device is what the snapshot replays to
     there = json.loads((RESULTS / "2026-11-30-f6a34a2" / "doctor-foreign.json").read_text())
-    assert {c["id"]: c["status"] for c in there["checks"]} == {c.id: c.status for c in report.checks}
+    assert {c["id"]: c["status"] for c in there["checks"]} == {
+        c.id: c.status for c in report.checks if c.id in {x["id"] for x in there["checks"]}}

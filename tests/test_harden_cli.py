@@ -265,3 +265,97 @@ def test_relative_links_inside_rootfs_are_followed(tmp_path):
     os.symlink("../cpufreq/policy2", cpu / "cpu2/cpufreq")
     assert harden("--apply", "--rootfs", str(root)).exit_code == 0
     assert (cpu / "cpufreq/policy2/scaling_governor").read_text().strip() == "performance"
+
+
+# -- --exclusive-gpu: the compute mode through NVML (a pynvml-shaped fake: no GPU here) ------
+
+class FakeNvml:
+    """Two GPUs as NVML shows them; setting a mode needs root unless `root`."""
+
+    import pynvml as _p
+
+    NVMLError = _p.NVMLError
+
+    def __init__(self, modes=(0, 0), root=True, lost=None):
+        self.modes, self.root, self.lost = list(modes), root, lost
+        self.sets: list[tuple[int, int]] = []
+
+    def nvmlDeviceGetCount(self):
+        return len(self.modes)
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return i
+
+    def nvmlDeviceGetUUID(self, h):
+        return f"GPU-{h}"
+
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        return int(uuid.split("-")[1])
+
+    def nvmlDeviceGetComputeMode(self, h):
+        return self.modes[h]
+
+    def nvmlDeviceSetComputeMode(self, h, mode):
+        if not self.root:
+            raise self._p.NVMLError(self._p.NVML_ERROR_NO_PERMISSION)
+        if h == self.lost:
+            raise self._p.NVMLError(self._p.NVML_ERROR_GPU_IS_LOST)
+        self.modes[h] = mode
+        self.sets.append((h, mode))
+
+
+@pytest.fixture
+def nvml(monkeypatch):
+    from zerod.checks import compute_mode as cm
+
+    fake = FakeNvml()
+    real = cm.NvmlComputeModes
+    monkeypatch.setattr(cm, "NvmlComputeModes", lambda: real(nvml=fake))
+    return fake
+
+
+def test_exclusive_gpu_plan_apply_and_rollback(tmp_path, nvml):
+    root = host(tmp_path)
+    nvml.modes = [0, 3]  # GPU 1 is already exclusive: nothing to change there
+    r = harden("--exclusive-gpu", "--rootfs", str(root))
+    assert r.exit_code == 0, r.output
+    assert "GPU 0 compute mode: Default -> Exclusive_Process (NVML, GPU-0)" in r.output
+    assert "GPU 1 compute mode" not in r.output and "until the driver reloads" in r.output
+    assert nvml.sets == []  # the plan is a dry run
+    r = harden("--apply", "--exclusive-gpu", "--rootfs", str(root))
+    assert r.exit_code == 0, r.output
+    assert nvml.modes == [3, 3] and "GPU 0 compute mode: Default -> Exclusive_Process" in r.output
+    r = harden("--rollback", "--rootfs", str(root))
+    assert r.exit_code == 0, r.output
+    assert nvml.modes == [0, 3] and "GPU 0 compute mode: restored Default" in r.output
+    assert not (root / H.STATE_FILE).exists()
+
+
+def test_exclusive_gpu_without_rights_is_refused_and_undone(tmp_path, nvml):
+    root = host(tmp_path)
+    nvml.root = False
+    before = snapshot(root)
+    r = harden("--apply", "--exclusive-gpu", "--rootfs", str(root))
+    assert r.exit_code == 1
+    assert "refused" in r.output and "needs root" in r.output and "every change was rolled back" in r.output
+    assert nvml.modes == [0, 0]
+    assert snapshot(root) == before | {"sys/kernel/mm/transparent_hugepage/enabled": "always\n"}
+    assert not (root / H.STATE_FILE).exists()
+
+
+def test_a_gpu_failing_half_way_restores_the_others(tmp_path, nvml):
+    root = host(tmp_path)
+    nvml.lost = 1
+    r = harden("--apply", "--exclusive-gpu", "--rootfs", str(root))
+    assert r.exit_code == 1 and "GPU is lost" in r.output and "every change was rolled back" in r.output
+    assert nvml.modes == [0, 0] and nvml.sets == [(0, 3), (0, 0)]  # set, then put back
+
+
+def test_exclusive_gpu_without_a_driver_says_so(tmp_path):
+    root = host(tmp_path)
+    before = snapshot(root)
+    r = harden("--apply", "--exclusive-gpu", "--rootfs", str(root))
+    assert r.exit_code == 1 and "--exclusive-gpu: cannot reach the GPUs" in r.output
+    assert "nothing was changed" in r.output and snapshot(root) == before
+    r = harden("--rollback", "--exclusive-gpu", "--rootfs", str(root))
+    assert r.exit_code == 2 and "leave out --exclusive-gpu" in r.output

@@ -143,6 +143,15 @@ def test_real_engine_bad_inputs_then_still_serving(live):
     assert e.value.body["code"] == "context_length_exceeded"
     with pytest.raises(openai.BadRequestError):
         c.completions.create(model=eng.model_name, prompt=[11] * 10, max_tokens=MAX_LEN)
+    # text no MAX_LEN tokens of this tokenizer could hold: refused without tokenizing it
+    too_long = "x" * (eng.tokenizer.max_chars_per_token * MAX_LEN + 1)
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(model=eng.model_name, prompt=too_long, max_tokens=1)
+    assert e.value.body["code"] == "context_length_exceeded" and "characters" in str(e.value)
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(model=eng.model_name, prompt="x", max_tokens=1,
+                             extra_body={"top_k": 2**63, "min_tokens": 2**63})
+    assert e.value.body["param"] == "top_k"
     with pytest.raises(openai.BadRequestError):
         c.completions.create(model=eng.model_name, prompt=[eng.vocab_size + 1], max_tokens=1)
     with pytest.raises(openai.NotFoundError):
@@ -178,3 +187,23 @@ def test_bench_against_live_engine(live, tmp_path):
     assert "zerod-step" in s["engine_cpu"]["threads_cores"]
     h = doc["scenarios"]["hello-ttft"]
     assert h["completed"] == 8 and h["total_output_tokens"] == 8
+
+
+def test_prefix_cache_reported_in_usage(live):
+    """A repeated long prompt: the second request's KV of the shared full pages comes from
+    the prefix cache, reported as OpenAI's usage.prompt_tokens_details.cached_tokens, and
+    the output is the same."""
+    eng, srv = live
+    c = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+    prompt = list(range(20, 120))                   # 100 token ids: 6 full pages of 16
+    first = c.completions.create(model=eng.model_name, prompt=prompt, max_tokens=6,
+                                 temperature=0, extra_body={"ignore_eos": True})
+    again = c.completions.create(model=eng.model_name, prompt=prompt, max_tokens=6,
+                                 temperature=0, extra_body={"ignore_eos": True})
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    assert again.usage.prompt_tokens_details.cached_tokens == 96
+    assert again.choices[0].text == first.choices[0].text
+    chunks = list(c.completions.create(model=eng.model_name, prompt=prompt, max_tokens=2,
+                                       temperature=0, stream=True,
+                                       stream_options={"include_usage": True}))
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == 96

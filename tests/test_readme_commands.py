@@ -25,8 +25,10 @@ def readme_block() -> dict[str, set[str]]:
     command = None
     for line in block.splitlines():
         if line.startswith("zerod "):
-            word = line.split()[1]
-            command = "" if word.startswith("-") else word
+            words = line.split()[1:3] + [""]
+            command = "" if words[0].startswith("-") else words[0]
+            if re.fullmatch(r"[a-z]+", words[1]):      # a group's subcommand: `zerod config check`
+                command += " " + words[1]
             shown.setdefault(command, set())
         assert command is not None, f"README command block: a line before any command: {line!r}"
         shown[command].update(FLAG.findall(line))
@@ -52,11 +54,15 @@ def help_flags(*args: str) -> list[set[str]]:
     return groups
 
 
-def listed_commands() -> list[str]:
-    out = help_text()
+def listed_commands(*group: str) -> list[str]:
+    """Every command, a group's subcommands as `group sub`."""
+    out = help_text(*group)
+    if "Commands:" not in out:
+        return [" ".join(group)]
     commands = out[out.index("Commands:"):].splitlines()[1:]
     # "  name  help", help wrapping onto lines indented further
-    return [m.group(1) for m in map(re.compile(r"^  (\S+)").match, commands) if m]
+    names = [m.group(1) for m in map(re.compile(r"^  (\S+)").match, commands) if m]
+    return [c for n in names for c in (listed_commands(*group, n) if not group else [f"{group[0]} {n}"])]
 
 
 def test_every_command_is_in_the_readme_and_every_readme_command_exists():
@@ -66,7 +72,7 @@ def test_every_command_is_in_the_readme_and_every_readme_command_exists():
 
 @pytest.mark.parametrize("command", listed_commands())
 def test_readme_flags_match_the_commands_help(command):
-    groups = help_flags(command)
+    groups = help_flags(*command.split())
     existing = set().union(*groups)
     shown = readme_block()[command]
     assert shown <= existing, f"in the README but not in `zerod {command} -h`: {sorted(shown - existing)}"

@@ -49,8 +49,42 @@ def test_engine_start_error_is_plain(tmp_path):
     assert "zerod serve: error:" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_taken_port_fails_fast_naming_its_holder():
+    import socket
+
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    try:
+        t0 = time.monotonic()
+        r = _zerod("serve", "--model", "demo", "--device", "cpu", "--port", str(port))
+        took = time.monotonic() - t0
+    finally:
+        holder.close()
+    assert r.returncode == 1, r.stderr
+    assert f"cannot listen on 127.0.0.1:{port}" in r.stderr
+    assert f"held by pid {os.getpid()}" in r.stderr  # the test process holds it
+    assert "loading" not in r.stderr and "Traceback" not in r.stderr
+    assert took < 5  # the process start included; the port check itself is before loading
+
+
+def test_engine_flag_defaults_are_engine_config_defaults():
+    import dataclasses
+
+    from zerod.engine.cli import serve
+    from zerod.engine.config import EngineConfig
+
+    defaults = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
+    flags = {p.name: p.default for p in serve.params}
+    shared = set(defaults) & set(flags) - {"model", "served_model_name"}  # no default
+    assert {"max_num_seqs", "block_size", "gpu_memory_utilization", "seed"} <= shared
+    assert {k: flags[k] for k in shared} == {k: defaults[k] for k in shared}
+
+
 def test_sigterm_drains_stream_and_exits_zero():
-    env = dict(os.environ, ZEROD_API_KEY="k3y", PYTHONUNBUFFERED="1")
+    env = {k: v for k, v in os.environ.items() if k != "ZEROD_API_KEY"}
+    env.update(VLLM_API_KEY="k3y", PYTHONUNBUFFERED="1")  # vLLM's variable works too
     p = subprocess.Popen([sys.executable, "-m", "zerod", "serve", "--model", "demo",
                           "--device", "cpu", "--port", "0", "--drain-timeout", "1.5",
                           "--max-model-len", "4096", "--kv-pages", "600"],
@@ -71,7 +105,7 @@ def test_sigterm_drains_stream_and_exits_zero():
         assert url, "".join(lines)
         threading.Thread(target=lambda: [None for _ in p.stderr], daemon=True).start()
         auth = {"Authorization": "Bearer k3y", "Content-Type": "application/json"}
-        # auth from the environment: /v1 needs the key, /health does not
+        # auth from the environment (VLLM_API_KEY): /v1 needs the key, /health does not
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(url + "/v1/models", timeout=10)
         assert e.value.code == 401

@@ -1,8 +1,8 @@
 """The HTTP server against a fake engine: framing, errors, auth, disconnects, drain.
 
-The fake implements the Engine facade of docs/engine-interface.md with a poller thread
-that emits one token per request every `tick` seconds; it needs no torch, so these tests
-are fast and pin the server's own behaviour. tests/test_openai_*.py run the real engine.
+The fake implements `EngineLike` (engine/interface.py) in full, with a poller thread that
+emits one token per request every `tick` seconds; it needs no torch, so these tests are
+fast and pin the server's own behaviour. tests/test_openai_*.py run the real engine.
 """
 
 from __future__ import annotations
@@ -17,43 +17,36 @@ import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry, Gauge
 from zerod.engine.config import RequestRejected
+from zerod.engine.interface import EngineLike, EngineStats
+from zerod.engine.request import RequestOutput
 from zerod.engine.server import ServerThread
 
 
-@dataclass
-class Out:
-    request_id: int
-    token_ids: list
-    text: str
-    finished: bool
-    finish_reason: str | None
-    prompt_tokens: int
-    completion_tokens: int
-
-
-@dataclass
-class Stats:
-    running: int
-    waiting: int
-    kv_pages_total: int
-    kv_pages_free: int
-    healthy: bool
-
-
 class FakeTokenizer:
-    vocab_size = 1000
+    """One token per character (plus a BOS), so one token stands for one character."""
+
     eos_token_ids = [0]
+    max_chars_per_token = 1
 
     def encode(self, text, add_special_tokens=True):
         return ([1] if add_special_tokens else []) + [2 + (ord(c) % 900) for c in text]
 
-    def apply_chat_template(self, messages, add_generation_prompt=True):
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(i) for i in ids if i >= 2)
+
+    def apply_chat_template(self, messages, add_generation_prompt=True, **kwargs):
         s = "".join(f"<{m['role']}>{m['content']}" for m in messages)
         return s + ("<assistant>" if add_generation_prompt else "")
 
 
+@dataclass
+class FakeMetrics:
+    registry: CollectorRegistry
+
+
 class FakeEngine:
     model_name = "fake"
+    model_path = "/models/fake"
     max_model_len = 256
     vocab_size = 1000
 
@@ -73,7 +66,7 @@ class FakeEngine:
         g_total = Gauge("zerod_engine_kv_pages_total", "pages", registry=self.registry)
         g_free.set_function(lambda: self.free_pages())
         g_total.set(pages)
-        self.metrics = type("M", (), {"registry": self.registry})()
+        self.metrics = FakeMetrics(self.registry)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._poller, daemon=True)
         self.thread.start()
@@ -89,7 +82,7 @@ class FakeEngine:
         with self.lock:
             if len(self.reqs) >= self.max_waiting:
                 raise RequestRejected(429, "wait line full", retry_after=2.5)
-            rid = self.next_id
+            rid = f"req-{self.next_id}"
             self.next_id += 1
             self.reqs[rid] = {"n": 0, "max": params.max_tokens, "cb": on_output,
                               "plen": len(prompt_ids), "pages": 0, "need": need,
@@ -102,14 +95,17 @@ class FakeEngine:
             r = self.reqs.pop(rid, None)
             self.aborted.append(rid)
         if r is not None:
-            r["cb"](Out(rid, [], "", True, "abort", r["plen"], r["n"]))
+            r["cb"](RequestOutput(rid, [], "", True, "abort", r["plen"], r["n"]))
 
     def stats(self):
         with self.lock:
             running = sum(1 for r in self.reqs.values() if r["pages"])
-            return Stats(running, len(self.reqs) - running, self.pages_total,
-                         self.pages_total - sum(r["pages"] for r in self.reqs.values()),
-                         self.healthy)
+            return EngineStats(
+                running=running, waiting=len(self.reqs) - running,
+                kv_pages_total=self.pages_total,
+                kv_pages_free=self.pages_total - sum(r["pages"] for r in self.reqs.values()),
+                healthy=self.healthy, device="cpu", model=self.model_name,
+                max_model_len=self.max_model_len, steps=0, cuda_graphs=False)
 
     def _poller(self):
         while not self.stop.is_set():
@@ -129,13 +125,22 @@ class FakeEngine:
                     fin = n >= r["max"]
                     if fin:
                         del self.reqs[rid]
-                    outs.append((r["cb"], Out(rid, [n], text, fin, "length" if fin else None,
-                                              r["plen"], n)))
+                    outs.append((r["cb"], RequestOutput(rid, [n], text, fin,
+                                                        "length" if fin else None,
+                                                        r["plen"], n)))
             for cb, o in outs:
                 cb(o)
 
     def shutdown(self, drain_timeout=0):
         self.stop.set()
+
+
+def test_fake_engine_is_engine_like():
+    eng = FakeEngine()
+    try:
+        assert isinstance(eng, EngineLike)
+    finally:
+        eng.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -207,7 +212,8 @@ async def test_completion_stream_framing(fake):
     assert ev[-1] == "[DONE]"
     usage = ev[-2]
     assert usage["choices"] == [] and usage["usage"] == {
-        "prompt_tokens": 3, "completion_tokens": 7, "total_tokens": 10}
+        "prompt_tokens": 3, "completion_tokens": 7, "total_tokens": 10,
+        "prompt_tokens_details": {"cached_tokens": 0}}
     chunks = ev[:-2]
     assert all(c["object"] == "text_completion" and "usage" in c and c["usage"] is None
                for c in chunks)
@@ -247,7 +253,8 @@ async def test_nonstream_usage(fake):
                               "temperature": 0, "seed": 3, "stop": "zz"})
     body = json.loads(raw)
     assert st == 200 and body["usage"] == {"prompt_tokens": 3, "completion_tokens": 2,
-                                           "total_tokens": 5}
+                                           "total_tokens": 5,
+                                           "prompt_tokens_details": {"cached_tokens": 0}}
     rid, ids, params = eng.submitted[-1]
     assert ids == [5, 6, 7] and params.temperature == 0 and params.seed == 3
     assert params.stop == ["zz"] and params.max_tokens == 2
@@ -292,10 +299,43 @@ BAD = [
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, 400,
      "messages[0].content"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "x"}}]}]}, 400, "messages[0].content"),
+        {"type": "image_url", "image_url": {"url": "x"}}]}]}, 400,
+     "messages[0].content[0].type"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [{}]},
      400, "tools"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 3}, 400, "n"),
+    # every numeric field is bounded by what the engine can do (vocab 1000, context 256)
+    ("/v1/completions", {"prompt": "x", "top_k": 2**63}, 400, "top_k"),
+    ("/v1/completions", {"prompt": "x", "top_k": 1001}, 400, "top_k"),
+    ("/v1/completions", {"prompt": "x", "top_k": -2}, 400, "top_k"),
+    ("/v1/completions", {"prompt": "x", "min_tokens": 2**63}, 400, "min_tokens"),
+    ("/v1/completions", {"prompt": "x", "min_tokens": 257}, 400, "min_tokens"),
+    ("/v1/completions", {"prompt": "x", "min_tokens": 9, "max_tokens": 8}, 400, "min_tokens"),
+    ("/v1/completions", {"prompt": "x", "seed": 2**63}, 400, "seed"),
+    ("/v1/completions", {"prompt": "x", "seed": -2**63 - 1}, 400, "seed"),
+    ("/v1/completions", {"prompt": "x", "seed": 1.5}, 400, "seed"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 2**63}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "x", "n": 2**70}, 400, "n"),
+    ("/v1/completions", {"prompt": "x", "stop_token_ids": [1000]}, 400, "stop_token_ids"),
+    ("/v1/completions", {"prompt": "x", "stop_token_ids": list(range(257))}, 400,
+     "stop_token_ids"),
+    ("/v1/completions", {"prompt": "x", "stop": ["s"] * 17}, 400, "stop"),
+    ("/v1/completions", {"prompt": "x", "stop": "s" * 1025}, 400, "stop"),
+    ("/v1/completions", {"prompt": "x", "logprobs": 2**64}, 400, "logprobs"),
+    ("/v1/completions", {"prompt": "x", "presence_penalty": 1e308 * 10}, 400, None),
+    ("/v1/completions", b'{"prompt": "x", "temperature": NaN}', 400, None),
+    ("/v1/completions", b'{"prompt": "x", "top_p": Infinity}', 400, None),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {"5": 1e9}}, 400, "logit_bias.5"),
+    ("/v1/completions", {"prompt": list(range(1, 257))}, 400, "prompt"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                              "top_logprobs": 2**63}, 400, "top_logprobs"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                              "max_completion_tokens": 10**30}, 400, "max_completion_tokens"),
+    # JSON nested past the limit: a 400 at once, not a stack overflow
+    ("/v1/completions", b'{"prompt": "x", "user": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+     400, None),
+    ("/v1/completions", {"prompt": "x", "frobnicate": json.loads("[" * 65 + "]" * 65)}, 400,
+     None),
 ]
 
 
@@ -312,7 +352,7 @@ async def test_bad_inputs(fake, path, body, status, param):
     assert err["type"] == "invalid_request_error"
     if param is not None:
         assert err["param"] == param, err
-    if param == "n":
+    if param == "n" and err["code"] == "unsupported":
         assert "n=1" in err["message"]
     # the server still answers
     st, _, _ = await _post(srv.url + "/v1/completions", {"prompt": "ok", "max_tokens": 1})

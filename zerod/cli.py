@@ -69,7 +69,9 @@ def _unavailable(name: str, exc: ImportError) -> click.Command:
     return unavailable
 
 
-# -h as well as --help, for every sub-command too (click passes it down to them).
+# -h as well as --help, for every command: each names it too, because click caches a
+# command's help option the first time it is built (a command invoked alone first would
+# otherwise lose -h).
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
 
 

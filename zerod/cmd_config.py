@@ -23,6 +23,7 @@ from zerod.daemon_config import AlertsConfig, DaemonConfig, DaemonConfigError
 from zerod.engine.cli import serve
 from zerod.engines import PRESETS
 from zerod.watchers.nvml_stats import CLOCK_EVENT_REASONS
+from zerod.cli import CONTEXT_SETTINGS
 
 EX_OK, EX_CONFIG = 0, 78
 MODEL_MISSING = ('[engine] model is not set: set it to a checkpoint directory (config.json, '
@@ -88,12 +89,12 @@ def _doctor(config: dict[str, dict[str, Any]], engine_ok: bool) -> list[str]:
     return out
 
 
-@click.group("config")
+@click.group("config", context_settings=CONTEXT_SETTINGS)
 def config() -> None:
     """Check the configuration file."""
 
 
-@config.command("check")
+@config.command("check", context_settings=CONTEXT_SETTINGS)
 @click.argument("path", metavar="[FILE]", required=False, type=click.Path(dir_okay=False))
 @click.option("--demo", is_flag=True, help="Check it as `zerod run --demo` would (no model needed).")
 def check(path: str | None, demo: bool) -> None:

@@ -16,6 +16,7 @@ import os
 import sys
 
 import click
+from zerod.cli import CONTEXT_SETTINGS
 
 EXIT_UNKNOWN_CHECK = 64  # EX_USAGE (sysexits.h)
 EPILOG = ("Exit: 0 all checks pass (skips allowed), 1 warnings only (a check that could not "
@@ -41,7 +42,7 @@ def _load_config(config: str | None, rootfs: str | None) -> dict:
         raise click.UsageError(str(exc)) from None
 
 
-@click.command(epilog=EPILOG)
+@click.command(epilog=EPILOG, context_settings=CONTEXT_SETTINGS)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object (the report) instead of text.")
 @click.option("--only", multiple=True, metavar="ID", help="Run only these checks (ID, area like 'gpu', or glob; repeatable).")
 @click.option("--skip", multiple=True, metavar="ID", help="Leave these checks out (ID, area or glob; repeatable).")
@@ -102,21 +103,28 @@ def _doctor(as_json, only, skip, procfs, sysfs, rootfs, save_facts, facts_file, 
     return report.exit_code
 
 
-@click.command()
+@click.command(context_settings=CONTEXT_SETTINGS)
 @click.option("--apply", "do_apply", is_flag=True, help="Apply the plan (records the previous values).")
 @click.option("--rollback", is_flag=True, help="Restore the values recorded by --apply.")
 @click.option("--rootfs", type=click.Path(file_okay=False), default="/", show_default=True,
               help="Write under DIR instead of / (for tests and image builds).")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
-def harden(do_apply, rollback, rootfs, as_json):
+@click.option("--exclusive-gpu", is_flag=True,
+              help="Also set every GPU to EXCLUSIVE_PROCESS compute mode (through NVML; --rollback restores it).")
+def harden(do_apply, rollback, rootfs, as_json, exclusive_gpu):
     """Plan (default), apply or roll back the host fixes that are safe to automate.
 
-    Never touches GPU clocks, power limits, persistence, ECC or MIG: for those it
-    prints the command for a person to run."""
+    With --exclusive-gpu it also sets the GPUs' compute mode, so that no second
+    process can create a CUDA context beside the engine. Never touches GPU clocks,
+    power limits, persistence, ECC or MIG: for those it prints the command for a
+    person to run."""
     from zerod.checks import harden as H
 
     if do_apply and rollback:
         raise click.UsageError("--apply and --rollback exclude each other")
+    if exclusive_gpu and rollback:
+        raise click.UsageError("--rollback restores every recorded change, compute modes included: "
+                               "leave out --exclusive-gpu")
     try:
         if rollback:
             done = H.rollback(rootfs)
@@ -129,7 +137,7 @@ def harden(do_apply, rollback, rootfs, as_json):
 
             facts = Facts()
             probe_nvml.probe(facts)
-        plan = H.plan(rootfs, facts)
+        plan = H.plan(rootfs, facts, exclusive_gpu=exclusive_gpu)
         if as_json and not do_apply:
             click.echo(json.dumps(plan.to_dict(), indent=1))
             sys.exit(0)

@@ -12,9 +12,10 @@ import click
 
 from zerod.daemon_config import default_socket
 from zerod.logs import setup_logging
+from zerod.cli import CONTEXT_SETTINGS
 
 
-@click.command("run")
+@click.command("run", context_settings=CONTEXT_SETTINGS)
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
               help="TOML config (default /etc/zerod/zerod.toml).")
 @click.option("--demo", is_flag=True,
@@ -52,7 +53,7 @@ def run(config_path, demo, metrics_port, control_socket, log_level):
     sys.exit(asyncio.run(Daemon(config, demo=demo).run()))
 
 
-@click.command("install")
+@click.command("install", context_settings=CONTEXT_SETTINGS)
 @click.option("--rootfs", type=click.Path(file_okay=False), default="/", show_default=True,
               help="Write under this root (a chroot, an image, a test directory).")
 @click.option("--dry-run", is_flag=True, help="Show what would be written, write nothing.")

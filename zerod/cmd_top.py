@@ -6,6 +6,7 @@ from __future__ import annotations
 import click
 
 from zerod.daemon_config import default_socket
+from zerod.cli import CONTEXT_SETTINGS
 
 DEFAULT_SOCKET = default_socket()
 
@@ -24,7 +25,7 @@ def _configured_socket(config_path: str | None) -> str:
     return value if isinstance(value, str) and value else DEFAULT_SOCKET
 
 
-@click.command(name="top")
+@click.command(name="top", context_settings=CONTEXT_SETTINGS)
 @click.option("--socket", "socket_path", default=None, envvar="ZEROD_CONTROL_SOCKET", metavar="PATH",
               help=f"The daemon's control socket. Default: [daemon] control_socket of the config, "
                    f"else {DEFAULT_SOCKET}.")
