@@ -11,7 +11,8 @@ import types
 from test_daemon_watchers import NVMLError, fake_nvml, firing  # same folder
 from zerod.alerts import AlertBook
 from zerod.daemon_config import DaemonConfig
-from zerod.watchers.compute_mode import DEFAULT, EXCLUSIVE_PROCESS, ComputeModeGuard
+from zerod.checks.compute_mode import DEFAULT, EXCLUSIVE_PROCESS
+from zerod.watchers.compute_mode import ComputeModeGuard
 from zerod.watchers.nvml_session import NvmlSession
 
 

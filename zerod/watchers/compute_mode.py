@@ -31,22 +31,13 @@ from typing import Any, Callable
 import psutil
 
 from zerod.alerts import AlertBook
+from zerod.checks.compute_mode import EXCLUSIVE_PROCESS, NO_PERMISSION
+from zerod.checks.compute_mode import name as mode_name
 from zerod.daemon_config import DaemonConfig
 from zerod.watchers import Watcher
-from zerod.watchers.nvml_session import NvmlSession, error_value
+from zerod.watchers.nvml_session import NvmlSession, error_value, is_not_supported
 
 log = logging.getLogger("zerod.compute_mode")
-
-# nvmlComputeMode_t
-DEFAULT, EXCLUSIVE_THREAD, PROHIBITED, EXCLUSIVE_PROCESS = 0, 1, 2, 3
-MODE_NAMES = {DEFAULT: "Default", EXCLUSIVE_THREAD: "Exclusive_Thread", PROHIBITED: "Prohibited",
-              EXCLUSIVE_PROCESS: "Exclusive_Process"}
-NVML_ERROR_NO_PERMISSION = 4
-NVML_ERROR_NOT_SUPPORTED = 3
-
-
-def mode_name(mode: Any) -> str:
-    return MODE_NAMES.get(mode, f"unknown mode {mode}")
 
 
 def descendants(pid: int) -> set[int]:
@@ -175,8 +166,8 @@ class ComputeModeGuard(Watcher):
 
 def _why(exc: BaseException) -> str:
     v = error_value(exc)
-    if v == NVML_ERROR_NO_PERMISSION:
+    if v == NO_PERMISSION:
         return "NVML refused: no permission (setting the compute mode needs root)"
-    if v == NVML_ERROR_NOT_SUPPORTED:
+    if is_not_supported(exc):
         return "NVML refused: this GPU or driver does not support setting the compute mode"
     return f"NVML refused: {type(exc).__name__}: {exc}"

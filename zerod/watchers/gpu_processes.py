@@ -49,13 +49,8 @@ def _gib(n: int | None) -> str:
         else f"{n / 2**30:.2f} GiB of GPU memory"
 
 
-def foreign_severity(p: Any, nvml_lists: bool) -> str:
-    """"critical" for a foreign process holding a CUDA context (in NVML's lists) or GPU
-    memory, "warning" for one seen only by the fd scan (an NVML reader). Without
-    NVML's lists an fd-only holder may hold a context unseen: critical too.
-    Doctor's rule (zerod.checks.gpu_processes.foreign_severity), as alert severities."""
-    holds_context = p.source == "nvml" or bool(p.gpu_memory_bytes)
-    return "critical" if holds_context or not nvml_lists else "warning"
+# doctor's verdict on a foreign process (zerod.checks.gpu_processes.foreign_severity), as an alert severity
+SEVERITY = {"fail": "critical", "warn": "warning"}
 
 
 def process_start_time(pid: int) -> float | None:
@@ -217,7 +212,7 @@ class GpuProcessWatcher(Watcher):
                     fix = (f"stop it ({'systemctl stop ' + p.unit if p.unit else 'kill ' + str(p.pid)}) "
                            f"or allow it in [doctor] allowed_gpu_processes")
                 label = agent or p.name
-                severity = foreign_severity(p, nvml_lists)
+                severity = SEVERITY[gp.foreign_severity(p, nvml_lists)]
                 harm = ("a second process on the inference GPU steals memory and SM time and raises "
                         "the engine's tail latency") if severity == "critical" else (
                         "it holds no CUDA context and no GPU memory: an NVML reader, harmless to latency "

@@ -24,7 +24,8 @@ from zerod.alerts import AlertBook
 from zerod.checks.clock_events import CLOCK_EVENT_REASONS, reasons_from_mask
 from zerod.daemon_config import DaemonConfig
 from zerod.watchers import Watcher
-from zerod.watchers.compute_mode import MODE_NAMES, mode_name
+from zerod.checks.compute_mode import NAMES as MODE_NAMES
+from zerod.checks.compute_mode import name as mode_name
 from zerod.watchers.nvml_reads import NvmlReads
 from zerod.watchers.nvml_session import NvmlSession, is_gpu_lost
 
