@@ -296,14 +296,15 @@ engine_command = ["{sys.executable}", "{script}", "{port}", "{state}"]
         _, st = d.api()
         assert set(st) == {"version", "host", "daemon_pid", "started_at", "uptime_s", "write_actions",
                            "paused", "engine", "preflight"}
-        assert set(st["engine"]) == {"state", "up", "pid", "url", "model", "restarts", "numa_node", "cpus"}
+        assert set(st["engine"]) == {"state", "up", "pid", "kind", "url", "model", "restarts", "numa_node", "cpus"}
         assert st["write_actions"] is False
         _, g = d.api("/v1/gpus")
         assert set(g) == {"nvml", "gpus"} and set(g["nvml"]) == {"ok", "error", "driver_version"}
         _, e = d.api("/v1/engine")
         assert {"up", "url", "running", "waiting", "kv_pages_total", "kv_pages_free", "output_tokens_per_s",
                 "ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s", "allocator_retries_total",
-                "allocator_ooms_total", "stream_errors_total", "history"} == set(e)
+                "allocator_ooms_total", "stream_errors_total", "history",
+                "load_bucket", "ttft_normal_p99_s", "itl_normal_p99_s"} == set(e)
         assert d.api("/v1/processes")[1] == {"processes": d.api("/v1/processes")[1]["processes"]}
         code, body = d.api("/v1/processes/1/signal", method="POST", body={"signal": "TERM"})
         assert code == 403 and "write actions are disabled" in body["error"]

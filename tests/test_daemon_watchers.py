@@ -298,6 +298,27 @@ def test_foreign_process_alert_names_pid_cmdline_unit_memory_and_agent_fix():
     assert book.get("ForeignGpuProcess", "5555") is None and 5555 in w.recent_foreign
 
 
+def test_foreign_severity_follows_the_evidence():
+    """A CUDA context or GPU memory: critical; an NVML reader (fd scan only): warning,
+    unless NVML's lists could not be read (then a context may be there unseen)."""
+    procs = [gp_proc(2211, "dcgm-exporter", "/usr/bin/dcgm-exporter", source="fd"),
+             gp_proc(5555, "python3", "python3 train.py", mem=2 << 30),
+             gp_proc(6666, "python3", "python3 ctx.py", mem=None, source="nvml")]
+    book = AlertBook()
+    nvml_up = [True]
+    w = GpuProcessWatcher(book, cfg(), own_pids=lambda: set(), engine_pid=lambda: None,
+                          nvml_ok=lambda: nvml_up[0], scan=lambda **kw: list(procs))
+    w.poll()
+    sev = {a.key: a.severity for a in firing(book, "ForeignGpuProcess")}
+    assert sev == {"2211": "warning", "5555": "critical", "6666": "critical"}
+    assert "an NVML reader, harmless to latency" in book.get("ForeignGpuProcess", "2211").description
+    assert "steals memory and SM time" in book.get("ForeignGpuProcess", "5555").description
+    assert w.recent_foreign[2211]["holds_context"] is False and w.recent_foreign[5555]["holds_context"]
+    nvml_up[0] = False
+    w.poll()
+    assert book.get("ForeignGpuProcess", "2211").severity == "critical"
+
+
 def test_allowed_processes_from_doctor_config_are_not_foreign():
     procs = [gp_proc(7, "my-sidecar", "/opt/sidecar/bin/my-sidecar", mem=1 << 30)]
     book = AlertBook()

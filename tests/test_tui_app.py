@@ -331,3 +331,16 @@ async def test_adapts_when_the_terminal_shrinks(daemon):
         assert rows(table) == ["2211", "48211", "48190", "1312"]
         await pilot.resize_terminal(120, 40)
         await until(pilot, lambda: len(table.columns) == 7)
+
+
+async def test_another_engine_and_the_learned_normal_are_shown(daemon):
+    daemon.data["status"]["engine"]["kind"] = "vllm"
+    daemon.data["engine"]["itl_normal_p99_s"] = 0.009
+    app = make_app(daemon.socket_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.snapshot is not None)
+        panel = app.query_one(EnginePanel)
+        assert "· vllm · llama-3-8b-dummy" in str(panel.border_title)
+        itl = panel.query_one(".m-itl .metric-value")
+        assert "(normal 9.0 ms)" in text_of(itl)
+        assert "normal" not in text_of(panel.query_one(".m-ttft .metric-value"))  # not learned yet

@@ -27,6 +27,7 @@ ALERT_NAMES = (
     "PreflightFailed", "EngineDown", "EngineRestarted", "ForeignGpuProcess",
     "AllocatorRetries", "StreamErrors", "XidError", "GpuThrottled", "EccErrors",
     "PcieReplays", "GpuHot", "LatencyRegression", "NvmlUnavailable", "GpuLost",
+    "ExclusiveGpuRefused", "EngineLinkDown",
 )
 SEVERITIES = ("critical", "warning", "info")
 

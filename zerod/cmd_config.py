@@ -9,6 +9,7 @@ here, its ranges its own), `[engine]` the options of `zerod serve` itself.
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import Any
 
@@ -20,6 +21,7 @@ from zerod.config import ConfigError, load_config
 from zerod.config_schema import check_options, check_table, refusal
 from zerod.daemon_config import AlertsConfig, DaemonConfig, DaemonConfigError
 from zerod.engine.cli import serve
+from zerod.engines import PRESETS
 from zerod.watchers.nvml_stats import CLOCK_EVENT_REASONS
 from zerod.cli import CONTEXT_SETTINGS
 
@@ -34,7 +36,8 @@ def check_config(config: dict[str, dict[str, Any]], *, demo: bool = False) -> li
     daemon = _section(config, "daemon", DaemonConfig, out)
     _section(config, "alerts", AlertsConfig, out)
     engine = config.get("engine") or {}
-    engine_refusals = check_options(serve, "engine", engine)
+    kind = daemon.engine if daemon else "zerod"
+    engine_refusals = check_options(serve, "engine", engine) if kind == "zerod" else _other_engine(kind, engine)
     out += engine_refusals
     engine_command = daemon.engine_command if daemon else (config.get("daemon") or {}).get("engine_command")
     if "model" not in engine and not demo and not engine_command:
@@ -45,6 +48,22 @@ def check_config(config: dict[str, dict[str, Any]], *, demo: bool = False) -> li
         out.append(refusal("daemon", "throttle_alert_reasons", reasons,
                            f"each must be one of {', '.join(CLOCK_EVENT_REASONS.values())}"))
     out += _doctor(config, engine_ok=not engine_refusals)
+    return out
+
+
+def _other_engine(kind: str, engine: dict[str, Any]) -> list[str]:
+    """[engine] for vLLM or SGLang: their own flags, which zerod cannot list; each
+    value must make a command-line word (or a list of them, or true/false)."""
+    out = []
+    for key, value in engine.items():
+        items = value if isinstance(value, list) else [value]
+        if isinstance(value, dict) or any(isinstance(v, (dict, list)) for v in items):
+            out.append(refusal("engine", key, value, "must be a value, a list of values or true/false"))
+        elif any(isinstance(v, float) and not math.isfinite(v) for v in items):
+            out.append(refusal("engine", key, value, "must be a finite number"))
+    if engine.get("api_key") and PRESETS[kind].api_key_env is None:
+        out.append(refusal("engine", "api_key", "***", f"{kind} takes its key only on the command line, which every "
+                           "user can read in /proc: put an authenticating proxy in front of it instead"))
     return out
 
 

@@ -27,11 +27,13 @@ from typing import Any
 from zerod import numa
 from zerod.alerts import AlertBook, AlertmanagerPusher
 from zerod.daemon_config import AlertsConfig, DaemonConfig
+from zerod.engines import PRESETS
 from zerod.preflight import Preflight, PreflightRefused, RecheckWatcher
 from zerod.sdnotify import Notifier
 from zerod.supervisor import EngineSupervisor, api_key_credential, engine_argv, engine_env, engine_url
 from zerod.views import Views
 from zerod.watchers import Watcher
+from zerod.watchers.compute_mode import ComputeModeGuard
 from zerod.watchers.engine_metrics import EngineMetricsWatcher
 from zerod.watchers.gpu_processes import GpuProcessWatcher
 from zerod.watchers.latency import LatencyWatcher
@@ -70,6 +72,7 @@ class Daemon:
         self.supervisor: EngineSupervisor | None = None
         self.watchers: list[Watcher] = []
         self.views: Views | None = None
+        self.netlink = None
         self.metrics_address: tuple[str, int] | None = None
         self.control_path: str | None = None
         self.ready_at: float | None = None
@@ -93,13 +96,15 @@ class Daemon:
     def _build(self) -> Views:
         """The supervisor, the watchers and the views over them (nothing runs yet)."""
         cfg, book = self.cfg, self.book
+        preset = PRESETS[cfg.engine]
         sup = self.supervisor = EngineSupervisor(
-            self.cfg.engine_command or engine_argv(self.engine_section, self.demo),
+            self.cfg.engine_command or engine_argv(self.engine_section, self.demo, cfg.engine),
             engine_url(self.engine_section, cfg), cfg, book, self.notifier, self._binding(),
             model=str(self.engine_section.get("served_model_name") or self.engine_section.get("model", "?")),
-            extra_env=engine_env(self.engine_section, self.api_key),
+            extra_env=engine_env(self.engine_section, self.api_key, cfg.engine),
             on_ready=self._on_ready, on_status=self._set_status,
-            pid_required=not cfg.engine_command)
+            pid_required=preset.reports_pid and not cfg.engine_command,
+            health_path=preset.health_path, kind=cfg.engine)
         nvml_stats = NvmlStatsWatcher(self.nvml, book, cfg, demo=self.demo)
         processes = GpuProcessWatcher(
             book, cfg, allowed=tuple(self.preflight.doctor.allowed_gpu_processes), own_pids=lambda: {os.getpid()},
@@ -107,14 +112,25 @@ class Daemon:
             scan=self._scan, nvml_session=self.nvml)
         xid = XidWatcher(self.nvml, book, cfg)
         engine_metrics = EngineMetricsWatcher(book, cfg, sup.url, engine_pid=lambda: sup.pid,
-                                              up=lambda: sup.fig.state == "healthy")
+                                              up=lambda: sup.fig.state == "healthy", series=preset.series)
         latency = LatencyWatcher(book, cfg, engine_metrics,
                                  recent_foreign=lambda: list(processes.recent_foreign.values()))
         self.watchers = [nvml_stats, processes, xid, engine_metrics, latency]
+        guard = None
+        if cfg.exclusive_gpu:
+            guard = ComputeModeGuard(self.nvml, book, cfg, engine_pid=lambda: sup.pid,
+                                     engine_up=lambda: sup.fig.state == "healthy")
+            self.watchers.append(guard)
         if self.cfg.preflight:
             self.watchers.append(RecheckWatcher(self.preflight, cfg.recheck_interval_s))
+        if cfg.netlink:
+            from zerod.watchers.netlink import NetlinkWatcher  # pyroute2: the daemon's, never doctor's
+
+            self.netlink = NetlinkWatcher(book, cfg.watch_interval_s, str(self.engine_section.get("host", "127.0.0.1")),
+                                          self.preflight.recheck_bind_exposure)
+            self.watchers.append(self.netlink)
         self.views = Views(self.host, self.started_at, cfg.allow_write_actions, book, self.preflight, sup,
-                           nvml_stats, xid, processes, engine_metrics, latency, self.watchers)
+                           nvml_stats, xid, processes, engine_metrics, latency, self.watchers, guard)
         return self.views
 
     # ------------------------------------------------------------------ life cycle
@@ -310,7 +326,11 @@ class Daemon:
         if self.supervisor and self.supervisor.proc and self.supervisor.proc.poll() is None:
             await self.supervisor.stop(drain_timeout_s=5.0)
         if self.views is not None:
+            if self.views.compute_mode is not None:  # the engine has stopped: the GPUs get their mode back
+                await loop.run_in_executor(None, self.views.compute_mode.restore)
             await loop.run_in_executor(None, self.views.xid.stop)
+            if self.netlink is not None:
+                await loop.run_in_executor(None, self.netlink.stop)
             await self.views.engine_metrics.close()
         for r in runners:
             await r.cleanup()

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zerod.config_schema import check_table, refusal, setting
+from zerod.engines import ENGINE_KINDS
 
 DEFAULT_THROTTLE_REASONS = (
     "hw_slowdown",
@@ -61,6 +62,10 @@ def _command(value: list[str]) -> str | None:
     return None if value and value[0] else "must be a non-empty list: the program, then its arguments"
 
 
+def _factor(value: float) -> str | None:
+    return None if value == 0 or value > 1 else "must be 0 (off) or > 1: the p99 against its normal"
+
+
 def _http_url(value: str) -> str | None:
     return None if value.startswith(("http://", "https://")) else "must start with http:// or https://"
 
@@ -85,10 +90,12 @@ class DaemonConfig:
     preflight: bool = setting(True)
     recheck_interval_s: float = setting(300.0, ge=1.0)
     # the engine
+    engine: str = setting("zerod", choices=ENGINE_KINDS)  # zerod.engines: command line, health, metric names
     engine_command: list[str] | None = setting(None, check=_command)  # default: zerod serve + [engine]
     engine_env: dict[str, str] = setting(factory=dict)
     engine_url: str | None = setting(None, check=_http_url)  # default: from [engine] host/port
     gpu_index: int = setting(0, ge=0)
+    exclusive_gpu: bool = setting(False)  # EXCLUSIVE_PROCESS on the engine's GPUs while it serves
     numa: str = setting("auto", choices=NUMA_MODES)
     numa_memory_policy: str = setting("bind", choices=NUMA_POLICIES)
     health_interval_s: float = setting(1.0, ge=0.1)
@@ -103,7 +110,12 @@ class DaemonConfig:
     watch_interval_s: float = setting(1.0, ge=0.1)
     full_scan_interval_s: float = setting(5.0, ge=0)  # /proc fd scan of every process; 0: every tick
     nvml_retry_s: float = setting(30.0, ge=1.0)
-    slo_itl_p99_s: float = setting(0.0, ge=0)  # 0: no latency alert
+    netlink: bool = setting(True)  # link/address events: net.bind_exposure re-run, EngineLinkDown
+    # LatencyRegression against the learned normal at comparable load (zerod.watchers.latency_baseline)
+    latency_regression_factor: float = setting(1.5, ge=0, check=_factor)  # 0: no learned baseline
+    latency_baseline_s: float = setting(3600.0, ge=60.0)
+    latency_baseline_min_samples: int = setting(200, ge=1)
+    slo_itl_p99_s: float = setting(0.0, ge=0)  # absolute SLOs, optional; 0: none
     slo_ttft_p99_s: float = setting(0.0, ge=0)
     latency_window_s: float = setting(60.0, ge=1.0)
     latency_min_samples: int = setting(20, ge=0)

@@ -116,11 +116,24 @@ class Preflight:
     def recheck(self) -> None:
         """Run again while serving: PreflightFailed fires or resolves, nothing stops."""
         failing = self._run(skip=RECHECK_SKIP).failing()
-        self.book.sync("PreflightFailed", {
-            x.id: dict(severity="critical" if x.severity == "critical" else "warning",
-                       summary=f"check {x.id} fails: {x.title}", description=x.message,
-                       labels={"check": x.id}, fix=x.remediation or None)
-            for x in failing})
+        self.book.sync("PreflightFailed", {x.id: _alert(x) for x in failing})
+
+    def recheck_bind_exposure(self) -> None:
+        """`net.bind_exposure` alone, on fresh addresses (an address came or went):
+        its row of the last report is replaced; PreflightFailed fires or resolves for it."""
+        from zerod.checks import probe_net
+        from zerod.checks.facts import Facts
+
+        facts = Facts()
+        probe_net.probe(facts)
+        [x] = run_checks(facts, config=self.doctor, only=["net.bind_exposure"]).checks
+        if self.report is not None:
+            self.report.checks = [x if c.id == x.id else c for c in self.report.checks]
+        if x.status == "fail":
+            log.warning("net.bind_exposure fails after an address change: %s", x.message)
+            self.book.fire("PreflightFailed", x.id, **_alert(x))
+        else:
+            self.book.resolve("PreflightFailed", x.id)
 
     # --- what the outputs read -------------------------------------------------
     def checks_doc(self) -> dict[str, Any]:
@@ -141,6 +154,12 @@ class Preflight:
         for c in self.report.checks if self.report else []:
             cs.add_metric([c.id], float(CHECK_STATUS_VALUE.get(c.status, 1)))
         yield cs
+
+
+def _alert(x: CheckResult) -> dict[str, Any]:
+    return dict(severity="critical" if x.severity == "critical" else "warning",
+                summary=f"check {x.id} fails: {x.title}", description=x.message,
+                labels={"check": x.id}, fix=x.remediation or None)
 
 
 class RecheckWatcher(Watcher):

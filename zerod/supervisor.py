@@ -23,7 +23,6 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,14 +34,14 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from zerod import numa
 from zerod.alerts import AlertBook
 from zerod.daemon_config import DaemonConfig
+from zerod.engines import PRESETS
 from zerod.sdnotify import Notifier, child_environment
 
 log = logging.getLogger("zerod.supervisor")
 
-# [engine] keys handed to the engine as environment variables.
-ENV_KEYS = {"api_key": "ZEROD_API_KEY"}
 # The API key as a systemd credential (LoadCredential=api_key:…): handed to the
-# engine as VLLM_API_KEY, never on its command line.
+# engine in its environment (VLLM_API_KEY, which zerod serve reads too), never on
+# its command line.
 CREDENTIAL_API_KEY = "api_key"
 CREDENTIAL_ENV = "VLLM_API_KEY"
 
@@ -60,37 +59,24 @@ def api_key_credential(env: dict[str, str] | None = None) -> str | None:
     return key or None
 
 
-def engine_argv(engine: dict[str, Any], demo: bool = False) -> list[str]:
-    """`python -m zerod serve` with the [engine] table as flags (vLLM names:
-    `max_num_seqs = 8` -> `--max-num-seqs 8`, `enforce_eager = true` -> `--enforce-eager`)."""
+def engine_argv(engine: dict[str, Any], demo: bool = False, kind: str = "zerod") -> list[str]:
+    """The engine's command line from the [engine] table (zerod.engines: vLLM's flag
+    names; the API key never goes on it, /proc/PID/cmdline being world-readable)."""
     section = dict(engine)
-    if demo:
+    if demo and kind == "zerod":
         section.setdefault("model", "demo")
-    argv = [sys.executable, "-m", "zerod", "serve"]
-    for key, value in section.items():
-        if key in ENV_KEYS:  # secrets go through the environment, not /proc/PID/cmdline
-            continue
-        flag = "--" + key.replace("_", "-")
-        if value is None or value is False:
-            continue
-        if value is True:
-            argv.append(flag)
-        elif isinstance(value, (list, tuple)):
-            for v in value:  # click's multiple=True: the flag once per value
-                argv.extend([flag, str(v)])
-        else:
-            argv.extend([flag, str(value)])
-    return argv
+    return PRESETS[kind].argv(section)
 
 
-def engine_env(engine: dict[str, Any], api_key: str | None = None) -> dict[str, str]:
+def engine_env(engine: dict[str, Any], api_key: str | None = None, kind: str = "zerod") -> dict[str, str]:
     """The engine's extra environment: the credential's key when there is one,
-    else [engine] api_key."""
+    else [engine] api_key, in the variable the engine reads."""
     if api_key:
         if engine.get("api_key"):
             log.warning("[engine] api_key is ignored: the systemd credential %s is used", CREDENTIAL_API_KEY)
         return {CREDENTIAL_ENV: api_key}
-    return {env: str(engine[key]) for key, env in ENV_KEYS.items() if engine.get(key)}
+    env = PRESETS[kind].api_key_env
+    return {env: str(engine["api_key"])} if env and engine.get("api_key") else {}
 
 
 def engine_url(engine: dict[str, Any], cfg: DaemonConfig) -> str:
@@ -101,7 +87,7 @@ def engine_url(engine: dict[str, Any], cfg: DaemonConfig) -> str:
         host = "127.0.0.1"
     if ":" in host and not host.startswith("["):
         host = f"[{host}]"
-    return f"http://{host}:{int(engine.get('port', 8000))}"
+    return f"http://{host}:{int(engine.get('port', PRESETS[cfg.engine].default_port))}"
 
 
 @dataclass
@@ -121,8 +107,10 @@ class EngineSupervisor:
                  extra_env: dict[str, str] | None = None,
                  on_ready: Callable[[], None] | None = None,
                  on_status: Callable[[str], None] | None = None,
-                 pid_required: bool = True) -> None:
+                 pid_required: bool = True, health_path: str = "/health", kind: str = "zerod") -> None:
         self.argv = list(argv)
+        self.health_path = health_path
+        self.kind = kind
         # zerod serve's /health always carries its pid; another engine's may not
         self.pid_required = pid_required
         self.url = url
@@ -184,7 +172,7 @@ class EngineSupervisor:
             self._session = aiohttp.ClientSession()
         try:
             timeout = aiohttp.ClientTimeout(total=timeout_s)
-            async with self._session.get(self.url + "/health", timeout=timeout) as resp:
+            async with self._session.get(self.url + self.health_path, timeout=timeout) as resp:
                 body = await resp.read()
                 if resp.status != 200:
                     return False, f"HTTP {resp.status}"
@@ -361,7 +349,7 @@ class EngineSupervisor:
         return self.proc.returncode if self.proc is not None else None
 
     def snapshot(self) -> dict[str, Any]:
-        return {"state": self.fig.state, "up": self.fig.state == "healthy", "pid": self.pid,
+        return {"state": self.fig.state, "up": self.fig.state == "healthy", "pid": self.pid, "kind": self.kind,
                 "url": self.url, "model": self.model, "restarts": self.fig.restarts,
                 "numa_node": self.binding.node if self.cfg.numa != "off" else None,
                 "cpus": self.binding.cpulist if self.cfg.numa != "off" else None,

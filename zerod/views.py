@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, InfoMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 
 from zerod import __version__
 from zerod.alerts import AlertBook
@@ -21,13 +21,14 @@ from zerod.engine import metrics as names
 from zerod.preflight import Preflight
 from zerod.supervisor import EngineSupervisor
 from zerod.watchers import Watcher
+from zerod.watchers.compute_mode import ComputeModeGuard
 from zerod.watchers.engine_metrics import EngineMetricsWatcher
 from zerod.watchers.gpu_processes import GpuProcessWatcher
 from zerod.watchers.latency import LatencyWatcher
 from zerod.watchers.nvml_stats import NvmlStatsWatcher
 from zerod.watchers.xid_events import XidWatcher
 
-ENGINE_KEYS = ("state", "up", "pid", "url", "model", "restarts", "numa_node", "cpus")
+ENGINE_KEYS = ("state", "up", "pid", "kind", "url", "model", "restarts", "numa_node", "cpus")
 HISTORY_KEYS = ("output_tokens_per_s", "running", "waiting", "kv_pages_used", "itl_p99_s", "ttft_p99_s")
 
 
@@ -45,6 +46,7 @@ class Views:
     engine_metrics: EngineMetricsWatcher
     latency: LatencyWatcher
     watchers: list[Watcher]
+    compute_mode: ComputeModeGuard | None = None  # [daemon] exclusive_gpu
 
     # --- the control API's documents ------------------------------------------
     def status(self) -> dict[str, Any]:
@@ -60,12 +62,46 @@ class Views:
     def gpus(self) -> dict[str, Any]:
         doc = self.nvml_stats.snapshot()
         xids = self.xid.snapshot()
+        held = self.compute_mode.snapshot() if self.compute_mode is not None else {}
         for g in doc["gpus"]:
             g["xid_events_total"] = xids.get(g["index"], {})
+            g["exclusive_gpu"] = held.get(g["index"], {}).get("exclusive_gpu", False)
+            g["exclusive_refused"] = held.get(g["index"], {}).get("exclusive_refused")
         return doc
 
     def processes_doc(self) -> dict[str, Any]:
-        return self.processes.snapshot()
+        doc = self.processes.snapshot()
+        util = self.nvml_stats.process_utilization
+        for row in doc["processes"]:
+            sm, mem = util.get(row["gpu"], {}).get(row["pid"], (None, None))
+            row["sm_utilization_ratio"], row["memory_utilization_ratio"] = sm, mem
+        return doc
+
+    def _process_utilization(self):
+        """Per-process SM and memory utilization (NVML's samples) by GPU, role and
+        process name: the rows of the process watcher meet NVML's samples here."""
+        labels = ["gpu", "uuid", "role", "process"]
+        sm = GaugeMetricFamily("zerod_gpu_process_sm_utilization_ratio",
+                               "SM utilization of the processes on the GPU (0-1), by role and name.", labels=labels)
+        mem = GaugeMetricFamily("zerod_gpu_process_memory_utilization_ratio",
+                                "Memory-controller utilization of the processes on the GPU (0-1), by role and name.",
+                                labels=labels)
+        rows = {r["pid"]: r for r in self.processes.rows}
+        for gpu, by_pid in sorted(self.nvml_stats.process_utilization.items()):
+            g = self.nvml_stats.gpus.get(gpu)
+            if g is None:
+                continue
+            sums: dict[tuple[str, str], list[float]] = {}
+            for pid, (s_ratio, m_ratio) in by_pid.items():
+                row = rows.get(pid)
+                key = (row["role"], row["name"]) if row else ("unlisted", "?")
+                acc = sums.setdefault(key, [0.0, 0.0])
+                acc[0] += s_ratio
+                acc[1] += m_ratio
+            for (role, name), (s_sum, m_sum) in sorted(sums.items()):
+                sm.add_metric([str(gpu), g["uuid"], role, name], s_sum)
+                mem.add_metric([str(gpu), g["uuid"], role, name], m_sum)
+        yield from (sm, mem)
 
     def alerts(self) -> dict[str, Any]:
         return {"alerts": [a.to_dict() for a in self.book.all()]}
@@ -86,6 +122,8 @@ class Views:
             "output_tokens_per_s": lat["output_tokens_per_s"],
             "ttft_p50_s": lat["ttft_p50_s"], "ttft_p99_s": lat["ttft_p99_s"],
             "itl_p50_s": lat["itl_p50_s"], "itl_p99_s": lat["itl_p99_s"],
+            "load_bucket": lat["load_bucket"],
+            "ttft_normal_p99_s": lat["ttft_normal_p99_s"], "itl_normal_p99_s": lat["itl_normal_p99_s"],
             "allocator_retries_total": num(names.ALLOCATOR_RETRIES_TOTAL),
             "allocator_ooms_total": num(names.ALLOCATOR_OOMS_TOTAL),
             "stream_errors_total": num(names.STREAM_ERRORS_TOTAL),
@@ -101,6 +139,7 @@ class Views:
         yield InfoMetricFamily("zerod", "zerod build information.", value={"version": __version__})
         for part in (self.nvml_stats, self.xid, self.processes, self.preflight, self.book, self.supervisor):
             yield from part.collect()
+        yield from self._process_utilization()
         runs = CounterMetricFamily("zerod_watcher_runs", "Watcher polls.", labels=["watcher"])
         errors = CounterMetricFamily("zerod_watcher_errors", "Watcher polls that failed.", labels=["watcher"])
         busy = CounterMetricFamily("zerod_watcher_busy_seconds", "Wall time spent in watcher polls.",

@@ -14,7 +14,7 @@ from zerod.tui.widgets.metric import MetricRow
 from zerod.tui.widgets.statusbar import ENGINE_STYLE
 
 
-def _lat(p50: Any, p99: Any, regressed: bool, narrow: bool) -> Text:
+def _lat(p50: Any, p99: Any, regressed: bool, narrow: bool, normal: Any = None) -> Text:
     first = fmt.ms(p50)
     if narrow and first.endswith(" ms") and fmt.ms(p99).endswith(" ms"):
         first = first[:-3]  # "71.2 p99 400 ms": the unit once, so it fits 80 columns
@@ -22,6 +22,8 @@ def _lat(p50: Any, p99: Any, regressed: bool, narrow: bool) -> Text:
     t.append(f"{first} ", "")
     t.append("p99 ", "dim")
     t.append(fmt.ms(p99), "bold red" if regressed else "bold")
+    if normal is not None and not narrow:  # the learned normal p99 at this load
+        t.append(f" (normal {fmt.ms(normal)})", "dim")
     return t
 
 
@@ -52,6 +54,8 @@ class EnginePanel(Vertical):
             title.append(f" · {st.get('restarts')} restarts", "bold yellow")
         if not narrow and st.get("pid"):
             title.append(f" · pid {st.get('pid')}")
+        if st.get("kind") and st.get("kind") != "zerod":  # another engine: say which
+            title.append(f" · {st.get('kind')}")
         if st.get("model"):
             title.append(f" · {st.get('model')}")
         set_title(self, title)
@@ -78,9 +82,11 @@ class EnginePanel(Vertical):
         ttft_bad = any("ttft" in s for s in firing)
         itl_bad = any("itl" in s for s in firing)
         self.query_one(".m-ttft", MetricRow).set(
-            _lat(engine.get("ttft_p50_s"), engine.get("ttft_p99_s"), ttft_bad, narrow), fmt.series(h.get("ttft_p99_s")))
+            _lat(engine.get("ttft_p50_s"), engine.get("ttft_p99_s"), ttft_bad, narrow, engine.get("ttft_normal_p99_s")),
+            fmt.series(h.get("ttft_p99_s")))
         self.query_one(".m-itl", MetricRow).set(
-            _lat(engine.get("itl_p50_s"), engine.get("itl_p99_s"), itl_bad, narrow), fmt.series(h.get("itl_p99_s")))
+            _lat(engine.get("itl_p50_s"), engine.get("itl_p99_s"), itl_bad, narrow, engine.get("itl_normal_p99_s")),
+            fmt.series(h.get("itl_p99_s")))
         alloc = Text(no_wrap=True, overflow="ellipsis")
         _counter(alloc, "alloc retries", engine.get("allocator_retries_total"))
         alloc.append("  ")

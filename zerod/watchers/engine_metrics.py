@@ -20,14 +20,12 @@ from typing import Callable
 from zerod.alerts import AlertBook
 from zerod.daemon_config import DaemonConfig
 from zerod.engine import metrics as names
+from zerod.engines import PRESETS
 from zerod.watchers import Watcher
 
 TTFT = names.TIME_TO_FIRST_TOKEN_SECONDS
 ITL = names.INTER_TOKEN_LATENCY_SECONDS
-# the plain series the daemon reads (the histograms above aside)
-_WANTED = {names.REQUESTS_RUNNING, names.REQUESTS_WAITING, names.KV_PAGES_TOTAL, names.KV_PAGES_FREE,
-           names.ALLOCATOR_RETRIES_TOTAL, names.ALLOCATOR_OOMS_TOTAL, names.STREAM_ERRORS_TOTAL,
-           names.GENERATION_TOKENS_TOTAL, names.PROMPT_TOKENS_TOTAL}
+HISTOGRAMS = (TTFT, ITL)
 
 
 @dataclass
@@ -39,6 +37,11 @@ class Histogram:
     def minus(self, older: "Histogram") -> "Histogram":
         return Histogram({le: c - older.buckets.get(le, 0.0) for le, c in self.buckets.items()},
                          self.count - older.count, self.sum - older.sum)
+
+    def plus(self, other: "Histogram") -> "Histogram":
+        les = self.buckets.keys() | other.buckets.keys()
+        return Histogram({le: self.buckets.get(le, 0.0) + other.buckets.get(le, 0.0) for le in les},
+                         self.count + other.count, self.sum + other.sum)
 
     def quantile(self, q: float) -> float | None:
         """histogram_quantile(): linear inside the bucket, as Prometheus does."""
@@ -89,11 +92,17 @@ def _labels(s: str) -> dict[str, str]:
     return out
 
 
-def parse_metrics(text: str) -> tuple[dict[str, float], Histogram, Histogram]:
+def parse_metrics(text: str, series: dict[str, tuple[str, ...]] | None = None
+                  ) -> tuple[dict[str, float], Histogram, Histogram]:
     """The few series the daemon reads, from Prometheus text format (a small
-    parser: the scrape runs every second and must stay cheap)."""
-    values: dict[str, float] = {}
-    hists = {TTFT: Histogram(), ITL: Histogram()}
+    parser: the scrape runs every second and must stay cheap), under the
+    daemon's names: `series` maps each to the engine's own names (zerod.engines;
+    the first one present wins). A series with several label sets (one per
+    model, per data-parallel rank) is summed."""
+    series = series or PRESETS["zerod"].series
+    wanted = {alias for aliases in series.values() for alias in aliases}
+    hists: dict[str, Histogram] = {}
+    raw: dict[str, float] = {}
     for line in text.splitlines():
         if not line or line[0] == "#":
             continue
@@ -108,10 +117,10 @@ def parse_metrics(text: str) -> tuple[dict[str, float], Histogram, Histogram]:
             labels = line[name_end + 1:line.rfind("}")]
         base = name
         for suffix in ("_bucket", "_count", "_sum"):
-            if name.endswith(suffix) and name[: -len(suffix)] in hists:
+            if name.endswith(suffix) and name[: -len(suffix)] in wanted:
                 base = name[: -len(suffix)]
                 break
-        if base not in hists and name not in _WANTED:
+        if base == name and name not in wanted:
             continue
         rest = line[sp + 1:].strip()
         try:
@@ -121,18 +130,30 @@ def parse_metrics(text: str) -> tuple[dict[str, float], Histogram, Histogram]:
                 value = float(line[:sp].rsplit(" ", 1)[-1])
             except ValueError:
                 continue
-        if base in hists:
-            h = hists[base]
+        if base != name:
+            h = hists.setdefault(base, Histogram())
             if name.endswith("_bucket"):
                 le = _labels(labels).get("le", "+Inf")
-                h.buckets[float("inf") if le in ("+Inf", "Inf") else float(le)] = value
+                le_f = float("inf") if le in ("+Inf", "Inf") else float(le)
+                h.buckets[le_f] = h.buckets.get(le_f, 0.0) + value
             elif name.endswith("_count"):
-                h.count = value
-            elif name.endswith("_sum"):
-                h.sum = value
+                h.count += value
+            else:
+                h.sum += value
         else:
-            values[name] = values.get(name, 0.0) + value
-    return values, hists[TTFT], hists[ITL]
+            raw[name] = raw.get(name, 0.0) + value
+    values: dict[str, float] = {}
+    out = {TTFT: Histogram(), ITL: Histogram()}
+    for own, aliases in series.items():
+        if own in out:
+            found = next((hists[a] for a in aliases if a in hists), None)
+            if found is not None:
+                out[own] = found
+        else:
+            found_v = next((raw[a] for a in aliases if a in raw), None)
+            if found_v is not None:
+                values[own] = found_v
+    return values, out[TTFT], out[ITL]
 
 
 class EngineMetricsWatcher(Watcher):
@@ -141,8 +162,10 @@ class EngineMetricsWatcher(Watcher):
 
     def __init__(self, book: AlertBook, cfg: DaemonConfig, url: str | Callable[[], str],
                  engine_pid: Callable[[], int | None], up: Callable[[], bool] = lambda: True,
-                 clock=time.time, keep_s: float | None = None) -> None:
+                 clock=time.time, keep_s: float | None = None,
+                 series: dict[str, tuple[str, ...]] | None = None) -> None:
         super().__init__()
+        self.series = series or PRESETS["zerod"].series  # the engine's names for the daemon's series
         self.book = book
         self.cfg = cfg
         self.interval_s = cfg.watch_interval_s
@@ -188,7 +211,7 @@ class EngineMetricsWatcher(Watcher):
 
     def ingest(self, text: str, pid: int | None = None, now: float | None = None) -> Sample:
         now = self.clock() if now is None else now
-        values, ttft, itl = parse_metrics(text)
+        values, ttft, itl = parse_metrics(text, self.series)
         if pid != self._pid:  # a new engine process: counters start again
             self._pid = pid
             self._base = {}

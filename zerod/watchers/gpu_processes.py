@@ -13,7 +13,10 @@ next full scan.
 A foreign process raises `ForeignGpuProcess` at the first scan that sees it
 (<= `watch_interval_s` + one scan, so within 2 s), naming pid, command line,
 user, systemd unit or container, the GPU memory it holds, and a known agent's
-fix. Foreign processes seen in the last `cause_window_s` are kept for the
+fix. Its severity follows the evidence, as doctor's `gpu.foreign_processes`
+does: a CUDA context or GPU memory (it takes memory and SM time) is critical;
+a process that only reads NVML is a warning — on the H200 an NVML-only agent
+polling at 10 Hz and at ~94 Hz left the engine's ITL unchanged (docs/checks.md). Foreign processes seen in the last `cause_window_s` are kept for the
 latency watcher, which names them as the likely cause of a regression.
 """
 
@@ -44,6 +47,10 @@ def _gp():
 def _gib(n: int | None) -> str:
     return "no GPU memory (fd scan only: an NVML/driver handle, no CUDA context)" if n is None \
         else f"{n / 2**30:.2f} GiB of GPU memory"
+
+
+# doctor's verdict on a foreign process (zerod.checks.gpu_processes.foreign_severity), as an alert severity
+SEVERITY = {"fail": "critical", "warn": "warning"}
 
 
 def process_start_time(pid: int) -> float | None:
@@ -175,6 +182,7 @@ class GpuProcessWatcher(Watcher):
         now = self.clock()
         own = set(self.own_pids())
         eng = self.engine_pid()
+        nvml_lists = self.nvml_ok()
         rows: list[dict[str, Any]] = []
         foreign: dict[str, dict[str, Any]] = {}
         seen: set[int] = set()
@@ -204,21 +212,26 @@ class GpuProcessWatcher(Watcher):
                     fix = (f"stop it ({'systemctl stop ' + p.unit if p.unit else 'kill ' + str(p.pid)}) "
                            f"or allow it in [doctor] allowed_gpu_processes")
                 label = agent or p.name
+                severity = SEVERITY[gp.foreign_severity(p, nvml_lists)]
+                harm = ("a second process on the inference GPU steals memory and SM time and raises "
+                        "the engine's tail latency") if severity == "critical" else (
+                        "it holds no CUDA context and no GPU memory: an NVML reader, harmless to latency "
+                        "at the polling rates measured, though profiling counters (DCGM's) can cost more")
                 foreign[str(p.pid)] = dict(
-                    severity="critical",
+                    severity=severity,
                     summary=f"{label} (pid {p.pid}) holds GPU {gpu if gpu is not None else '?'}",
                     description=(f"pid {p.pid} ({p.name}, user {p.user or '?'}, {where}) holds "
                                  f"{_gib(p.gpu_memory_bytes)} on GPU {','.join(map(str, p.gpus)) or '?'}; "
                                  f"command line: {p.cmdline or '?'}; "
                                  + (f"known agent: {gp.KNOWN_AGENTS[agent].description}; " if agent else "")
-                                 + "a second process on the inference GPU steals memory and SM time and raises "
-                                   "the engine's tail latency"),
+                                 + harm),
                     labels={"gpu": gpu, "process": label, "pid": p.pid, "unit": p.unit,
                             "container": p.container},
                     fix=fix)
                 self.recent_foreign[p.pid] = {"pid": p.pid, "name": label, "cmdline": p.cmdline,
                                               "unit": p.unit, "container": p.container, "gpu": gpu,
-                                              "first_seen": first, "last_seen": now, "fix": fix}
+                                              "first_seen": first, "last_seen": now, "fix": fix,
+                                              "holds_context": severity == "critical"}
                 self.recent_foreign.move_to_end(p.pid)
             rows.append({
                 "pid": p.pid, "gpu": gpu, "name": p.name, "cmdline": p.cmdline, "user": p.user,

@@ -1,5 +1,9 @@
 """GPU health from NVML every second: utilization, memory, temperature, power,
-clocks, clock event (throttle) reasons, PCIe replays, ECC and row remapping.
+clocks, clock event (throttle) reasons, PCIe replays, ECC and row remapping —
+and what dcgm-exporter exports besides (zerod.watchers.nvml_reads): HBM
+temperature, the energy counter, NVLink throughput and errors, compute mode,
+per-process SM and memory utilization, MIG instances; a call the GPU or driver
+does not support is skipped for that GPU from then on.
 
 Alerts: `GpuThrottled` (a reason of `throttle_alert_reasons` active for
 `throttle_for_s`), `GpuHot` (>= `temperature_max_celsius`), `EccErrors`
@@ -20,6 +24,9 @@ from zerod.alerts import AlertBook
 from zerod.checks.clock_events import CLOCK_EVENT_REASONS, reasons_from_mask
 from zerod.daemon_config import DaemonConfig
 from zerod.watchers import Watcher
+from zerod.checks.compute_mode import NAMES as MODE_NAMES
+from zerod.checks.compute_mode import name as mode_name
+from zerod.watchers.nvml_reads import NvmlReads
 from zerod.watchers.nvml_session import NvmlSession, is_gpu_lost
 
 HISTORY = 600
@@ -35,6 +42,12 @@ GPU_GAUGES = (
     ("zerod_gpu_ecc_volatile_uncorrected_errors",
      "Uncorrected ECC errors since the last driver load (NVML volatile count).", "ecc_volatile_uncorrected", 1),
 )
+# dcgm-exporter's series, in Prometheus naming (the DCGM field each replaces: docs/daemon.md)
+PARITY_GAUGES = (
+    ("zerod_gpu_memory_clock_hertz", "GPU memory clock.", "mem_clock_mhz", 1e6),
+    ("zerod_gpu_memory_temperature_celsius", "HBM temperature.", "memory_temperature_celsius", 1),
+)
+NVLINK_ERRORS = ("crc_flit", "crc_data", "replay", "recovery")
 _TEMPERATURE_GPU = 0
 _CLOCK_SM, _CLOCK_MEM = 1, 2
 _ECC_UNCORRECTED, _ECC_VOLATILE = 1, 0
@@ -61,6 +74,9 @@ class NvmlStatsWatcher(Watcher):
         self.clock = clock
         self.interval_s = cfg.watch_interval_s
         self.gpus: dict[int, dict[str, Any]] = {}
+        self.reads: NvmlReads | None = None
+        # GPU index -> {pid: (SM ratio, memory ratio)}: zerod.views meets it with the process rows
+        self.process_utilization: dict[int, dict[int, tuple[float, float]]] = {}
         self.history: dict[int, dict[str, collections.deque]] = {}
         self._throttle_since: dict[tuple[int, str], float] = {}
         self._replays_seen: dict[int, int] = {}
@@ -80,11 +96,31 @@ class NvmlStatsWatcher(Watcher):
     def collect(self):
         """The GPU series of /metrics, from the last poll: `gpu` and `uuid` labels, never a pid."""
         labels = ["gpu", "uuid"]
-        families = [(GaugeMetricFamily(name, doc, labels=labels), key, scale) for name, doc, key, scale in GPU_GAUGES]
+        families = [(GaugeMetricFamily(name, doc, labels=labels), key, scale)
+                    for name, doc, key, scale in GPU_GAUGES + PARITY_GAUGES]
         events = GaugeMetricFamily("zerod_gpu_clock_event_active",
                                    "1 while NVML reports this clocks event (throttle) reason.",
                                    labels=labels + ["reason"])
         replays = CounterMetricFamily("zerod_gpu_pcie_replays", "PCIe replay counter (NVML).", labels=labels)
+        energy = CounterMetricFamily("zerod_gpu_energy_joules", "Energy the GPU used since the driver loaded.",
+                                     labels=labels)
+        mode = GaugeMetricFamily("zerod_gpu_compute_mode",
+                                 "NVML compute mode: 0 Default, 1 Exclusive_Thread, 2 Prohibited, 3 Exclusive_Process.",
+                                 labels=labels)
+        remapped = GaugeMetricFamily("zerod_gpu_remapped_rows", "Rows remapped, by the error that caused it.",
+                                     labels=labels + ["cause"])
+        pending = GaugeMetricFamily("zerod_gpu_row_remap_pending", "1 while a row remap waits for a GPU reset.",
+                                    labels=labels)
+        failed = GaugeMetricFamily("zerod_gpu_row_remap_failed", "1 when a row remap has failed.", labels=labels)
+        nvlink = CounterMetricFamily("zerod_gpu_nvlink_bytes", "NVLink data bytes over every link.",
+                                     labels=labels + ["direction"])
+        nvlink_err = CounterMetricFamily("zerod_gpu_nvlink_errors", "NVLink errors over every link, by type.",
+                                         labels=labels + ["type"])
+        mig_on = GaugeMetricFamily("zerod_gpu_mig_enabled", "1 when MIG mode is enabled.", labels=labels)
+        mig_mem = GaugeMetricFamily("zerod_gpu_mig_memory_used_bytes", "Memory in use in a MIG instance.",
+                                    labels=labels + ["gpu_instance", "compute_instance"])
+        mig_total = GaugeMetricFamily("zerod_gpu_mig_memory_total_bytes", "Memory of a MIG instance.",
+                                      labels=labels + ["gpu_instance", "compute_instance"])
         for idx in sorted(self.gpus):
             g = self.gpus[idx]
             lv = [str(idx), g["uuid"]]
@@ -96,9 +132,33 @@ class NvmlStatsWatcher(Watcher):
                 events.add_metric(lv + [reason], 1.0 if reason in active else 0.0)
             if g.get("pcie_replays_total") is not None:
                 replays.add_metric(lv, float(g["pcie_replays_total"]))
+            if g.get("energy_joules_total") is not None:
+                energy.add_metric(lv, g["energy_joules_total"])
+            if g.get("compute_mode") is not None:
+                mode.add_metric(lv, float(next(k for k, v in MODE_NAMES.items() if v == g["compute_mode"])))
+            rr = g.get("remapped_rows")
+            if rr is not None:
+                remapped.add_metric(lv + ["correctable"], float(rr["corrected"]))
+                remapped.add_metric(lv + ["uncorrectable"], float(rr["uncorrected"]))
+                pending.add_metric(lv, float(rr["pending"]))
+                failed.add_metric(lv, float(rr["failure"]))
+            nv = g.get("nvlink")
+            if nv is not None:
+                for direction in ("tx", "rx"):
+                    if nv[f"{direction}_bytes_total"] is not None:
+                        nvlink.add_metric(lv + [direction], float(nv[f"{direction}_bytes_total"]))
+                for kind, n in nv["errors_total"].items():
+                    nvlink_err.add_metric(lv + [kind], float(n))
+            if g.get("mig_enabled") is not None:
+                mig_on.add_metric(lv, float(g["mig_enabled"]))
+            for m in g.get("mig_instances") or []:
+                ids = [str(m["gpu_instance"]), str(m["compute_instance"])]
+                if m["memory_used_bytes"] is not None:
+                    mig_mem.add_metric(lv + ids, float(m["memory_used_bytes"]))
+                    mig_total.add_metric(lv + ids, float(m["memory_total_bytes"]))
         yield from (fam for fam, _, _ in families)
-        yield events
-        yield replays
+        yield from (events, replays, energy, mode, remapped, pending, failed, nvlink, nvlink_err,
+                    mig_on, mig_mem, mig_total)
         yield GaugeMetricFamily("zerod_nvml_up", "1 when NVML answers (0: no driver, library or GPU).",
                                 value=1.0 if self.session.ok else 0.0)
 
@@ -119,6 +179,7 @@ class NvmlStatsWatcher(Watcher):
                 if is_gpu_lost(exc):
                     self.session.lost.add(dev.index)
                     self.gpus.pop(dev.index, None)
+                    self.process_utilization.pop(dev.index, None)
                     lost_now[str(dev.index)] = dict(
                         severity="critical", summary=f"GPU {dev.index} ({dev.uuid}) is lost",
                         description="NVML_ERROR_GPU_IS_LOST: the GPU fell off the bus or stopped answering; "
@@ -138,30 +199,32 @@ class NvmlStatsWatcher(Watcher):
 
     def _poll_device(self, dev) -> None:
         N = self.session.nvml
-        h = dev.handle
+        if self.reads is None or self.reads.N is not N:
+            self.reads = NvmlReads(N)
+        r, h, i = self.reads, dev.handle, dev.index
         now = self.clock()
 
-        def opt(fn, *args):
-            try:
-                return fn(h, *args)
-            except Exception as exc:
-                if is_gpu_lost(exc):
-                    raise
-                return None
+        def opt(name, *args):
+            return r.call(i, name, h, *args)
 
-        util = opt(N.nvmlDeviceGetUtilizationRates)
+        util = opt("nvmlDeviceGetUtilizationRates")
         mem = N.nvmlDeviceGetMemoryInfo(h)  # the one call that must work (GPU lost shows here)
-        temp = opt(N.nvmlDeviceGetTemperature, _TEMPERATURE_GPU)
-        power_mw = opt(N.nvmlDeviceGetPowerUsage)
-        limit_mw = opt(N.nvmlDeviceGetEnforcedPowerLimit)
-        sm = opt(N.nvmlDeviceGetClockInfo, _CLOCK_SM)
-        memclk = opt(N.nvmlDeviceGetClockInfo, _CLOCK_MEM)
-        reasons_fn = getattr(N, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
-            getattr(N, "nvmlDeviceGetCurrentClocksThrottleReasons")
+        temp = opt("nvmlDeviceGetTemperature", _TEMPERATURE_GPU)
+        power_mw = opt("nvmlDeviceGetPowerUsage")
+        limit_mw = opt("nvmlDeviceGetEnforcedPowerLimit")
+        sm = opt("nvmlDeviceGetClockInfo", _CLOCK_SM)
+        memclk = opt("nvmlDeviceGetClockInfo", _CLOCK_MEM)
+        reasons_fn = "nvmlDeviceGetCurrentClocksEventReasons" if hasattr(N, "nvmlDeviceGetCurrentClocksEventReasons") \
+            else "nvmlDeviceGetCurrentClocksThrottleReasons"
         mask = opt(reasons_fn)
-        replays = opt(N.nvmlDeviceGetPcieReplayCounter)
-        ecc = opt(N.nvmlDeviceGetTotalEccErrors, _ECC_UNCORRECTED, _ECC_VOLATILE)
-        remap = opt(N.nvmlDeviceGetRemappedRows)  # (corrected, uncorrected, pending, failure)
+        replays = opt("nvmlDeviceGetPcieReplayCounter")
+        ecc = opt("nvmlDeviceGetTotalEccErrors", _ECC_UNCORRECTED, _ECC_VOLATILE)
+        remap = opt("nvmlDeviceGetRemappedRows")  # (corrected, uncorrected, pending, failure)
+        energy_mj = opt("nvmlDeviceGetTotalEnergyConsumption")
+        mode = opt("nvmlDeviceGetComputeMode")
+        fields = r.fields(i, h)
+        mig_enabled, mig = r.mig(i, h)
+        self.process_utilization[i] = r.process_utilization(i, h)
         reasons = reasons_from_mask(int(mask)) if mask is not None else []
         g = {
             "index": dev.index, "uuid": dev.uuid, "name": dev.name,
@@ -177,6 +240,15 @@ class NvmlStatsWatcher(Watcher):
             "remapped_rows": ({"corrected": int(remap[0]), "uncorrected": int(remap[1]),
                                "pending": bool(remap[2]), "failure": bool(remap[3])}
                               if remap is not None else None),
+            "memory_temperature_celsius": fields.get("memory_temperature_celsius"),
+            "energy_joules_total": energy_mj / 1000.0 if energy_mj is not None else None,
+            "compute_mode": mode_name(mode) if mode is not None else None,
+            "nvlink": ({"tx_bytes_total": int(fields["nvlink_tx_kib"] * 1024) if "nvlink_tx_kib" in fields else None,
+                        "rx_bytes_total": int(fields["nvlink_rx_kib"] * 1024) if "nvlink_rx_kib" in fields else None,
+                        "errors_total": {k: int(fields[f"nvlink_{k}_errors"]) for k in NVLINK_ERRORS
+                                         if f"nvlink_{k}_errors" in fields}}
+                       if any(k.startswith("nvlink_") for k in fields) else None),
+            "mig_enabled": mig_enabled, "mig_instances": mig,
         }
         self.gpus[dev.index] = g
         hist = self.history.setdefault(dev.index, {k: collections.deque(maxlen=HISTORY) for k in (

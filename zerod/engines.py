@@ -1,0 +1,96 @@
+"""The engines the daemon supervises: `[daemon] engine = "zerod" | "vllm" | "sglang"`.
+
+A preset says how to start the engine from the `[engine]` table (vLLM's flag
+names, translated where SGLang names a flag differently), its default port,
+where its health answers and whether that answer carries the engine's pid, how
+the API key reaches it (never on the command line), and which of its
+Prometheus series mean what the daemon reads. zerod.engine.metrics' names are
+the daemon's own; the engine metrics watcher reads the others under them, so
+supervision, LatencyRegression, the alerts and `zerod top` work the same for
+every engine. Where an engine has renamed a series, the newer name comes first.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from zerod.engine import metrics as names
+
+ENGINE_KINDS = ("zerod", "vllm", "sglang")
+# [engine] keys that never become flags
+NOT_FLAGS = ("api_key",)
+
+
+def _flags(section: dict[str, Any], renames: dict[str, str]) -> list[str]:
+    """`max_num_seqs = 8` -> `--max-num-seqs 8`, `enforce_eager = true` -> `--enforce-eager`,
+    a list -> the flag once per value; false or absent: nothing."""
+    argv: list[str] = []
+    for key, value in section.items():
+        if key in NOT_FLAGS or value is None or value is False:
+            continue
+        flag = renames.get(key) or "--" + key.replace("_", "-")
+        if value is True:
+            argv.append(flag)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                argv.extend([flag, str(v)])
+        else:
+            argv.extend([flag, str(value)])
+    return argv
+
+
+@dataclass(frozen=True)
+class EnginePreset:
+    kind: str
+    default_port: int
+    reports_pid: bool  # /health says {"pid": …}: another server on the port is told apart
+    api_key_env: str | None  # the variable the engine reads its key from; None: it has none
+    # the daemon's series name -> this engine's names for it, the first one present wins
+    series: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    health_path: str = "/health"
+    flag_renames: dict[str, str] = field(default_factory=dict)
+
+    def argv(self, engine: dict[str, Any]) -> list[str]:
+        section = dict(engine)
+        if self.kind == "zerod":
+            return [sys.executable, "-m", "zerod", "serve", *_flags(section, {})]
+        if self.kind == "vllm":
+            model = section.pop("model", None)
+            return ["vllm", "serve", *([str(model)] if model is not None else []), *_flags(section, {})]
+        # sglang: its metrics only with --enable-metrics
+        return [sys.executable, "-m", "sglang.launch_server", *_flags(section, self.flag_renames),
+                "--enable-metrics"]
+
+
+_OWN = {n: (n,) for n in (
+    names.REQUESTS_RUNNING, names.REQUESTS_WAITING, names.KV_PAGES_TOTAL, names.KV_PAGES_FREE,
+    names.ALLOCATOR_RETRIES_TOTAL, names.ALLOCATOR_OOMS_TOTAL, names.STREAM_ERRORS_TOTAL,
+    names.GENERATION_TOKENS_TOTAL, names.PROMPT_TOKENS_TOTAL,
+    names.TIME_TO_FIRST_TOKEN_SECONDS, names.INTER_TOKEN_LATENCY_SECONDS)}
+
+PRESETS = {
+    "zerod": EnginePreset("zerod", 8000, True, "ZEROD_API_KEY", _OWN),
+    "vllm": EnginePreset("vllm", 8000, False, "VLLM_API_KEY", {
+        names.REQUESTS_RUNNING: ("vllm:num_requests_running",),
+        names.REQUESTS_WAITING: ("vllm:num_requests_waiting",),
+        names.GENERATION_TOKENS_TOTAL: ("vllm:generation_tokens_total",),
+        names.PROMPT_TOKENS_TOTAL: ("vllm:prompt_tokens_total",),
+        names.TIME_TO_FIRST_TOKEN_SECONDS: ("vllm:time_to_first_token_seconds",),
+        names.INTER_TOKEN_LATENCY_SECONDS: ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+    }),
+    "sglang": EnginePreset("sglang", 30000, False, None, {
+        names.REQUESTS_RUNNING: ("sglang:num_running_reqs",),
+        names.REQUESTS_WAITING: ("sglang:num_queue_reqs",),
+        names.GENERATION_TOKENS_TOTAL: ("sglang:generation_tokens_total",),
+        names.PROMPT_TOKENS_TOTAL: ("sglang:prompt_tokens_total",),
+        names.TIME_TO_FIRST_TOKEN_SECONDS: ("sglang:time_to_first_token_seconds",),
+        names.INTER_TOKEN_LATENCY_SECONDS: ("sglang:inter_token_latency_seconds",
+                                            "sglang:time_per_output_token_seconds"),
+    }, flag_renames={
+        "model": "--model-path", "tokenizer": "--tokenizer-path", "served_model_name": "--served-model-name",
+        "gpu_memory_utilization": "--mem-fraction-static", "max_num_seqs": "--max-running-requests",
+        "max_model_len": "--context-length", "tensor_parallel_size": "--tp-size",
+    }),
+}

@@ -1,0 +1,145 @@
+"""The engine's normal latency, learned per load bucket.
+
+Latency depends on load: inter-token latency grows with the batch, time to first
+token with the queue. So each scrape interval's histogram deltas (TTFT, ITL) are
+filed under the load of that interval — the concurrency, requests running plus
+waiting — in buckets about 1.5x wide (…, 64-95, 96-127, 128-191, …), and a
+window is only ever compared with the normal of its own bucket. A load ramp
+then moves from bucket to bucket without looking like a regression; a bucket
+with too little history has no normal yet and gives no verdict.
+
+Intervals stay in the current window (`latency_window_s`) first and join the
+normal only once they leave it, so the window is never compared with itself;
+intervals that were part of a regression (`taint`) never join it. The normal
+keeps `latency_baseline_s` (1 h) in one-minute slots per bucket.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import math
+from dataclasses import dataclass, field
+
+from zerod.watchers.engine_metrics import Histogram
+
+METRICS = ("ttft", "itl")
+# concurrency bucket lower edges: about 1.5x apart, so a bucket spans loads whose
+# step times differ far less than a regression factor
+LOAD_EDGES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
+SLOT_S = 60.0
+
+
+def load_bucket(concurrency: float) -> str:
+    """The bucket's label: "0" (idle), "1", "64-95", …, "1024+"."""
+    n = max(0, int(concurrency))
+    if n < LOAD_EDGES[0]:
+        return "0"
+    i = bisect.bisect_right(LOAD_EDGES, n) - 1
+    lo = LOAD_EDGES[i]
+    if i + 1 == len(LOAD_EDGES):
+        return f"{lo}+"
+    hi = LOAD_EDGES[i + 1] - 1
+    return str(lo) if hi == lo else f"{lo}-{hi}"
+
+
+@dataclass
+class Interval:
+    """One scrape interval's observations."""
+    t: float
+    bucket: str
+    hists: dict[str, Histogram]
+    tainted: set[str] = field(default_factory=set)
+
+
+@dataclass
+class Comparison:
+    metric: str
+    bucket: str
+    p99_s: float
+    normal_p99_s: float
+    count: int
+    normal_count: int
+
+    @property
+    def ratio(self) -> float:
+        return self.p99_s / self.normal_p99_s if self.normal_p99_s > 0 else math.inf
+
+
+class LatencyBaseline:
+    def __init__(self, window_s: float, baseline_s: float) -> None:
+        self.window_s = window_s
+        self.baseline_s = baseline_s
+        self.window: collections.deque[Interval] = collections.deque()
+        # metric -> bucket -> [(slot start, histogram)], oldest first
+        self.slots: dict[str, dict[str, collections.deque]] = {m: {} for m in METRICS}
+
+    def add(self, t: float, concurrency: float, hists: dict[str, Histogram]) -> None:
+        self.window.append(Interval(t, load_bucket(concurrency), hists))
+        while self.window and t - self.window[0].t >= self.window_s:
+            self._learn(self.window.popleft())
+        self._expire(t)
+
+    def taint(self, metric: str) -> None:
+        """The window shows a regression of `metric`: none of it becomes normal."""
+        for iv in self.window:
+            iv.tainted.add(metric)
+
+    def _learn(self, iv: Interval) -> None:
+        start = math.floor(iv.t / SLOT_S) * SLOT_S
+        for metric, h in iv.hists.items():
+            if metric in iv.tainted or h.count <= 0:
+                continue
+            slots = self.slots[metric].setdefault(iv.bucket, collections.deque())
+            if slots and slots[-1][0] == start:
+                slots[-1] = (start, slots[-1][1].plus(h))
+            else:
+                slots.append((start, h))
+
+    def _expire(self, now: float) -> None:
+        for by_bucket in self.slots.values():
+            for bucket, slots in list(by_bucket.items()):
+                while slots and now - slots[0][0] > self.baseline_s + SLOT_S:
+                    slots.popleft()
+                if not slots:
+                    del by_bucket[bucket]
+
+    def current(self, metric: str) -> dict[str, Histogram]:
+        """The window's observations of `metric`, per load bucket."""
+        out: dict[str, Histogram] = {}
+        for iv in self.window:
+            h = iv.hists.get(metric)
+            if h is not None and h.count > 0:
+                out[iv.bucket] = out[iv.bucket].plus(h) if iv.bucket in out else h
+        return out
+
+    def normal(self, metric: str, bucket: str) -> Histogram:
+        total = Histogram()
+        for _, h in self.slots[metric].get(bucket, ()):
+            total = total.plus(h)
+        return total
+
+    def compare(self, metric: str, min_samples: int, normal_min_samples: int) -> list[Comparison]:
+        """Each bucket of the window with enough observations, against its normal
+        (buckets whose normal has too few observations give no verdict)."""
+        out = []
+        for bucket, cur in self.current(metric).items():
+            if cur.count < max(1, min_samples):
+                continue
+            base = self.normal(metric, bucket)
+            if base.count < normal_min_samples:
+                continue
+            p99, b99 = cur.quantile(0.99), base.quantile(0.99)
+            if p99 is None or b99 is None:
+                continue
+            out.append(Comparison(metric, bucket, p99, b99, int(cur.count), int(base.count)))
+        return out
+
+    def normals(self) -> dict[str, dict[str, float | None]]:
+        """{metric: {bucket: normal p99}} for /v1/engine."""
+        return {m: {b: self.normal(m, b).quantile(0.99) for b in sorted(self.slots[m], key=_bucket_order)}
+                for m in METRICS}
+
+
+def _bucket_order(label: str) -> int:
+    return int(label.split("-")[0].rstrip("+"))
