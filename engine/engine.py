@@ -10,6 +10,7 @@ error; a CUDA error (sticky: the context is lost) fails every request and health
 from __future__ import annotations
 
 import contextlib
+import gc
 import itertools
 import logging
 import queue
@@ -150,6 +151,11 @@ class Engine:
         if self._started:
             return
         self._started = True
+        # Everything built so far (torch, the model, the server's modules) lives as long as
+        # the process: take it out of the garbage collector's full passes, whose pauses stop
+        # every thread (vLLM does the same).
+        gc.collect()
+        gc.freeze()
         self.poller.start()
         self._loop.start()
 
@@ -230,9 +236,12 @@ class Engine:
                 retries, ooms = ms.get("num_alloc_retries", 0), ms.get("num_ooms", 0)
             except Exception:  # noqa: BLE001
                 pass
+        cache = self.scheduler.cache
         return dict(requests_running=self._running_count, requests_waiting=self.scheduler.num_waiting,
-                    kv_pages_total=self.pool.total, kv_pages_free=self.scheduler.cache.free,
-                    allocator_retries=retries, allocator_ooms=ooms, stream_errors=self._stream_errors)
+                    kv_pages_total=self.pool.total, kv_pages_free=cache.free,
+                    allocator_retries=retries, allocator_ooms=ooms, stream_errors=self._stream_errors,
+                    prefix_cache_queries=cache.stats.queries, prefix_cache_hits=cache.stats.hits,
+                    prefix_cache_pages=cache.cached_pages)
 
     def _on_stream_error(self, exc: BaseException) -> None:
         self._stream_errors += 1

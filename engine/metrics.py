@@ -29,6 +29,9 @@ TIME_TO_FIRST_TOKEN_SECONDS = "zerod_engine_time_to_first_token_seconds"
 INTER_TOKEN_LATENCY_SECONDS = "zerod_engine_inter_token_latency_seconds"
 E2E_REQUEST_LATENCY_SECONDS = "zerod_engine_e2e_request_latency_seconds"
 STEP_SECONDS = "zerod_engine_step_seconds"
+PREFIX_CACHE_QUERIES_TOTAL = "zerod_engine_prefix_cache_queries_total"
+PREFIX_CACHE_HITS_TOTAL = "zerod_engine_prefix_cache_hits_total"
+PREFIX_CACHE_PAGES = "zerod_engine_prefix_cache_pages"
 
 _LAT = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5,
         0.75, 1.0, 2.5, 5.0, 10.0)
@@ -67,6 +70,12 @@ class _EngineCollector:
         yield CounterMetricFamily(_family(STREAM_ERRORS_TOTAL),
                                   "CUDA errors surfaced by an event or stream query (other than not-ready).",
                                   value=s["stream_errors"])
+        yield CounterMetricFamily(_family(PREFIX_CACHE_QUERIES_TOTAL),
+                                  "Prompt tokens looked up in the prefix cache.", value=s["prefix_cache_queries"])
+        yield CounterMetricFamily(_family(PREFIX_CACHE_HITS_TOTAL),
+                                  "Prompt tokens whose KV the prefix cache had.", value=s["prefix_cache_hits"])
+        yield GaugeMetricFamily(PREFIX_CACHE_PAGES, "KV pages holding cached prefixes (counted as free "
+                                "when no request uses them).", value=s["prefix_cache_pages"])
 
 
 class EngineMetrics:

@@ -68,7 +68,8 @@ _OWN = {n: (n,) for n in (
     names.REQUESTS_RUNNING, names.REQUESTS_WAITING, names.KV_PAGES_TOTAL, names.KV_PAGES_FREE,
     names.ALLOCATOR_RETRIES_TOTAL, names.ALLOCATOR_OOMS_TOTAL, names.STREAM_ERRORS_TOTAL,
     names.GENERATION_TOKENS_TOTAL, names.PROMPT_TOKENS_TOTAL,
-    names.TIME_TO_FIRST_TOKEN_SECONDS, names.INTER_TOKEN_LATENCY_SECONDS)}
+    names.TIME_TO_FIRST_TOKEN_SECONDS, names.INTER_TOKEN_LATENCY_SECONDS,
+    names.PREFIX_CACHE_QUERIES_TOTAL, names.PREFIX_CACHE_HITS_TOTAL, names.PREFIX_CACHE_PAGES)}
 
 PRESETS = {
     "zerod": EnginePreset("zerod", 8000, True, "ZEROD_API_KEY", _OWN),
@@ -79,6 +80,8 @@ PRESETS = {
         names.PROMPT_TOKENS_TOTAL: ("vllm:prompt_tokens_total",),
         names.TIME_TO_FIRST_TOKEN_SECONDS: ("vllm:time_to_first_token_seconds",),
         names.INTER_TOKEN_LATENCY_SECONDS: ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"),
+        names.PREFIX_CACHE_QUERIES_TOTAL: ("vllm:prefix_cache_queries_total",),
+        names.PREFIX_CACHE_HITS_TOTAL: ("vllm:prefix_cache_hits_total",),
     }),
     "sglang": EnginePreset("sglang", 30000, False, None, {
         names.REQUESTS_RUNNING: ("sglang:num_running_reqs",),

@@ -127,6 +127,9 @@ class Views:
             "allocator_retries_total": num(names.ALLOCATOR_RETRIES_TOTAL),
             "allocator_ooms_total": num(names.ALLOCATOR_OOMS_TOTAL),
             "stream_errors_total": num(names.STREAM_ERRORS_TOTAL),
+            "prefix_cache_queries_total": num(names.PREFIX_CACHE_QUERIES_TOTAL),
+            "prefix_cache_hits_total": num(names.PREFIX_CACHE_HITS_TOTAL),
+            "prefix_cache_pages": num(names.PREFIX_CACHE_PAGES),
             "history": {k: lat["history"].get(k, []) for k in HISTORY_KEYS},
         }
 

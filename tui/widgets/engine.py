@@ -74,6 +74,9 @@ class EnginePanel(Vertical):
             used = total - free
             kv = Text(f"{used:.0f}/{total:.0f} ", no_wrap=True)
             kv.append(f"{used / total * 100:.0f}%", "bold red" if used / total > 0.95 else "bold")
+            q, hits = engine.get("prefix_cache_queries_total"), engine.get("prefix_cache_hits_total")
+            if q:
+                kv.append(f"  cache {hits / q * 100:.0f}% hit", "dim")
         else:
             kv = Text(fmt.NA)
         self.query_one(".m-kv", MetricRow).set(kv, fmt.series(h.get("kv_pages_used")), hi=total)
