@@ -78,6 +78,12 @@ def main() -> None:
             if old is not None:
                 rows[i] = (name, v, round(old, 3), op, tgt)
     ref_name = "before" if oa else "run A"
+    ff, fs = load(d, "fixed-first-burst"), load(d, "fixed-s200")
+    if fs:
+        rows += [("fixed budget: s200 tok/s", g(fs, "streams-200", "output_throughput"), None, "", None),
+                 ("fixed budget: s200 TTFT p99", g(fs, "streams-200", "ttft_ms", "p99"), None, "", None),
+                 ("fixed budget: 1st burst tok/s", g(ff, "streams-200", "output_throughput"), None, "", None),
+                 ("fixed budget: 1st TTFT p99", g(ff, "streams-200", "ttft_ms", "p99"), None, "", None)]
     print(f"{'figure':30} {'measured':>10} {ref_name:>8} {'target':>9}  ok")
     for name, v, ref, op, tgt in rows:
         ok = ""
