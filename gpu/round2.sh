@@ -86,8 +86,9 @@ stop; pack
 
 if [ "${FIXED:-1}" = 1 ]; then   # this tree with the fixed chunk budget of before: the scheduler's share
   stamp "2a this tree, fixed 2048-token chunk budget"
-  SERVE_X="$SERVE_X --min-prefill-chunk 2048 --target-itl-ms 100000"
+  SAVED_X=$SERVE_X; SERVE_X="$SERVE_X --min-prefill-chunk 2048 --target-itl-ms 100000"
   serve "$M8" "$W/serve-fixed.log" || { pack; exit 1; }
+  SERVE_X=$SAVED_X
   timeout 60 $B --scenario streams-200 --warmup 0 --out "$W/fixed-first-burst.json" > "$W/fixed-first-burst.txt" 2>&1
   timeout 60 $B --scenario streams-200 --out "$W/fixed-s200.json" > "$W/fixed-s200.txt" 2>&1
   stop; pack
