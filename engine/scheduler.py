@@ -142,7 +142,12 @@ class Scheduler:
     # ------------------------------------------------------------------ a step
     def schedule(self) -> Batch:
         self._admit()
-        budget = self._chunk_budget() if self.decoding else self.cfg.prefill_token_cap
+        if not self.prefilling:
+            budget = 0                     # nothing to prefill: no budget to work out
+        elif self.decoding:
+            budget = self._chunk_budget()
+        else:
+            budget = self.cfg.prefill_token_cap
         chunks: list[Chunk] = []
         for r in self.prefilling:
             if budget <= 0:

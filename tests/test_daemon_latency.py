@@ -37,7 +37,8 @@ class SimEngine:
 
     def gauges(self) -> dict:
         return {"requests_running": self.streams, "requests_waiting": 0, "kv_pages_free": 1000,
-                "kv_pages_total": 8192, "allocator_retries": 0, "allocator_ooms": 0, "stream_errors": 0}
+                "kv_pages_total": 8192, "allocator_retries": 0, "allocator_ooms": 0, "stream_errors": 0,
+                "prefix_cache_queries": 0, "prefix_cache_hits": 0, "prefix_cache_pages": 0}
 
     def second(self) -> None:
         """One second of traffic (ITL observations scaled down: 4 per stream)."""
