@@ -69,7 +69,8 @@ class Preflight:
                  spec: EngineSpec | None = None) -> None:
         self.spec = spec or EngineSpec(DEFAULT_NAME, (), {})
         if self.spec.tagged:  # this engine's flags and GPUs, not the shared [engine] table's
-            doctor = {**(config.get("doctor") or {}), "gpus": list(self.spec.gpus)}
+            doctor = {**(config.get("doctor") or {}), "gpus": list(self.spec.gpus),
+                      "engine_env": {**((config.get("daemon") or {}).get("engine_env") or {}), **self.spec.env}}
             config = {**config, "engine": self.spec.flags(), "doctor": doctor}
         cfg = DoctorConfig.from_config(config)
         if api_key_set:  # a systemd credential, not [engine] api_key
