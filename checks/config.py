@@ -31,6 +31,7 @@ class DoctorConfig:
     max_num_seqs: int = 256
     dtype: str = "auto"
     load_format: str = "auto"  # "dummy": random weights, nothing to find on disk
+    engine_env: dict[str, str] = field(default_factory=dict)  # from [daemon] engine_env: NCCL_* for gpu.p2p
     # net.bind_exposure
     bind_address: str = "127.0.0.1"
     api_key_set: bool = False
@@ -116,4 +117,8 @@ class DoctorConfig:
     def from_config(cls, config: dict[str, dict[str, Any]] | None) -> "DoctorConfig":
         """From the whole config as `zerod.config.load_config` returns it."""
         config = config or {}
-        return cls.from_dict(config.get("doctor"), engine=config.get("engine"))
+        doctor = dict(config.get("doctor") or {})
+        env = (config.get("daemon") or {}).get("engine_env")
+        if isinstance(env, dict) and "engine_env" not in doctor:
+            doctor["engine_env"] = env
+        return cls.from_dict(doctor, engine=config.get("engine"))

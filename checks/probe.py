@@ -6,7 +6,8 @@ import datetime as _dt
 import os
 import time
 
-from . import probe_container, probe_model, probe_net, probe_nvml, probe_procfs, probe_sysfs, probe_torch
+from . import (probe_container, probe_links, probe_model, probe_net, probe_nvml, probe_procfs, probe_sysfs,
+               probe_torch)
 from .config import DoctorConfig
 from .facts import Facts, Roots, read_text
 from .gpu_processes import scan_gpu_processes
@@ -39,6 +40,7 @@ def probe_facts(roots: Roots | dict | None = None, config: DoctorConfig | None =
     step("procfs", probe_procfs.probe, roots)
     step("sysfs", probe_sysfs.probe, roots)
     step("nvml", probe_nvml.probe)
+    step("links", probe_links.probe, roots)  # NVLink, P2P, IOMMU, NCCL variables: what TP needs
     step("container", probe_container.probe, roots)  # after NVML: the GPUs are up when it opens them
     step("processes", _processes, roots)
     step("fabric", _fabric_manager, roots)

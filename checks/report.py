@@ -16,6 +16,7 @@ CATALOGUE = (
     "gpu.driver_loaded", "gpu.compute_capability", "gpu.driver_version", "gpu.cuda_compat",
     "gpu.persistence_mode", "gpu.ecc_health", "gpu.recovery_action", "gpu.firmware", "gpu.pcie_link",
     "gpu.clock_events", "gpu.mig_mode", "gpu.compute_mode", "gpu.fabric_manager",
+    "gpu.nvlink", "gpu.p2p",
     "gpu.foreign_processes", "gpu.memory_headroom", "gpu.xid_recent",
     "kernel.version", "kernel.io_uring", "kernel.numa_balancing", "numa.gpu_affinity",
     "host.iommu", "host.container_runtime",

@@ -121,3 +121,60 @@ def test_checking_engine_keys_does_not_import_torch():
     r = subprocess.run([sys.executable, "-c", "import sys, zerod.cmd_config; print('torch' in sys.modules)"],
                        cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.stdout.strip() == "False", r.stderr
+
+
+FLEET = """
+[engine]
+model = "demo"
+[[engines]]
+name = "a"
+gpus = [0, 1]
+port = 8001
+[[engines]]
+name = "b"
+gpus = [2]
+port = 8002
+max_num_seqs = 8
+"""
+
+
+def fleet_refusals(text: str) -> list[str]:
+    return check_config(tomllib.loads(text))
+
+
+def test_engines_tables_each_with_its_gpus_port_and_flags(tmp_path):
+    (tmp_path / "z.toml").write_text(FLEET)
+    r = CliRunner().invoke(config_command, ["check", str(tmp_path / "z.toml")])
+    assert r.exit_code == 0 and r.output.endswith(": OK\n")
+    (tmp_path / "z.toml").write_text(FLEET.replace("gpus = [2]", "gpus = [1]"))
+    r = CliRunner().invoke(config_command, ["check", str(tmp_path / "z.toml")])
+    assert r.exit_code == 78 and "GPU 1 is in [engines.a] already" in r.output
+    assert fleet_refusals(FLEET) == []
+    assert fleet_refusals(FLEET + 'tensor_parallel_size = 1\n') == []  # said explicitly: must match its GPUs
+    assert fleet_refusals('[engine]\nmodel = "demo"\ntensor_parallel_size = 2\n') == []  # accepted before serve has it
+
+
+@pytest.mark.parametrize("extra, expected", [
+    ('[[engines]]\nname = "a"\ngpus = [3]\nport = 8003\n',
+     ['[engines.2] name = "a": is the name of engines.0 too: names must differ']),
+    ('[[engines]]\nname = "c"\ngpus = [1, 3]\nport = 8003\n',
+     ["[engines.c] gpus = [1, 3]: GPU 1 is in [engines.a] already: a GPU serves one engine"]),
+    ('[[engines]]\nname = "c"\ngpus = [3]\nport = 8002\n',
+     ["[engines.c] port = 8002: is the port of [engines.b] already"]),
+    ('[[engines]]\nname = "c"\ngpus = [3, 3]\nport = 8003\n', ["[engines.c] gpus = [3, 3]: lists a GPU twice"]),
+    ('[[engines]]\nname = "c d"\ngpus = [3]\nport = 8003\n',
+     ['[engines.2] name = "c d": must be 1-32 of A-Z a-z 0-9 _ . - (the engine\'s label)']),
+    ('[[engines]]\nname = "c"\nport = 8003\n',
+     ["[engines.c] gpus is not set: the GPU indexes this engine runs on, e.g. gpus = [0]"]),
+    ('[[engines]]\nname = "c"\ngpus = [3]\n', ["[engines.c] port is not set: each engine listens on a port of its own"]),
+    ('[[engines]]\nname = "c"\ngpus = [3, 4]\nport = 8003\ntensor_parallel_size = 4\n',
+     ["[engines.c] tensor_parallel_size = 4: must equal the number of its GPUs (2), or be left out"]),
+    ('[[engines]]\nname = "c"\ngpus = [3]\nport = 8003\nmax_num_seqs = 0\n',
+     ["[engines.c] max_num_seqs = 0: 0 is not in the range x>=1 (zerod serve --max-num-seqs)"]),
+    ('[daemon]\ngpu_index = 1\n', ["[daemon] gpu_index = 1: with [[engines]], each entry's gpus say it"]),
+])
+def test_engines_refusals(extra, expected):
+    text = FLEET + extra
+    if extra.startswith("[daemon]"):
+        text = extra + FLEET
+    assert fleet_refusals(text) == expected

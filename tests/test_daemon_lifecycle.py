@@ -295,8 +295,10 @@ engine_command = ["{sys.executable}", "{script}", "{port}", "{state}"]
         d.wait_message("READY=1", timeout=30)
         _, st = d.api()
         assert set(st) == {"version", "host", "daemon_pid", "started_at", "uptime_s", "write_actions",
-                           "paused", "engine", "preflight"}
+                           "paused", "engine", "preflight", "engines"}
         assert set(st["engine"]) == {"state", "up", "pid", "kind", "url", "model", "restarts", "numa_node", "cpus"}
+        [only] = st["engines"]  # the one [engine] engine, named "default", the same as "engine"
+        assert only["name"] == "default" and {k: only[k] for k in st["engine"]} == st["engine"]
         assert st["write_actions"] is False
         _, g = d.api("/v1/gpus")
         assert set(g) == {"nvml", "gpus"} and set(g["nvml"]) == {"ok", "error", "driver_version"}

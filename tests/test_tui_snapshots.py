@@ -115,3 +115,17 @@ def test_eight_gpus_and_many_processes_120x40(snap_compare, daemon):
         procs.append(p)
     app = app_for(daemon)
     assert snap_compare(app, terminal_size=(120, 40), run_before=loaded(app))
+
+
+def test_two_engines_120x40(snap_compare, daemon):
+    """A 2 x TP1 host ([[engines]]): a line per engine under the top row, the second
+    restarting after a crash (/v1/gpus carries each GPU's engine too)."""
+    first = dict(daemon.data["status"]["engine"], name="llama-a", gpus=[0])
+    second = dict(first, name="llama-b", gpus=[1], state="restarting", restarts=2, pid=None,
+                  url="http://127.0.0.1:8002")
+    daemon.data["status"]["engines"] = [first, second]
+    gpu = daemon.data["gpus"]["gpus"][0]
+    daemon.data["gpus"]["gpus"] = [dict(copy.deepcopy(gpu), engine="llama-a"),
+                                   dict(copy.deepcopy(gpu), index=1, engine="llama-b")]
+    app = app_for(daemon)
+    assert snap_compare(app, terminal_size=(120, 40), run_before=loaded(app))

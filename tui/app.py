@@ -26,6 +26,7 @@ from zerod.tui.screens.help import HelpScreen, help_text
 from zerod.tui.widgets.alerts import AlertTable
 from zerod.tui.widgets.banner import Banner, banner_text
 from zerod.tui.widgets.engine import EnginePanel
+from zerod.tui.widgets.engines import EngineList
 from zerod.tui.widgets.gpu import GpuList
 from zerod.tui.widgets.line import set_title
 from zerod.tui.widgets.preflight import PreflightPanel
@@ -73,6 +74,7 @@ class ZerodTop(App[None]):
             with Horizontal(id="top"):
                 yield PreflightPanel(id="preflight", classes="panel")
                 yield EnginePanel(id="engine", classes="panel")
+            yield EngineList(id="engines", classes="panel")
             yield GpuList(id="gpus")
             with Horizontal(id="bottom"):
                 with Vertical(id="processes", classes="panel"):
@@ -89,6 +91,7 @@ class ZerodTop(App[None]):
         self.main.query_one("#alerts").border_title = "Alerts"
         self.main.query_one("#filter").display = False
         self.main.query_one("#banner").display = False
+        self.main.query_one("#engines").display = False
         self.main.query_one(ProcessTable).focus()
         self._render_status()
         self.set_interval(self.interval, self._tick)
@@ -191,6 +194,7 @@ class ZerodTop(App[None]):
         narrow = self.narrow
         self.main.query_one(PreflightPanel).show(snap.status, snap.checks, snap.gpus, now=now, narrow=narrow)
         self.main.query_one(EnginePanel).show(snap.status, snap.engine, snap.alerts, narrow)
+        self.main.query_one(EngineList).show(snap.status, narrow)
         self.main.query_one(GpuList).show(snap.gpus, narrow)
         self._render_processes(snap)
         alerts = [a for a in (snap.alerts.get("alerts") or []) if isinstance(a, dict)]

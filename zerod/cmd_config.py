@@ -4,7 +4,8 @@ each; exit 0 or 78 (EX_CONFIG). `zerod run` refuses the same things the same way
 
 Each section's schema has one owner: `[daemon]` and `[alerts]` the dataclasses
 of zerod.daemon_config, `[doctor]` zerod.checks.config.DoctorConfig (its types
-here, its ranges its own), `[engine]` the options of `zerod serve` itself.
+here, its ranges its own), `[engine]` the options of `zerod serve` itself, `[[engines]]` zerod.fleet
+(and each entry's flags `zerod serve`'s options).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from zerod.config_schema import check_options, check_table, refusal
 from zerod.daemon_config import AlertsConfig, DaemonConfig, DaemonConfigError
 from zerod.engine.cli import serve
 from zerod.engines import PRESETS
+from zerod.fleet import OWN_KEYS, engine_refusals, engine_specs
 from zerod.watchers.nvml_stats import CLOCK_EVENT_REASONS
 from zerod.cli import CONTEXT_SETTINGS
 
@@ -37,17 +39,40 @@ def check_config(config: dict[str, dict[str, Any]], *, demo: bool = False) -> li
     _section(config, "alerts", AlertsConfig, out)
     engine = config.get("engine") or {}
     kind = daemon.engine if daemon else "zerod"
-    engine_refusals = check_options(serve, "engine", engine) if kind == "zerod" else _other_engine(kind, engine)
-    out += engine_refusals
+    flag_refusals = _flags(kind, "engine", engine)
+    fleet = engine_refusals(config)
+    flag_refusals += fleet
     engine_command = daemon.engine_command if daemon else (config.get("daemon") or {}).get("engine_command")
-    if "model" not in engine and not demo and not engine_command:
-        out.append(MODEL_MISSING)
+    if config.get("engines") is None:
+        if "model" not in engine and not demo and not engine_command:
+            out.append(MODEL_MISSING)
+    elif not fleet:
+        for entry, spec in zip(config["engines"], engine_specs(config)):
+            own = {k: v for k, v in entry.items() if k not in OWN_KEYS}
+            flag_refusals += _flags(kind, f"engines.{spec.name}", own)
+            if "model" not in spec.section and not demo and not spec.command:
+                out.append(f"[engines.{spec.name}] model is not set (nor in [engine]): " + MODEL_MISSING.split(": ", 1)[1])
+    out += flag_refusals
     reasons = (config.get("daemon") or {}).get("throttle_alert_reasons", [])
     if (isinstance(reasons, list) and all(isinstance(r, str) for r in reasons)
             and not set(reasons) <= set(CLOCK_EVENT_REASONS.values())):
         out.append(refusal("daemon", "throttle_alert_reasons", reasons,
                            f"each must be one of {', '.join(CLOCK_EVENT_REASONS.values())}"))
-    out += _doctor(config, engine_ok=not engine_refusals)
+    out += _doctor(config, engine_ok=not flag_refusals)
+    return out
+
+
+def _flags(kind: str, section: str, table: dict[str, Any]) -> list[str]:
+    """The engine's flags: zerod serve's own options, or another engine's values.
+    `tensor_parallel_size` is accepted explicitly for zerod (a whole number >= 1),
+    whether or not this build's `zerod serve` has the option yet."""
+    if kind != "zerod":
+        return _other_engine(kind, table)
+    table = dict(table)
+    tp = table.pop("tensor_parallel_size", None)
+    out = check_options(serve, section, table)
+    if tp is not None and (not isinstance(tp, int) or isinstance(tp, bool) or tp < 1):
+        out.append(refusal(section, "tensor_parallel_size", tp, "must be a whole number >= 1"))
     return out
 
 

@@ -2,7 +2,7 @@
 
 `/etc/zerod/zerod.toml` by default, or `--config FILE`. Each room turns its own
 section (a plain dict) into its own validated dataclass:
-`[doctor]` -> zerod.checks, `[engine]` -> zerod.engine, `[daemon]` and `[alerts]`
+`[doctor]` -> zerod.checks, `[engine]` -> zerod.engine, `[[engines]]` -> zerod.fleet, `[daemon]` and `[alerts]`
 -> the daemon. This module only reads the file and refuses what it cannot read.
 """
 
@@ -15,6 +15,7 @@ from typing import Any
 
 DEFAULT_PATH = Path("/etc/zerod/zerod.toml")
 SECTIONS = ("doctor", "engine", "daemon", "alerts")
+ENGINES = "engines"  # [[engines]]: an array of tables, one per engine (zerod.fleet)
 
 
 class ConfigError(Exception):
@@ -38,10 +39,10 @@ def load_config(path: str | os.PathLike[str] | None = None) -> dict[str, dict[st
         data = tomllib.loads(raw.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{p} is not valid TOML: {exc}") from None
-    unknown = sorted(set(data) - set(SECTIONS))
+    unknown = sorted(set(data) - set(SECTIONS) - {ENGINES})
     if unknown:
         raise ConfigError(
-            f"{p}: unknown section(s) {', '.join(unknown)}; known: {', '.join(SECTIONS)}"
+            f"{p}: unknown section(s) {', '.join(unknown)}; known: {', '.join(SECTIONS)}, [[{ENGINES}]]"
         )
     out: dict[str, dict[str, Any]] = {}
     for s in SECTIONS:
@@ -49,4 +50,6 @@ def load_config(path: str | os.PathLike[str] | None = None) -> dict[str, dict[st
         if not isinstance(section, dict):
             raise ConfigError(f"{p}: [{s}] must be a table")
         out[s] = section
+    if ENGINES in data:  # checked by zerod.fleet, with the rest of the file
+        out[ENGINES] = data[ENGINES]
     return out

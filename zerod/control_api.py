@@ -14,7 +14,7 @@ import stat
 
 from aiohttp import web
 
-from zerod.views import Views
+from zerod.views import NoSuchEngine, Views
 from zerod.watchers.gpu_processes import process_start_time
 
 log = logging.getLogger("zerod.control")
@@ -30,6 +30,15 @@ def make_app(views: Views) -> web.Application:
     def doc(build):
         async def handler(_req):
             return web.json_response(build())
+        return handler
+
+    def engine_doc(build):
+        """A document of one engine: ?engine=NAME, or the first engine."""
+        async def handler(req):
+            try:
+                return web.json_response(build(req.query.get("engine")))
+            except NoSuchEngine as exc:
+                return web.json_response({"error": str(exc)}, status=404)
         return handler
 
     async def signal_process(req):
@@ -82,11 +91,12 @@ def make_app(views: Views) -> web.Application:
 
     app.middlewares.append(errors)
     app.router.add_get("/v1/status", doc(views.status))
-    app.router.add_get("/v1/checks", doc(views.checks))
+    app.router.add_get("/v1/checks", engine_doc(views.checks))
     app.router.add_get("/v1/gpus", doc(views.gpus))
     app.router.add_get("/v1/processes", doc(views.processes_doc))
     app.router.add_get("/v1/alerts", doc(views.alerts))
-    app.router.add_get("/v1/engine", doc(views.engine))
+    app.router.add_get("/v1/engine", engine_doc(views.engine))
+    app.router.add_get("/v1/engines", doc(views.engines_doc))
     app.router.add_post("/v1/processes/{pid}/signal", signal_process)
     return app
 

@@ -7,6 +7,12 @@
     -> SIGTERM or SIGINT: STOPPING=1, drain the engine, exit 0; a second one
        stops at once
 
+Several engines ([[engines]], zerod.fleet): a preflight, a supervisor, a
+metrics and a latency watcher per engine, each child pinned to its GPUs' NUMA
+node with CUDA_VISIBLE_DEVICES set to its GPUs; one host-wide NVML, process and
+XID watcher (a foreign process is attributed to the engines of its GPUs);
+READY=1 once every engine has answered its /health; each engine restarted alone.
+
 Exit codes: 0 stopped; 78 (EX_CONFIG) refused to start — a bad config, a
 failing preflight check or an endpoint it may not open (the unit's
 RestartPreventExitStatus=78 keeps systemd from retrying a host that needs a
@@ -28,10 +34,11 @@ from zerod import numa
 from zerod.alerts import AlertBook, AlertmanagerPusher
 from zerod.daemon_config import AlertsConfig, DaemonConfig
 from zerod.engines import PRESETS
+from zerod.fleet import EngineSpec, engine_specs
 from zerod.preflight import Preflight, PreflightRefused, RecheckWatcher
 from zerod.sdnotify import Notifier
 from zerod.supervisor import EngineSupervisor, api_key_credential, engine_argv, engine_env, engine_url
-from zerod.views import Views
+from zerod.views import EngineView, Views
 from zerod.watchers import Watcher
 from zerod.watchers.compute_mode import ComputeModeGuard
 from zerod.watchers.engine_metrics import EngineMetricsWatcher
@@ -54,9 +61,11 @@ class Daemon:
                  env: dict[str, str] | None = None) -> None:
         self.cfg = DaemonConfig.from_dict(config.get("daemon"))
         self.alerts_cfg = AlertsConfig.from_dict(config.get("alerts"))
-        self.engine_section = dict(config.get("engine") or {})
+        self.specs = engine_specs(config, self.cfg.gpu_index)
         if demo:
-            self.engine_section.setdefault("model", "demo")
+            for spec in self.specs:
+                spec.section.setdefault("model", "demo")
+        self.engine_section = self.specs[0].section
         self.demo = demo
         self.host = socket.gethostname()
         self.started_at = time.time()
@@ -64,12 +73,15 @@ class Daemon:
         self.notifier = notifier or Notifier()
         self.nvml = NvmlSession(nvml, self.cfg.nvml_retry_s)
         self.api_key = api_key_credential(env)
-        self.preflight = Preflight(config, self.book, enabled=self.cfg.preflight, demo=demo,
-                                   api_key_set=bool(self.api_key), host=self.host)
+        self.preflights = [Preflight(config, self.book, enabled=self.cfg.preflight, demo=demo,
+                                     api_key_set=bool(self.api_key), host=self.host, spec=spec)
+                           for spec in self.specs]
+        self.preflight = self.preflights[0]
         self.sysfs = sysfs
         self._scan = scan
         self._proc_roots = proc_roots
-        self.supervisor: EngineSupervisor | None = None
+        self.supervisor: EngineSupervisor | None = None  # the first engine's
+        self.supervisors: list[EngineSupervisor] = []
         self.watchers: list[Watcher] = []
         self.views: Views | None = None
         self.netlink = None
@@ -82,56 +94,91 @@ class Daemon:
         self._watchdog_note = ""
 
     # ------------------------------------------------------------------ the parts
-    def _binding(self) -> numa.Binding:
+    def _binding(self, spec: EngineSpec) -> numa.Binding:
+        """The NUMA node of the engine's GPUs (one node for all of them, else not pinned)."""
+        named = f"engine {spec.name}" if spec.tagged else "engine"
         if self.cfg.numa == "off":
             return numa.Binding(None, [], self.cfg.numa_memory_policy, "[daemon] numa = \"off\"")
-        dev = self.nvml.device(self.cfg.gpu_index) if self.nvml.ok else None
-        b = numa.plan_binding(dev.bus_id if dev else None, self.cfg.numa_memory_policy, self.sysfs)
+        plans = []
+        for gpu in spec.gpus:
+            dev = self.nvml.device(gpu) if self.nvml.ok else None
+            plans.append(numa.plan_binding(dev.bus_id if dev else None, self.cfg.numa_memory_policy, self.sysfs))
+        b = plans[0]
+        nodes = sorted({p.node for p in plans if p.node is not None})
+        if len(nodes) > 1:
+            b = numa.Binding(None, [], self.cfg.numa_memory_policy,
+                             f"its GPUs {', '.join(map(str, spec.gpus))} are on NUMA nodes {', '.join(map(str, nodes))}")
         if b.active:
-            log.info("engine pinned to NUMA node %d (CPUs %s, memory %s): %s", b.node, b.cpulist, b.policy, b.reason)
+            log.info("%s pinned to NUMA node %d (CPUs %s, memory %s): %s", named, b.node, b.cpulist, b.policy,
+                     b.reason)
         else:
-            log.warning("engine not pinned: %s", b.reason)
+            log.warning("%s not pinned: %s", named, b.reason)
         return b
 
+    def _supervisor(self, spec: EngineSpec) -> EngineSupervisor:
+        cfg = self.cfg
+        preset = PRESETS[cfg.engine]
+        command = spec.command or cfg.engine_command
+        section = spec.flags()
+        return EngineSupervisor(
+            command or engine_argv(section, self.demo, cfg.engine),
+            engine_url(section, cfg), cfg, self.book, self.notifier, self._binding(spec),
+            model=str(section.get("served_model_name") or section.get("model", "?")),
+            extra_env=engine_env(section, self.api_key, cfg.engine),
+            on_ready=self._on_ready, on_status=self._set_status,
+            pid_required=preset.reports_pid and not command,
+            health_path=preset.health_path, kind=cfg.engine, spec=spec)
+
     def _build(self) -> Views:
-        """The supervisor, the watchers and the views over them (nothing runs yet)."""
+        """The supervisors, the watchers and the views over them (nothing runs yet)."""
         cfg, book = self.cfg, self.book
         preset = PRESETS[cfg.engine]
-        sup = self.supervisor = EngineSupervisor(
-            self.cfg.engine_command or engine_argv(self.engine_section, self.demo, cfg.engine),
-            engine_url(self.engine_section, cfg), cfg, book, self.notifier, self._binding(),
-            model=str(self.engine_section.get("served_model_name") or self.engine_section.get("model", "?")),
-            extra_env=engine_env(self.engine_section, self.api_key, cfg.engine),
-            on_ready=self._on_ready, on_status=self._set_status,
-            pid_required=preset.reports_pid and not cfg.engine_command,
-            health_path=preset.health_path, kind=cfg.engine)
+        self.supervisors = [self._supervisor(spec) for spec in self.specs]
+        self.supervisor = self.supervisors[0]
         nvml_stats = NvmlStatsWatcher(self.nvml, book, cfg, demo=self.demo)
         processes = GpuProcessWatcher(
             book, cfg, allowed=tuple(self.preflight.doctor.allowed_gpu_processes), own_pids=lambda: {os.getpid()},
-            engine_pid=lambda: sup.pid, nvml_ok=lambda: self.nvml.ok, roots=self._proc_roots,
-            scan=self._scan, nvml_session=self.nvml)
+            engines=lambda: [(s.spec, s.pid) for s in self.supervisors], nvml_ok=lambda: self.nvml.ok,
+            roots=self._proc_roots, scan=self._scan, nvml_session=self.nvml)
         xid = XidWatcher(self.nvml, book, cfg)
-        engine_metrics = EngineMetricsWatcher(book, cfg, sup.url, engine_pid=lambda: sup.pid,
-                                              up=lambda: sup.fig.state == "healthy", series=preset.series)
-        latency = LatencyWatcher(book, cfg, engine_metrics,
-                                 recent_foreign=lambda: list(processes.recent_foreign.values()))
-        self.watchers = [nvml_stats, processes, xid, engine_metrics, latency]
-        guard = None
-        if cfg.exclusive_gpu:
-            guard = ComputeModeGuard(self.nvml, book, cfg, engine_pid=lambda: sup.pid,
-                                     engine_up=lambda: sup.fig.state == "healthy")
-            self.watchers.append(guard)
-        if self.cfg.preflight:
-            self.watchers.append(RecheckWatcher(self.preflight, cfg.recheck_interval_s))
+        self.watchers = [nvml_stats, processes, xid]
+        engines = []
+        for sup, preflight in zip(self.supervisors, self.preflights):
+            engines.append(self._engine_parts(sup, preflight, processes, preset))
+            self.watchers += [engines[-1].engine_metrics, engines[-1].latency]
+            if engines[-1].compute_mode is not None:
+                self.watchers.append(engines[-1].compute_mode)
+            if self.cfg.preflight:
+                self.watchers.append(RecheckWatcher(preflight, cfg.recheck_interval_s))
         if cfg.netlink:
             from zerod.watchers.netlink import NetlinkWatcher  # pyroute2: the daemon's, never doctor's
 
             self.netlink = NetlinkWatcher(book, cfg.watch_interval_s, str(self.engine_section.get("host", "127.0.0.1")),
                                           self.preflight.recheck_bind_exposure)
             self.watchers.append(self.netlink)
-        self.views = Views(self.host, self.started_at, cfg.allow_write_actions, book, self.preflight, sup,
-                           nvml_stats, xid, processes, engine_metrics, latency, self.watchers, guard)
+        first = engines[0]
+        self.views = Views(self.host, self.started_at, cfg.allow_write_actions, book, self.preflight,
+                           self.supervisor, nvml_stats, xid, processes, first.engine_metrics, first.latency,
+                           self.watchers, first.compute_mode, engines)
         return self.views
+
+    def _engine_parts(self, sup: EngineSupervisor, preflight: Preflight, processes: GpuProcessWatcher,
+                      preset) -> EngineView:
+        """One engine's watchers: its metrics, its latency (naming the foreign
+        processes on its own GPUs), its compute-mode guard."""
+        cfg, book, spec = self.cfg, self.book, sup.spec
+        engine_metrics = EngineMetricsWatcher(book, cfg, sup.url, engine_pid=lambda: sup.pid,
+                                              up=lambda: sup.fig.state == "healthy", series=preset.series,
+                                              spec=spec)
+        latency = LatencyWatcher(book, cfg, engine_metrics, recent_foreign=lambda: [
+            c for c in processes.recent_foreign.values() if not spec.tagged or spec.name in c["engines"]])
+        guard = None
+        if cfg.exclusive_gpu:
+            guard = ComputeModeGuard(self.nvml, book, cfg, engine_pid=lambda: sup.pid,
+                                     engine_up=lambda: sup.fig.state == "healthy")
+            if spec.tagged:
+                guard.name = f"{guard.name}:{spec.name}"
+        return EngineView(sup, engine_metrics, latency, preflight, guard)
 
     # ------------------------------------------------------------------ life cycle
     def _set_status(self, text: str) -> None:
@@ -140,9 +187,12 @@ class Daemon:
             self.notifier.status(text)
 
     def _on_ready(self) -> None:
+        """READY=1 once every engine has been healthy once."""
+        if self.ready_at is not None or not all(s._ready_sent for s in self.supervisors):
+            return
         self.ready_at = time.time()
-        s = self.supervisor
-        text = f"serving {s.model or '?'} at {s.url} (engine pid {s.pid})"
+        text = "; ".join(f"serving {s.model or '?'} at {s.url} (engine{s.named} pid {s.pid})"
+                         for s in self.supervisors)
         log.info("ready: %s", text)
         self._status_text = text
         self.notifier.ready(text)
@@ -154,8 +204,8 @@ class Daemon:
             self._stop.set()
             return
         log.warning("second %s: stopping now, without waiting for the engine to drain", name)
-        if self.supervisor is not None:
-            self.supervisor.force_stop()
+        for s in self.supervisors:
+            s.force_stop()
 
     async def _start_servers(self, views: Views) -> list:
         from aiohttp import web
@@ -228,8 +278,9 @@ class Daemon:
             allowance = max(3 * w.interval_s, 10.0)
             if not w.progressed_within(allowance, now):
                 return False, f"watcher {w.name} made no progress for {allowance:.0f} s"
-        if self.supervisor and now - self.supervisor.progress_at > max(10.0, 3 * self.cfg.health_timeout_s):
-            return False, "engine supervision made no progress"
+        for s in self.supervisors:
+            if now - s.progress_at > max(10.0, 3 * self.cfg.health_timeout_s):
+                return False, f"engine{s.named} supervision made no progress"
         return True, ""
 
     async def _tick(self) -> None:
@@ -247,12 +298,12 @@ class Daemon:
                 if not ok and why != self._watchdog_note:
                     log.error("withholding WATCHDOG=1: %s", why)
                 self._watchdog_note = why
-            if self.ready_at is not None and self.supervisor is not None:
+            if self.ready_at is not None and self.supervisors:
                 firing = self.book.firing()
-                s = self.supervisor
-                eng = f"engine {s.fig.state}" + (f" (pid {s.pid})" if s.pid else "")
+                eng = "; ".join(f"engine{s.named} {s.fig.state}" + (f" (pid {s.pid})" if s.pid else "")
+                                + f" at {s.url}" for s in self.supervisors)
                 names = sorted({a.alertname for a in firing})
-                self._set_status(f"{eng} at {s.url}; " + (
+                self._set_status(f"{eng}; " + (
                     f"{len(firing)} alert(s) firing: {', '.join(names)}" if firing else "no alerts"))
             await asyncio.sleep(min(1.0, wd_every))
 
@@ -267,7 +318,8 @@ class Daemon:
         try:
             self._set_status("preflight: reading the host")
             try:
-                await loop.run_in_executor(pool, self.preflight.gate)
+                for preflight in self.preflights:
+                    await loop.run_in_executor(pool, preflight.gate)
             except PreflightRefused as exc:
                 log.critical("%s", exc)
                 self._set_status(str(exc).splitlines()[0])
@@ -288,13 +340,13 @@ class Daemon:
             await self._cleanup(loop, pool, tasks, runners)
 
     async def _serve(self, loop, pool, tasks: list[asyncio.Task]) -> int:
-        sup = self.supervisor
         if self.alerts_cfg.alertmanager_url:
             pusher = AlertmanagerPusher(self.book, self.alerts_cfg.alertmanager_url,
                                         self.alerts_cfg.resend_interval_s, self.alerts_cfg.timeout_s,
                                         self.alerts_cfg.labels, instance=self.host)
             tasks.append(asyncio.create_task(pusher.run(), name="alertmanager"))
-        tasks.append(asyncio.create_task(sup.run(), name="supervisor"))
+        tasks += [asyncio.create_task(s.run(), name="supervisor" + s.named.replace(" ", ":"))
+                  for s in self.supervisors]
         tasks += [asyncio.create_task(self._run_watcher(w, pool), name=w.name) for w in self.watchers]
         tick = asyncio.create_task(self._tick(), name="tick")
         tasks.append(tick)
@@ -307,7 +359,7 @@ class Daemon:
                 log.critical("internal task %s ended: %r; stopping", t.get_name(), exc,
                              exc_info=(type(exc), exc, exc.__traceback__) if exc else None)
             self.notifier.stopping(f"internal error in {', '.join(t.get_name() for t in done)}")
-            await sup.stop()
+            await self._stop_engines()
             return EX_FAIL
         tick.cancel()  # the watch loop ends here: no WATCHDOG=1 after STOPPING=1
         again = "Ctrl-C" if self._stop_signal == "SIGINT" else self._stop_signal
@@ -315,23 +367,30 @@ class Daemon:
                  self._stop_signal, self.cfg.drain_timeout_s, again)
         self.notifier.stopping("stopping: draining the engine")
         self.notifier.extend_timeout(self.cfg.drain_timeout_s + 10)
-        rc = await sup.stop()
-        log.info("engine stopped (%s); daemon exits", "exit code %s" % rc if rc is not None else "not running")
+        await self._stop_engines()
         return EX_OK
+
+    async def _stop_engines(self) -> None:
+        """Every engine drains at once (each within drain_timeout_s)."""
+        rcs = await asyncio.gather(*(s.stop() for s in self.supervisors))
+        for s, rc in zip(self.supervisors, rcs):
+            log.info("engine%s stopped (%s)", s.named, "exit code %s" % rc if rc is not None else "not running")
+        log.info("daemon exits")
 
     async def _cleanup(self, loop, pool, tasks: list[asyncio.Task], runners: list) -> None:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        if self.supervisor and self.supervisor.proc and self.supervisor.proc.poll() is None:
-            await self.supervisor.stop(drain_timeout_s=5.0)
+        await asyncio.gather(*(s.stop(drain_timeout_s=5.0) for s in self.supervisors
+                               if s.proc and s.proc.poll() is None))
         if self.views is not None:
-            if self.views.compute_mode is not None:  # the engine has stopped: the GPUs get their mode back
-                await loop.run_in_executor(None, self.views.compute_mode.restore)
+            for e in self.views.engines:
+                if e.compute_mode is not None:  # the engine has stopped: the GPUs get their mode back
+                    await loop.run_in_executor(None, e.compute_mode.restore)
+                await e.engine_metrics.close()
             await loop.run_in_executor(None, self.views.xid.stop)
             if self.netlink is not None:
                 await loop.run_in_executor(None, self.netlink.stop)
-            await self.views.engine_metrics.close()
         for r in runners:
             await r.cleanup()
         if self.control_path:

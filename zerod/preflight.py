@@ -5,6 +5,10 @@ A failing check that is not waived refuses the start (`PreflightRefused`, exit
 78): the refusal names each fix once with the checks it covers. A re-check
 never stops the engine; it raises or resolves `PreflightFailed`. The last
 report is kept for /v1/checks, /v1/status and `zerod_check_status`.
+
+With several engines ([[engines]]) each has a Preflight of its own: the checks
+judge its GPUs, its model and its flags; a refusal names the engine, and its
+PreflightFailed alerts and check series carry its name.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from zerod.alerts import AlertBook
 from zerod.checks import probe_facts, run_checks
 from zerod.checks.config import DoctorConfig
 from zerod.checks.report import CATALOGUE, CheckResult, Report
+from zerod.fleet import DEFAULT_NAME, EngineSpec
 from zerod.watchers import Watcher
 
 log = logging.getLogger("zerod.preflight")
@@ -60,7 +65,13 @@ def refusal_text(failing: list[CheckResult], demo: bool) -> str:
 
 class Preflight:
     def __init__(self, config: dict[str, dict[str, Any]], book: AlertBook, *, enabled: bool = True,
-                 demo: bool = False, api_key_set: bool = False, host: str = "") -> None:
+                 demo: bool = False, api_key_set: bool = False, host: str = "",
+                 spec: EngineSpec | None = None) -> None:
+        self.spec = spec or EngineSpec(DEFAULT_NAME, (), {})
+        if self.spec.tagged:  # this engine's flags and GPUs, not the shared [engine] table's
+            doctor = {**(config.get("doctor") or {}), "gpus": list(self.spec.gpus),
+                      "engine_env": {**((config.get("daemon") or {}).get("engine_env") or {}), **self.spec.env}}
+            config = {**config, "engine": self.spec.flags(), "doctor": doctor}
         cfg = DoctorConfig.from_config(config)
         if api_key_set:  # a systemd credential, not [engine] api_key
             cfg = dataclasses.replace(cfg, api_key_set=True)
@@ -96,7 +107,9 @@ class Preflight:
                 log.warning("preflight: %s %s: %s", x.id, x.status, x.message)
         failing = report.failing()
         if failing:
-            raise PreflightRefused(refusal_text(failing, self.demo))
+            text = refusal_text(failing, self.demo)
+            raise PreflightRefused(text.replace("refusing to start:", f"refusing to start engine {self.spec.name}:", 1)
+                                   if self.spec.tagged else text)
 
     def _log_waivers(self, report: Report) -> None:
         demo_waived = sorted(k for k, v in report.waived.items() if v == DEMO_WAIVER)
@@ -116,7 +129,7 @@ class Preflight:
     def recheck(self) -> None:
         """Run again while serving: PreflightFailed fires or resolves, nothing stops."""
         failing = self._run(skip=RECHECK_SKIP).failing()
-        self.book.sync("PreflightFailed", {x.id: _alert(x) for x in failing})
+        self.book.sync("PreflightFailed", {self.spec.key(x.id): _alert(x, self.spec) for x in failing})
 
     def recheck_bind_exposure(self) -> None:
         """`net.bind_exposure` alone, on fresh addresses (an address came or went):
@@ -131,9 +144,9 @@ class Preflight:
             self.report.checks = [x if c.id == x.id else c for c in self.report.checks]
         if x.status == "fail":
             log.warning("net.bind_exposure fails after an address change: %s", x.message)
-            self.book.fire("PreflightFailed", x.id, **_alert(x))
+            self.book.fire("PreflightFailed", self.spec.key(x.id), **_alert(x, self.spec))
         else:
-            self.book.resolve("PreflightFailed", x.id)
+            self.book.resolve("PreflightFailed", self.spec.key(x.id))
 
     # --- what the outputs read -------------------------------------------------
     def checks_doc(self) -> dict[str, Any]:
@@ -150,16 +163,17 @@ class Preflight:
     def collect(self):
         cs = GaugeMetricFamily("zerod_check_status",
                                "Last preflight result per check: 0 pass or skip, 1 warn or error, 2 fail.",
-                               labels=["check"])
+                               labels=["check", *self.spec.labels])
         for c in self.report.checks if self.report else []:
-            cs.add_metric([c.id], float(CHECK_STATUS_VALUE.get(c.status, 1)))
+            cs.add_metric([c.id, *self.spec.labels.values()], float(CHECK_STATUS_VALUE.get(c.status, 1)))
         yield cs
 
 
-def _alert(x: CheckResult) -> dict[str, Any]:
+def _alert(x: CheckResult, spec: EngineSpec) -> dict[str, Any]:
+    named = f" for engine {spec.name}" if spec.tagged else ""
     return dict(severity="critical" if x.severity == "critical" else "warning",
-                summary=f"check {x.id} fails: {x.title}", description=x.message,
-                labels={"check": x.id}, fix=x.remediation or None)
+                summary=f"check {x.id} fails{named}: {x.title}", description=x.message,
+                labels={"check": x.id, **spec.labels}, fix=x.remediation or None)
 
 
 class RecheckWatcher(Watcher):
@@ -168,6 +182,8 @@ class RecheckWatcher(Watcher):
 
     def __init__(self, preflight: Preflight, interval_s: float) -> None:
         super().__init__()
+        if preflight.spec.tagged:
+            self.name = f"{self.name}:{preflight.spec.name}"
         self.preflight = preflight
         self.interval_s = interval_s
 

@@ -35,6 +35,7 @@ from zerod import numa
 from zerod.alerts import AlertBook
 from zerod.daemon_config import DaemonConfig
 from zerod.engines import PRESETS
+from zerod.fleet import DEFAULT_NAME, EngineSpec
 from zerod.sdnotify import Notifier, child_environment
 
 log = logging.getLogger("zerod.supervisor")
@@ -107,8 +108,11 @@ class EngineSupervisor:
                  extra_env: dict[str, str] | None = None,
                  on_ready: Callable[[], None] | None = None,
                  on_status: Callable[[str], None] | None = None,
-                 pid_required: bool = True, health_path: str = "/health", kind: str = "zerod") -> None:
+                 pid_required: bool = True, health_path: str = "/health", kind: str = "zerod",
+                 spec: EngineSpec | None = None) -> None:
         self.argv = list(argv)
+        # which engine of the config: its name, GPUs, alert key and series labels
+        self.spec = spec or EngineSpec(DEFAULT_NAME, (), {})
         self.health_path = health_path
         self.kind = kind
         # zerod serve's /health always carries its pid; another engine's may not
@@ -124,6 +128,7 @@ class EngineSupervisor:
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         self.env["PYTHONPATH"] = os.pathsep.join(p for p in (root, self.env.get("PYTHONPATH")) if p)
         self.env.update(cfg.engine_env)
+        self.env.update(self.spec.child_env())
         self.env.update(extra_env or {})
         self.on_ready = on_ready
         self.on_status = on_status or (lambda s: None)
@@ -150,7 +155,7 @@ class EngineSupervisor:
 
     def _spawn(self) -> None:
         cmd = self.command()
-        log.info("starting engine: %s", " ".join(cmd))
+        log.info("starting engine%s: %s", self.named, " ".join(cmd))
         # Popen from the event loop's thread; the child gets no NOTIFY_SOCKET.
         self.proc = subprocess.Popen(cmd, env=self.env, stdin=subprocess.DEVNULL, close_fds=True)
         self.fig.pid = self.proc.pid
@@ -160,7 +165,7 @@ class EngineSupervisor:
 
     def _set_state(self, state: str, status: str | None = None) -> None:
         if state != self.fig.state:
-            log.info("engine %s -> %s%s", self.fig.state, state, f": {status}" if status else "")
+            log.info("engine%s %s -> %s%s", self.named, self.fig.state, state, f": {status}" if status else "")
         self.fig.state = state
         if status:
             self.on_status(status)
@@ -235,9 +240,9 @@ class EngineSupervisor:
                 self.fig.last_exit = why
                 self.fig.restarts += 1
                 self._alert_down(why)
-                self.book.fire("EngineRestarted", severity="warning",
-                               summary=f"engine restarted ({self.fig.restarts} so far): {why}",
-                               labels={"url": self.url})
+                self.book.fire("EngineRestarted", self.spec.key(), severity="warning",
+                               summary=f"engine{self.named} restarted ({self.fig.restarts} so far): {why}",
+                               labels={"url": self.url, **self.spec.labels})
                 self._set_state("restarting", f"engine down ({why}); restart #{self.fig.restarts} in {self._backoff:.0f} s")
                 await self._sleep(self._backoff)
                 self._backoff = min(self._backoff * 2, self.cfg.restart_backoff_max_s)
@@ -247,10 +252,10 @@ class EngineSupervisor:
                 self._session = None
 
     def _alert_down(self, why: str) -> None:
-        self.book.fire("EngineDown", severity="critical", summary=f"engine down: {why}",
+        self.book.fire("EngineDown", self.spec.key(), severity="critical", summary=f"engine{self.named} down: {why}",
                        description=f"the engine ({' '.join(self.argv[:6])} …) {why}; "
                                    f"zerod restarts it in {self._backoff:.0f} s",
-                       labels={"url": self.url},
+                       labels={"url": self.url, **self.spec.labels},
                        fix="journalctl -u zerod -e shows the engine's own output")
 
     async def _sleep(self, seconds: float) -> None:
@@ -310,11 +315,11 @@ class EngineSupervisor:
                         self._ready_sent = True
                         if self.on_ready:
                             self.on_ready()
-                    self.book.resolve("EngineDown")
+                    self.book.resolve("EngineDown", self.spec.key())
                 last_ok = now
                 if self.fig.healthy_since and time.time() - self.fig.healthy_since >= self.cfg.restart_reset_after_s:
                     self._backoff = self.cfg.restart_backoff_initial_s
-                    self.book.resolve("EngineRestarted")
+                    self.book.resolve("EngineRestarted", self.spec.key())
             else:
                 last_err = detail
                 if last_ok is not None:
@@ -348,19 +353,32 @@ class EngineSupervisor:
         self._set_state("stopped", "engine stopped")
         return self.proc.returncode if self.proc is not None else None
 
+    @property
+    def named(self) -> str:
+        return f" {self.spec.name}" if self.spec.tagged else ""
+
     def snapshot(self) -> dict[str, Any]:
-        return {"state": self.fig.state, "up": self.fig.state == "healthy", "pid": self.pid, "kind": self.kind,
+        return {"name": self.spec.name, "gpus": list(self.spec.gpus), "state": self.fig.state, "up": self.fig.state == "healthy", "pid": self.pid, "kind": self.kind,
                 "url": self.url, "model": self.model, "restarts": self.fig.restarts,
                 "numa_node": self.binding.node if self.cfg.numa != "off" else None,
                 "cpus": self.binding.cpulist if self.cfg.numa != "off" else None,
                 "last_exit": self.fig.last_exit}
 
-
     def collect(self):
-        yield GaugeMetricFamily("zerod_engine_up", "1 while the engine answers its health check.",
-                                value=1.0 if self.fig.state == "healthy" else 0.0)
-        yield CounterMetricFamily("zerod_engine_restarts", "Engine restarts by the daemon.",
-                                  value=float(self.fig.restarts))
+        yield from collect_engines([self])
+
+
+def collect_engines(sups: list[EngineSupervisor]):
+    """zerod_engine_up and _restarts: one family, a series per engine (labelled
+    `engine` with [[engines]]; the one [engine] engine's series unlabelled)."""
+    labels = ["engine"] if any(s.spec.tagged for s in sups) else []
+    up = GaugeMetricFamily("zerod_engine_up", "1 while the engine answers its health check.", labels=labels)
+    restarts = CounterMetricFamily("zerod_engine_restarts", "Engine restarts by the daemon.", labels=labels)
+    for s in sups:
+        value = [s.spec.name] if labels else []
+        up.add_metric(value, 1.0 if s.fig.state == "healthy" else 0.0)
+        restarts.add_metric(value, float(s.fig.restarts))
+    yield from (up, restarts)
 
 
 def _descendants(pid: int | None) -> set[int]:

@@ -4,13 +4,19 @@ and the series of /metrics, both read from the parts' cached snapshots.
 The parts (the supervisor, the preflight, the watchers, the alert book) each
 own their snapshot and their metric families; this module only puts them
 together — the GPU rows and their XID counts meet here, once.
+
+Several engines ([[engines]]): each has its supervisor, metrics and latency
+watchers, preflight and compute-mode guard (an `EngineView`); the documents
+for "the engine" are the first engine's, so a one-engine client reads what it
+always read, and `?engine=NAME` or /v1/engines reach the others. Families of
+the same name from several engines are merged into one family here.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
@@ -19,7 +25,7 @@ from zerod import __version__
 from zerod.alerts import AlertBook
 from zerod.engine import metrics as names
 from zerod.preflight import Preflight
-from zerod.supervisor import EngineSupervisor
+from zerod.supervisor import EngineSupervisor, collect_engines
 from zerod.watchers import Watcher
 from zerod.watchers.compute_mode import ComputeModeGuard
 from zerod.watchers.engine_metrics import EngineMetricsWatcher
@@ -30,6 +36,68 @@ from zerod.watchers.xid_events import XidWatcher
 
 ENGINE_KEYS = ("state", "up", "pid", "kind", "url", "model", "restarts", "numa_node", "cpus")
 HISTORY_KEYS = ("output_tokens_per_s", "running", "waiting", "kv_pages_used", "itl_p99_s", "ttft_p99_s")
+
+
+class NoSuchEngine(LookupError):
+    """`?engine=NAME` names no engine of this daemon; the message lists them."""
+
+
+@dataclass(eq=False)
+class EngineView:
+    """One supervised engine and the parts that watch it."""
+    supervisor: EngineSupervisor
+    engine_metrics: EngineMetricsWatcher
+    latency: LatencyWatcher
+    preflight: Preflight
+    compute_mode: ComputeModeGuard | None = None
+
+    @property
+    def name(self) -> str:
+        return self.supervisor.spec.name
+
+    def status(self) -> dict[str, Any]:
+        eng = self.supervisor.snapshot()
+        return {"name": self.name, "gpus": eng["gpus"], **{k: eng.get(k) for k in ENGINE_KEYS},
+                "preflight": self.preflight.summary()}
+
+    def engine(self) -> dict[str, Any]:
+        last = self.engine_metrics.last
+        values = last.values if last else {}
+
+        def num(name: str) -> int | None:
+            x = values.get(name)
+            return int(x) if x is not None else None
+
+        lat = self.latency.snapshot()
+        return {
+            "up": self.supervisor.fig.state == "healthy", "url": self.supervisor.url,
+            "running": num(names.REQUESTS_RUNNING), "waiting": num(names.REQUESTS_WAITING),
+            "kv_pages_total": num(names.KV_PAGES_TOTAL), "kv_pages_free": num(names.KV_PAGES_FREE),
+            "output_tokens_per_s": lat["output_tokens_per_s"],
+            "ttft_p50_s": lat["ttft_p50_s"], "ttft_p99_s": lat["ttft_p99_s"],
+            "itl_p50_s": lat["itl_p50_s"], "itl_p99_s": lat["itl_p99_s"],
+            "load_bucket": lat["load_bucket"],
+            "ttft_normal_p99_s": lat["ttft_normal_p99_s"], "itl_normal_p99_s": lat["itl_normal_p99_s"],
+            "allocator_retries_total": num(names.ALLOCATOR_RETRIES_TOTAL),
+            "allocator_ooms_total": num(names.ALLOCATOR_OOMS_TOTAL),
+            "stream_errors_total": num(names.STREAM_ERRORS_TOTAL),
+            "prefix_cache_queries_total": num(names.PREFIX_CACHE_QUERIES_TOTAL),
+            "prefix_cache_hits_total": num(names.PREFIX_CACHE_HITS_TOTAL),
+            "prefix_cache_pages": num(names.PREFIX_CACHE_PAGES),
+            "history": {k: lat["history"].get(k, []) for k in HISTORY_KEYS},
+        }
+
+
+def _merged(families):
+    """Families of the same name (one per engine) as one: the exposition format
+    allows a name once."""
+    out: dict[str, Any] = {}
+    for fam in families:
+        if fam.name in out:
+            out[fam.name].samples.extend(fam.samples)
+        else:
+            out[fam.name] = fam
+    return list(out.values())
 
 
 @dataclass(eq=False)  # compared and hashed by identity: a registry keys on it
@@ -47,23 +115,58 @@ class Views:
     latency: LatencyWatcher
     watchers: list[Watcher]
     compute_mode: ComputeModeGuard | None = None  # [daemon] exclusive_gpu
+    # every engine, the first being the one above; built from it when not given
+    engines: list[EngineView] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.engines:
+            self.engines = [EngineView(self.supervisor, self.engine_metrics, self.latency, self.preflight,
+                                       self.compute_mode)]
+
+    def find(self, name: str | None) -> EngineView:
+        """The engine named `name` (None: the first)."""
+        if name is None:
+            return self.engines[0]
+        for e in self.engines:
+            if e.name == name:
+                return e
+        raise NoSuchEngine(f"no engine named {name!r}; engines: {', '.join(e.name for e in self.engines)}")
 
     # --- the control API's documents ------------------------------------------
     def status(self) -> dict[str, Any]:
-        eng = self.supervisor.snapshot()
+        first = self.engines[0].status()
         return {"version": __version__, "host": self.host, "daemon_pid": os.getpid(),
                 "started_at": self.started_at, "uptime_s": round(time.time() - self.started_at, 1),
                 "write_actions": self.allow_write_actions, "paused": False,
-                "engine": {k: eng.get(k) for k in ENGINE_KEYS}, "preflight": self.preflight.summary()}
+                "engine": {k: first[k] for k in ENGINE_KEYS}, "preflight": self._preflight_summary(),
+                "engines": [e.status() for e in self.engines]}
 
-    def checks(self) -> dict[str, Any]:
-        return self.preflight.checks_doc()
+    def _preflight_summary(self) -> dict[str, Any] | None:
+        """Every engine's preflight counted together (the worst exit code)."""
+        summaries = [e.preflight.summary() for e in self.engines]
+        if len(summaries) == 1 or None in summaries:
+            return summaries[0]
+        out = {k: sum(s[k] for s in summaries) for k in summaries[0] if k not in ("exit_code", "taken_at")}
+        return {**out, "exit_code": max(s["exit_code"] for s in summaries),
+                "taken_at": max(s["taken_at"] for s in summaries)}
+
+    def checks(self, engine: str | None = None) -> dict[str, Any]:
+        return self.find(engine).preflight.checks_doc()
+
+    def engines_doc(self) -> dict[str, Any]:
+        return {"engines": [{**e.status(), **e.engine()} for e in self.engines]}
 
     def gpus(self) -> dict[str, Any]:
         doc = self.nvml_stats.snapshot()
         xids = self.xid.snapshot()
-        held = self.compute_mode.snapshot() if self.compute_mode is not None else {}
+        guards = {id(g): g for g in [self.compute_mode, *(e.compute_mode for e in self.engines)] if g is not None}
+        held: dict[int, dict[str, Any]] = {}
+        for g in guards.values():
+            held.update(g.snapshot())
+        owner = {gpu: e.name for e in self.engines for gpu in e.supervisor.spec.gpus}
+        tagged = self.supervisor.spec.tagged
         for g in doc["gpus"]:
+            g["engine"] = owner.get(g["index"]) if tagged else None
             g["xid_events_total"] = xids.get(g["index"], {})
             g["exclusive_gpu"] = held.get(g["index"], {}).get("exclusive_gpu", False)
             g["exclusive_refused"] = held.get(g["index"], {}).get("exclusive_refused")
@@ -106,32 +209,8 @@ class Views:
     def alerts(self) -> dict[str, Any]:
         return {"alerts": [a.to_dict() for a in self.book.all()]}
 
-    def engine(self) -> dict[str, Any]:
-        last = self.engine_metrics.last
-        values = last.values if last else {}
-
-        def num(name: str) -> int | None:
-            x = values.get(name)
-            return int(x) if x is not None else None
-
-        lat = self.latency.snapshot()
-        return {
-            "up": self.supervisor.fig.state == "healthy", "url": self.supervisor.url,
-            "running": num(names.REQUESTS_RUNNING), "waiting": num(names.REQUESTS_WAITING),
-            "kv_pages_total": num(names.KV_PAGES_TOTAL), "kv_pages_free": num(names.KV_PAGES_FREE),
-            "output_tokens_per_s": lat["output_tokens_per_s"],
-            "ttft_p50_s": lat["ttft_p50_s"], "ttft_p99_s": lat["ttft_p99_s"],
-            "itl_p50_s": lat["itl_p50_s"], "itl_p99_s": lat["itl_p99_s"],
-            "load_bucket": lat["load_bucket"],
-            "ttft_normal_p99_s": lat["ttft_normal_p99_s"], "itl_normal_p99_s": lat["itl_normal_p99_s"],
-            "allocator_retries_total": num(names.ALLOCATOR_RETRIES_TOTAL),
-            "allocator_ooms_total": num(names.ALLOCATOR_OOMS_TOTAL),
-            "stream_errors_total": num(names.STREAM_ERRORS_TOTAL),
-            "prefix_cache_queries_total": num(names.PREFIX_CACHE_QUERIES_TOTAL),
-            "prefix_cache_hits_total": num(names.PREFIX_CACHE_HITS_TOTAL),
-            "prefix_cache_pages": num(names.PREFIX_CACHE_PAGES),
-            "history": {k: lat["history"].get(k, []) for k in HISTORY_KEYS},
-        }
+    def engine(self, engine: str | None = None) -> dict[str, Any]:
+        return self.find(engine).engine()
 
     def foreign_start_time(self, pid: int) -> tuple[bool, float | None]:
         """For the signal action: is `pid` foreign now, and when did it start."""
@@ -140,8 +219,10 @@ class Views:
     # --- /metrics ---------------------------------------------------------------
     def collect(self):
         yield InfoMetricFamily("zerod", "zerod build information.", value={"version": __version__})
-        for part in (self.nvml_stats, self.xid, self.processes, self.preflight, self.book, self.supervisor):
+        for part in (self.nvml_stats, self.xid, self.processes, self.book):
             yield from part.collect()
+        yield from _merged(f for e in self.engines for f in e.preflight.collect())
+        yield from collect_engines([e.supervisor for e in self.engines])
         yield from self._process_utilization()
         runs = CounterMetricFamily("zerod_watcher_runs", "Watcher polls.", labels=["watcher"])
         errors = CounterMetricFamily("zerod_watcher_errors", "Watcher polls that failed.", labels=["watcher"])

@@ -21,6 +21,7 @@ from zerod.alerts import AlertBook
 from zerod.daemon_config import DaemonConfig
 from zerod.engine import metrics as names
 from zerod.engines import PRESETS
+from zerod.fleet import DEFAULT_NAME, EngineSpec
 from zerod.watchers import Watcher
 
 TTFT = names.TIME_TO_FIRST_TOKEN_SECONDS
@@ -163,8 +164,11 @@ class EngineMetricsWatcher(Watcher):
     def __init__(self, book: AlertBook, cfg: DaemonConfig, url: str | Callable[[], str],
                  engine_pid: Callable[[], int | None], up: Callable[[], bool] = lambda: True,
                  clock=time.time, keep_s: float | None = None,
-                 series: dict[str, tuple[str, ...]] | None = None) -> None:
+                 series: dict[str, tuple[str, ...]] | None = None, spec: EngineSpec | None = None) -> None:
         super().__init__()
+        self.spec = spec or EngineSpec(DEFAULT_NAME, (), {})
+        if self.spec.tagged:
+            self.name = f"{self.name}:{self.spec.name}"
         self.series = series or PRESETS["zerod"].series  # the engine's names for the daemon's series
         self.book = book
         self.cfg = cfg
@@ -238,8 +242,8 @@ class EngineMetricsWatcher(Watcher):
         g = lambda name: int(values.get(name, 0))  # noqa: E731
         if d_retry > 0 or d_oom > 0:
             self._alert_at["AllocatorRetries"] = now
-            self.book.fire("AllocatorRetries", severity="warning",
-                           summary=f"engine allocator under pressure: +{d_retry:.0f} retries, +{d_oom:.0f} OOMs",
+            self.book.fire("AllocatorRetries", self.spec.key(), severity="warning", labels=self.spec.labels,
+                           summary=f"engine{self.named} allocator under pressure: +{d_retry:.0f} retries, +{d_oom:.0f} OOMs",
                            description=f"torch's caching allocator had to free its cache and retry "
                                        f"({g(names.ALLOCATOR_RETRIES_TOTAL)} retries, {g(names.ALLOCATOR_OOMS_TOTAL)} "
                                        f"OOMs since the engine started): GPU memory is short, often because "
@@ -247,8 +251,8 @@ class EngineMetricsWatcher(Watcher):
                            fix="lower [engine] gpu_memory_utilization or max_num_seqs; look for foreign GPU processes")
         if d_err > 0:
             self._alert_at["StreamErrors"] = now
-            self.book.fire("StreamErrors", severity="critical",
-                           summary=f"engine saw {d_err:.0f} CUDA stream error(s) ({g(names.STREAM_ERRORS_TOTAL)} in all)",
+            self.book.fire("StreamErrors", self.spec.key(), severity="critical", labels=self.spec.labels,
+                           summary=f"engine{self.named} saw {d_err:.0f} CUDA stream error(s) ({g(names.STREAM_ERRORS_TOTAL)} in all)",
                            description="a CUDA event or stream query returned an error: the engine's health fails and "
                                        "zerod restarts it; look for an Xid in the kernel log",
                            fix="journalctl -k | grep -i xid; nvidia-smi -q -d ECC")
@@ -258,7 +262,11 @@ class EngineMetricsWatcher(Watcher):
         for name, t in list(self._alert_at.items()):
             if now - t >= self.cfg.counter_alert_hold_s:
                 del self._alert_at[name]
-                self.book.resolve(name)
+                self.book.resolve(name, self.spec.key())
+
+    @property
+    def named(self) -> str:
+        return f" {self.spec.name}" if self.spec.tagged else ""
 
     def window(self, seconds: float) -> tuple[Sample, Sample] | None:
         """(oldest sample at least `seconds` old, or the oldest there is; newest)."""

@@ -18,6 +18,11 @@ does: a CUDA context or GPU memory (it takes memory and SM time) is critical;
 a process that only reads NVML is a warning — on the H200 an NVML-only agent
 polling at 10 Hz and at ~94 Hz left the engine's ITL unchanged (docs/checks.md). Foreign processes seen in the last `cause_window_s` are kept for the
 latency watcher, which names them as the likely cause of a regression.
+
+With several engines ([[engines]]), a process is the engine of the engine whose
+child it is, and a foreign process is attributed to the engines of the GPUs it
+holds (all of them when it holds none in particular: /dev/nvidiactl alone):
+its alert carries `engine`, and only those engines' latency watchers name it.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from zerod.alerts import AlertBook
 from zerod.daemon_config import DaemonConfig
+from zerod.fleet import DEFAULT_NAME, EngineSpec
 from zerod.watchers import Watcher
 
 
@@ -64,7 +70,8 @@ class GpuProcessWatcher(Watcher):
     name = "gpu_processes"
 
     def __init__(self, book: AlertBook, cfg: DaemonConfig, *, allowed: tuple[str, ...] = (),
-                 own_pids: Callable[[], set[int]], engine_pid: Callable[[], int | None],
+                 own_pids: Callable[[], set[int]], engine_pid: Callable[[], int | None] = lambda: None,
+                 engines: Callable[[], list[tuple[EngineSpec, int | None]]] | None = None,
                  nvml_ok: Callable[[], bool] = lambda: True, roots: Any = None,
                  scan: Callable[..., list] | None = None, clock=time.time,
                  nvml_session: Any = None) -> None:
@@ -74,7 +81,8 @@ class GpuProcessWatcher(Watcher):
         self.interval_s = cfg.watch_interval_s
         self.allowed = tuple(allowed)
         self.own_pids = own_pids
-        self.engine_pid = engine_pid
+        # (engine, its pid) for each engine; one untagged engine by default
+        self.engines = engines or (lambda: [(EngineSpec(DEFAULT_NAME, (), {}), engine_pid())])
         self.nvml_ok = nvml_ok
         self.roots = roots
         self._scan = scan
@@ -181,7 +189,8 @@ class GpuProcessWatcher(Watcher):
         self._invisible = {p.pid for p in procs if not getattr(p, "visible", True)}
         now = self.clock()
         own = set(self.own_pids())
-        eng = self.engine_pid()
+        engines = self.engines()
+        tagged = any(spec.tagged for spec, _ in engines)
         nvml_lists = self.nvml_ok()
         rows: list[dict[str, Any]] = []
         foreign: dict[str, dict[str, Any]] = {}
@@ -192,10 +201,12 @@ class GpuProcessWatcher(Watcher):
             if p.pid not in self.start_times:
                 self.start_times[p.pid] = process_start_time(p.pid)
             role, why = gp.classify(p, own, self.allowed)
+            mine = [spec.name for spec, pid in engines if pid is not None and (p.pid == pid or pid in p.ancestors)]
             if role == "self":
-                is_engine = eng is not None and (p.pid == eng or eng in p.ancestors)
-                role = "engine" if is_engine else "daemon"
-                why = "the engine started by this daemon" if is_engine else "this daemon (NVML handle)"
+                role = "engine" if mine else "daemon"
+                why = "the engine started by this daemon" if mine else "this daemon (NVML handle)"
+                if mine and tagged:
+                    why = f"engine {mine[0]}, started by this daemon"
             elif role in ("system", "engine"):
                 role = "allowed"
             elif role == "agent":
@@ -203,7 +214,9 @@ class GpuProcessWatcher(Watcher):
             agent = gp.match_agent(p) if role == "foreign" else None
             fix = gp.KNOWN_AGENTS[agent].fix if agent else None
             gpu = p.gpus[0] if p.gpus else None
-            if role == "foreign":
+            if role == "foreign":  # the engines whose GPUs it holds (all: it holds none in particular)
+                mine = [spec.name for spec, _ in engines if not p.gpus or set(p.gpus) & set(spec.gpus)] \
+                    if tagged else []
                 where = f"unit {p.unit}" if p.unit else (f"container {p.container}" if p.container else "no systemd unit")
                 why = (f"{why}; " if why else "") + (
                     "holds GPU memory (NVML process list)" if p.source == "nvml"
@@ -219,24 +232,26 @@ class GpuProcessWatcher(Watcher):
                         "at the polling rates measured, though profiling counters (DCGM's) can cost more")
                 foreign[str(p.pid)] = dict(
                     severity=severity,
-                    summary=f"{label} (pid {p.pid}) holds GPU {gpu if gpu is not None else '?'}",
+                    summary=f"{label} (pid {p.pid}) holds GPU {gpu if gpu is not None else '?'}"
+                            + (f" (engine {', '.join(mine)})" if mine else ""),
                     description=(f"pid {p.pid} ({p.name}, user {p.user or '?'}, {where}) holds "
                                  f"{_gib(p.gpu_memory_bytes)} on GPU {','.join(map(str, p.gpus)) or '?'}; "
                                  f"command line: {p.cmdline or '?'}; "
                                  + (f"known agent: {gp.KNOWN_AGENTS[agent].description}; " if agent else "")
                                  + harm),
                     labels={"gpu": gpu, "process": label, "pid": p.pid, "unit": p.unit,
-                            "container": p.container},
+                            "container": p.container, "engine": ",".join(mine) or None},
                     fix=fix)
                 self.recent_foreign[p.pid] = {"pid": p.pid, "name": label, "cmdline": p.cmdline,
                                               "unit": p.unit, "container": p.container, "gpu": gpu,
                                               "first_seen": first, "last_seen": now, "fix": fix,
-                                              "holds_context": severity == "critical"}
+                                              "holds_context": severity == "critical", "engines": mine}
                 self.recent_foreign.move_to_end(p.pid)
             rows.append({
                 "pid": p.pid, "gpu": gpu, "name": p.name, "cmdline": p.cmdline, "user": p.user,
                 "unit": p.unit, "container": p.container, "gpu_memory_bytes": p.gpu_memory_bytes,
                 "role": role, "why": why, "known_agent": agent, "fix": fix, "first_seen": first,
+                "engines": mine if tagged else ([DEFAULT_NAME] if role == "engine" else []),
             })
         for pid in list(self.first_seen):
             if pid not in seen:

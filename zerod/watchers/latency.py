@@ -55,6 +55,9 @@ class LatencyWatcher(Watcher):
                  recent_foreign: Callable[[], list[dict[str, Any]]] = lambda: [],
                  clock=time.time) -> None:
         super().__init__()
+        self.spec = metrics.spec  # the engine it judges: its alert keys, labels and GPUs
+        if self.spec.tagged:
+            self.name = f"{self.name}:{self.spec.name}"
         self.book = book
         self.cfg = cfg
         self.metrics = metrics
@@ -153,7 +156,7 @@ class LatencyWatcher(Watcher):
             if verdict != "over":
                 if verdict == "fine" or self.figures[f"{what}_count"] == 0:
                     self._over_since.pop(what, None)
-                    self.book.resolve("LatencyRegression", what)
+                    self.book.resolve("LatencyRegression", self.spec.key(what))
                 continue
             since = self._over_since.setdefault(what, now)
             label = "inter-token latency" if what == "itl" else "time to first token"
@@ -168,7 +171,10 @@ class LatencyWatcher(Watcher):
                 desc = (f"p99 {_ms(v['p99'])} over the last {self.cfg.latency_window_s:.0f} s, {v['ratio']:.1f}x "
                         f"the normal of the last {self.cfg.latency_baseline_s / 60:.0f} min at that load "
                         f"({v['count']} observations at {v['bucket']} concurrent requests)")
-            labels: dict[str, Any] = {"slo": f"{what}_p99", "basis": v["basis"], "load": v.get("bucket")}
+            labels: dict[str, Any] = {"slo": f"{what}_p99", "basis": v["basis"], "load": v.get("bucket"),
+                                      **self.spec.labels}
+            if self.spec.tagged:
+                summary = f"engine {self.spec.name}: {summary}"
             fix = "look for other load on the GPU (zerod top) and for throttling"
             processes = self.likely_causes(since)
             alerts = self.alert_causes(since, now)
@@ -198,7 +204,7 @@ class LatencyWatcher(Watcher):
                 desc += (f"; no likely cause found: no new process on the GPU, no throttling, Xid, PCIe replays, "
                          f"ECC errors or failing preflight check within {self.cfg.cause_window_s:.0f} s before "
                          f"it began")
-            self.book.fire("LatencyRegression", what, severity="warning", summary=summary, description=desc,
+            self.book.fire("LatencyRegression", self.spec.key(what), severity="warning", summary=summary, description=desc,
                            labels=labels, fix=fix)
 
     def likely_causes(self, since: float) -> list[dict[str, Any]]:
@@ -213,8 +219,14 @@ class LatencyWatcher(Watcher):
         """Throttling, an Xid, PCIe replays, ECC errors, a failing preflight check:
         alerts that began within cause_window_s before `since`, or since then; newest first."""
         lo = since - self.cfg.cause_window_s
-        out = [a for a in self.book.all() if a.alertname in CAUSE_ALERTS and lo <= a.starts_at <= now]
+        out = [a for a in self.book.all() if a.alertname in CAUSE_ALERTS and lo <= a.starts_at <= now
+               and self._on_my_gpus(a)]
         return sorted(out, key=lambda a: a.starts_at, reverse=True)
+
+    def _on_my_gpus(self, a: Alert) -> bool:
+        """With [[engines]], a GPU's alert is a cause only for the engine of that GPU."""
+        gpu = a.labels.get("gpu")
+        return not self.spec.tagged or gpu is None or not gpu.isdigit() or int(gpu) in self.spec.gpus
 
     def snapshot(self) -> dict[str, Any]:
         return {**self.figures, "history": {k: list(v) for k, v in self.history.items()}}
