@@ -18,6 +18,7 @@ import pytest
 
 SLOW_MODULES = {
     "test_alerts.py",  # a real Alertmanager
+    "test_daemon_fleet.py",  # two daemons' engines started, one killed and restarted alone
     "test_daemon_foreign.py",  # a daemon and a foreign GPU holder, alerted within 2 s
     "test_daemon_lifecycle.py",  # daemons started, crashed, hung and stopped
     "test_engine_agreement.py",  # transformers as the reference
