@@ -86,7 +86,7 @@ class Engine:
             self._build_device_side()
 
         self.scheduler = Scheduler(cfg, self.pool)
-        self.metrics = EngineMetrics(self._snapshot)
+        self.metrics = EngineMetrics(self._snapshot, self.model_name)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._ids = itertools.count()
         self._rng = random.Random(cfg.seed)

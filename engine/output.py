@@ -188,7 +188,7 @@ class OutputPoller(threading.Thread):
     def _emit(self, r: Request, ids: list[int], text: str, reason: str | None, error: str | None = None) -> None:
         if reason is not None:
             r.finished = True
-            self.metrics.requests_total.labels(finished_reason=reason).inc()
+            self.metrics.finished(reason)
             self.metrics.e2e.observe(time.monotonic() - r.arrival)
         out = RequestOutput(r.id, ids, text, reason is not None, reason, r.prompt_len, len(r.out_ids), error,
                             cached_tokens=r.num_cached)

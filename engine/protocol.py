@@ -100,6 +100,18 @@ class CompletionRequest:
         return "messages" if self.kind == "chat" else "prompt"
 
 
+@dataclass
+class TokenizeRequest:
+    """A validated /tokenize request: a text prompt or chat messages."""
+
+    model: str | None
+    prompt: str | None
+    messages: list[dict[str, Any]] | None
+    add_special_tokens: bool
+    add_generation_prompt: bool
+    return_token_strs: bool
+
+
 @dataclass(frozen=True)
 class Limits:
     """What the served engine can do: every request bound derives from these."""
@@ -208,7 +220,43 @@ class RequestSchemas:
                 only_why="only response_format type 'text'"),))),
         ))
 
+        # vLLM's /tokenize and /detokenize bodies (one table each, published too)
+        self.tokenize = Obj((
+            Field("model", Str()),
+            Field("prompt", Str(), doc="Text to tokenize (or messages)."),
+            Field("messages", Array(message, 1, mml), doc="Chat messages, rendered by the "
+                  "chat template, to tokenize (or prompt)."),
+            Field("add_special_tokens", Bool(), doc="Default: true for a prompt, false for "
+                  "messages (the template adds them)."),
+            Field("add_generation_prompt", Bool()),
+            Field("return_token_strs", Bool()),
+        ))
+        self.detokenize = Obj((
+            Field("model", Str()),
+            Field("tokens", Array(token_id, 1, mml), required=True),
+        ))
+
     # ---------------------------------------------------------------- parsing
+
+    def parse_tokenize(self, body: Any) -> TokenizeRequest:
+        v = _check(self.tokenize, body)
+        if (v["prompt"] is None) == (v["messages"] is None):
+            raise bad("send exactly one of 'prompt' and 'messages'", "prompt")
+        text_len = len(v["prompt"]) if v["prompt"] is not None else 0
+        messages = None
+        if v["messages"] is not None:
+            messages = [_message(m) for m in v["messages"]]
+            text_len = sum(len(m["content"]) for m in messages)
+        self._check_text_len(text_len, "prompt" if messages is None else "messages")
+        special = v["add_special_tokens"]
+        gen = v["add_generation_prompt"]
+        return TokenizeRequest(v["model"], v["prompt"], messages,
+                               (messages is None) if special is None else special,
+                               True if gen is None else gen, bool(v["return_token_strs"]))
+
+    def parse_detokenize(self, body: Any) -> tuple[str | None, list[int]]:
+        v = _check(self.detokenize, body)
+        return v["model"], v["tokens"]
 
     def parse_completion(self, body: Any) -> CompletionRequest:
         """Validate a decoded /v1/completions body."""
@@ -234,15 +282,7 @@ class RequestSchemas:
         v = _check(self.chat, body)
         req = CompletionRequest(kind="chat", model=v["model"])
         _common(v, req)
-        req.messages = []
-        for m in v["messages"]:
-            content = m["content"]
-            if isinstance(content, list):
-                content = "".join(p["text"] for p in content)
-            msg = {"role": m["role"], "content": content or ""}
-            if m["name"] is not None:
-                msg["name"] = m["name"]
-            req.messages.append(msg)
+        req.messages = [_message(m) for m in v["messages"]]
         self._check_text_len(sum(len(m["content"]) for m in req.messages), "messages")
         mct = v["max_completion_tokens"]
         req.max_tokens = mct if mct is not None else v["max_tokens"]
@@ -258,6 +298,17 @@ class RequestSchemas:
                 self.limits.max_model_len, f"{where} text has {chars} characters, more "
                 f"than any {self.limits.max_model_len} tokens of this tokenizer can hold "
                 f"({bound})"), where, "context_length_exceeded")
+
+
+def _message(m: dict[str, Any]) -> dict[str, Any]:
+    """A validated chat message as the chat template takes it (content parts joined)."""
+    content = m["content"]
+    if isinstance(content, list):
+        content = "".join(p["text"] for p in content)
+    msg = {"role": m["role"], "content": content or ""}
+    if m["name"] is not None:
+        msg["name"] = m["name"]
+    return msg
 
 
 def _check(table: Obj, body: Any) -> dict[str, Any]:
