@@ -136,6 +136,7 @@ class SlotUpload:
     min_tokens: torch.Tensor     # int64 [A]
     temperature: torch.Tensor    # float32 [A]
     top_p: torch.Tensor          # float32 [A]
+    min_p: torch.Tensor          # float32 [A]
 
 
 @dataclass
@@ -189,14 +190,15 @@ class ModelRunner:
         self.min_tokens = torch.zeros(S + 1, dtype=torch.int64, device=dev)
         self.temperature = torch.zeros(S + 1, dtype=torch.float32, device=dev)
         self.top_p = torch.ones(S + 1, dtype=torch.float32, device=dev)
+        self.min_p = torch.zeros(S + 1, dtype=torch.float32, device=dev)
         self.last_tokens = torch.zeros(S + 1, dtype=torch.int64, device=dev)
         self.eos = torch.tensor(eos_ids or [0], dtype=torch.int64, device=dev)
         # host ring of sampled ids + pinned input staging, one per ring slot
         self.ring = HostRing(cfg.ring_depth, S, device)
         T = cfg.prefill_token_cap
-        # words: uploads 2.5 per page + 6 per request; prefill 3 per token + 4 per chunk
+        # words: uploads 2.5 per page + 7 per request (6.5 + alignment); prefill 3 per token + 4 per chunk
         # (chunks <= tokens); decode 2 per request; + alignment of each field
-        self.staging = Staging(3 * pool.num_pages + 8 * S + 7 * T + 64, cfg.ring_depth, dev, self.cuda)
+        self.staging = Staging(3 * pool.num_pages + 9 * S + 7 * T + 64, cfg.ring_depth, dev, self.cuda)
         # decode graph buffers
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.g_slots = torch.full((S,), self.pad_slot, dtype=torch.int64, device=dev)
@@ -256,7 +258,8 @@ class ModelRunner:
             seed=pk.int64([r.seed for r in reqs]),
             min_tokens=pk.int64([r.params.min_tokens for r in reqs]),
             temperature=pk.float32([r.params.temperature for r in reqs]),
-            top_p=pk.float32([r.params.top_p for r in reqs]))
+            top_p=pk.float32([r.params.top_p for r in reqs]),
+            min_p=pk.float32([r.params.min_p for r in reqs]))
 
     def _stage_prefill(self, pk: Packer, chunks: list[Chunk], pad: bool) -> PrefillInputs:
         ps = self.ps
@@ -347,6 +350,7 @@ class ModelRunner:
         self.min_tokens.index_copy_(0, u.slots, u.min_tokens)
         self.temperature.index_copy_(0, u.slots, u.temperature)
         self.top_p.index_copy_(0, u.slots, u.top_p)
+        self.min_p.index_copy_(0, u.slots, u.min_p)
 
     def _prefill(self, p: PrefillInputs) -> torch.Tensor | None:
         """The first output token of every chunk that completes its prompt (None: no chunk does)."""
@@ -427,11 +431,13 @@ class ModelRunner:
         n_filter = classes.count(0)
         n_random = n_filter + classes.count(1)
         need_min = any(r.params.min_tokens > 0 for r in reqs)
+        need_min_p = any(r.params.min_p > 0.0 for r in reqs[:n_filter])
         return sample(logits, self.temperature.index_select(0, slots), self.top_p.index_select(0, slots),
                       self.top_k.index_select(0, slots), self.seed.index_select(0, slots), gen,
                       n_random=n_random, n_filter=n_filter,
                       suppress_ids=self.eos if need_min else None,
-                      suppress_rows=(gen < self.min_tokens.index_select(0, slots)) if need_min else None)
+                      suppress_rows=(gen < self.min_tokens.index_select(0, slots)) if need_min else None,
+                      min_p=self.min_p.index_select(0, slots) if need_min_p else None)
 
     # ------------------------------------------------------------------ decode
     def _decode_forward(self, slots: torch.Tensor, pos: torch.Tensor, w: int) -> torch.Tensor:

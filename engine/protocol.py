@@ -5,7 +5,8 @@ generation endpoints are declared once, as `api_schema` fields (`RequestSchemas`
 table validates a decoded body and is published in /openapi.json. Every numeric field is
 bounded by what the engine can do (token ids and `top_k` by the vocabulary, lengths by
 `max_model_len`, seeds by int64, floats finite); a field of the wrong type or out of range is
-a 400 naming it (`param`). Unknown fields are ignored. Validation turns a body into a
+a 400 naming it (`param`). A field this server does not know is refused too (a 400
+naming it), except the harmless OpenAI metadata of `HARMLESS_METADATA`. Validation turns a body into a
 `CompletionRequest` (prompt still as text, ids or chat messages).
 
 Streaming is the hot path (200 streams x ~100 tokens/s each on the GPU), so a
@@ -93,6 +94,11 @@ class CompletionRequest:
     ignore_eos: bool = False
     stream: bool = False
     include_usage: bool = False
+    min_p: float = 0.0
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    continue_final_message: bool = False
 
     @property
     def prompt_field(self) -> str:
@@ -122,6 +128,12 @@ class Limits:
     # tokenizer: see text_bound.py); None when the tokenizer gives no such bound.
     max_prompt_chars: int | None = None
 
+
+# OpenAI request metadata that changes nothing about the answer: accepted and ignored.
+# Any other field this server does not implement is refused with a 400 naming it.
+HARMLESS_METADATA = (("user", Str()), ("metadata", Obj(values=Str())), ("store", Bool()),
+                     ("service_tier", Str()), ("prompt_cache_key", Str()),
+                     ("safety_identifier", Str()))
 
 # OpenAI's documented default for /v1/completions.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -154,7 +166,10 @@ class RequestSchemas:
         common = (
             Field("model", Str(), doc="A served model name (GET /v1/models)."),
             Field("stream", Bool()),
-            Field("stream_options", Obj((Field("include_usage", Bool()),)),
+            Field("stream_options", Obj((
+                Field("include_usage", Bool()),
+                Field("continuous_usage_stats", Bool(), only=False,
+                      only_why="usage comes in the last chunk only (include_usage)"))),
                   doc="Only with stream: true."),
             Field("n", Int(1, 128), only=1, only_why="only n=1 (one choice per request)"),
             Field("best_of", Int(1, 128), only=1, only_why="only best_of=1"),
@@ -175,7 +190,22 @@ class RequestSchemas:
                   only_why="no penalties"),
             Field("logit_bias", Obj(values=Num(-100.0, 100.0)), only={},
                   only_why="no logit bias"),
-            Field("user", Str()),
+            Field("min_p", Num(0.0, 1.0), doc="Drop tokens below min_p x the top "
+                  "token's probability; 0: off."),
+            Field("include_stop_str_in_output", Bool(),
+                  doc="Keep the matched stop string at the end of the text."),
+            Field("skip_special_tokens", Bool(), doc="Default true."),
+            Field("spaces_between_special_tokens", Bool(), only=True,
+                  only_why="special tokens are always decoded as the tokenizer joins them"),
+            Field("structured_outputs", Obj(closed=False), refused=True,
+                  only_why="no structured outputs"),
+            *(Field(f"guided_{k}", Obj(closed=False), refused=True,
+                    only_why="no structured outputs")
+              for k in ("json", "regex", "choice", "grammar", "decoding_backend",
+                        "whitespace_pattern")),
+            # harmless OpenAI metadata: accepted and ignored (docs/engine-server.md)
+            *(Field(name, t, doc="OpenAI metadata: accepted, ignored.")
+              for name, t in HARMLESS_METADATA),
         )
         over_ids = _context_exceeded(mml, "prompt has {n} tokens, which leaves no room "
                                           "for output")
@@ -203,6 +233,10 @@ class RequestSchemas:
             Field("content", AnyOf((Str(), Array(part)),
                                    "a string or a list of content parts")),
             Field("name", Str()),
+            Field("refusal", Str(), doc="An earlier refusal: ignored."),
+            Field("tool_calls", Array(Obj(closed=False)), only=[],
+                  only_why="no tool calling"),
+            Field("tool_call_id", Str(), refused=True, only_why="no tool calling"),
         ))
         self.chat = Obj(when=stream_rule, fields=common + (
             Field("messages", Array(message, 1, mml, "context_length_exceeded",
@@ -214,10 +248,22 @@ class RequestSchemas:
             Field("add_generation_prompt", Bool()),
             Field("logprobs", Bool(), only=False, only_why="no log probabilities"),
             Field("top_logprobs", Int(0, 20)),
-            Field("tools", Array(Obj()), only=[], only_why="no tool calling"),
+            Field("tools", Array(Obj(closed=False)), only=[], only_why="no tool calling"),
+            Field("tool_choice", AnyOf((Str(), Obj(closed=False)), "a string or an object"),
+                  only="none", only_why="no tool calling"),
+            Field("parallel_tool_calls", Bool(), doc="Without tools: ignored."),
             Field("response_format", Obj((Field(
                 "type", Str(), required=True, only="text",
-                only_why="only response_format type 'text'"),))),
+                only_why="only response_format type 'text'"),), closed=False)),
+            Field("chat_template_kwargs", Obj(values=AnyOf(
+                (Str(), Num(), Bool(), Array(Str()), Obj(closed=False)), "a JSON value")),
+                doc="Extra variables for the chat template (e.g. enable_thinking)."),
+            Field("documents", Array(Obj(values=Str())),
+                  doc="Passed to the chat template as `documents` (RAG templates)."),
+            Field("continue_final_message", Bool(),
+                  doc="Continue the last (assistant) message instead of starting a new one."),
+            Field("chat_template", Str(), refused=True,
+                  only_why="the chat template is the server's (--chat-template)"),
         ))
 
         # vLLM's /tokenize and /detokenize bodies (one table each, published too)
@@ -288,6 +334,18 @@ class RequestSchemas:
         req.max_tokens = mct if mct is not None else v["max_tokens"]
         if v["add_generation_prompt"] is not None:
             req.add_generation_prompt = v["add_generation_prompt"]
+        req.chat_template_kwargs = dict(v["chat_template_kwargs"] or {})
+        if v["documents"] is not None:
+            req.chat_template_kwargs["documents"] = v["documents"]
+        if v["continue_final_message"]:
+            if req.messages[-1]["role"] != "assistant":
+                raise bad("'continue_final_message' needs the last message to be the "
+                          "assistant's", "continue_final_message")
+            if v["add_generation_prompt"]:
+                raise bad("'continue_final_message' and 'add_generation_prompt' cannot both "
+                          "be true", "continue_final_message")
+            req.continue_final_message = True
+            req.add_generation_prompt = False
         return req
 
     def _check_text_len(self, chars: int, where: str) -> None:
@@ -323,7 +381,8 @@ def _common(v: dict[str, Any], req: CompletionRequest) -> None:
     req.stream = bool(v["stream"])
     if v["stream_options"] is not None:  # only with stream true (the tables' `when`)
         req.include_usage = bool(v["stream_options"]["include_usage"])
-    for name in ("temperature", "top_p", "min_tokens", "seed", "ignore_eos"):
+    for name in ("temperature", "top_p", "min_tokens", "seed", "ignore_eos", "min_p",
+                 "include_stop_str_in_output", "skip_special_tokens"):
         if v[name] is not None:
             setattr(req, name, v[name])
     if v["top_k"] is not None:
@@ -400,7 +459,10 @@ def sampling_params(req: CompletionRequest, max_tokens: int) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=req.temperature,
                           top_p=req.top_p, top_k=req.top_k, seed=req.seed,
                           stop=list(req.stop), stop_token_ids=list(req.stop_token_ids),
-                          ignore_eos=req.ignore_eos, min_tokens=req.min_tokens)
+                          ignore_eos=req.ignore_eos, min_tokens=req.min_tokens,
+                          min_p=req.min_p,
+                          include_stop_str_in_output=req.include_stop_str_in_output,
+                          skip_special_tokens=req.skip_special_tokens)
 
 
 # --------------------------------------------------------------------------- responses

@@ -48,6 +48,9 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     min_tokens: int = 0
+    min_p: float = 0.0
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
         self.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -72,6 +75,9 @@ class SamplingParams:
         if not 0.0 < p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {p}")
         _int("top_k", self.top_k, -1)
+        mp = _real("min_p", self.min_p)
+        if not 0.0 <= mp <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {mp}")
         _int("min_tokens", self.min_tokens, 0)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")

@@ -375,7 +375,15 @@ class OpenAIServer:
         if req.kind == "chat":
             def work() -> list[int]:
                 text = tok.apply_chat_template(req.messages,
-                                               add_generation_prompt=req.add_generation_prompt)
+                                               add_generation_prompt=req.add_generation_prompt,
+                                               **req.chat_template_kwargs)
+                if req.continue_final_message:  # as transformers: cut after the last content
+                    last = req.messages[-1]["content"]
+                    cut = text.rfind(last) if last else -1
+                    if last and cut < 0:
+                        raise ValueError("the chat template does not keep the final message "
+                                         "as it is, so it cannot be continued")
+                    text = text[:cut + len(last)] if last else text
                 return tok.encode(text, add_special_tokens=False)
             n = sum(len(m["content"]) for m in req.messages)
         else:

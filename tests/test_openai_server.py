@@ -212,9 +212,6 @@ def test_prefix_cache_reported_in_usage(live):
 def test_vllm_metric_names_beside_zerods(live):
     """vLLM's dashboards read vllm:* series with a model_name label: the same observations
     as zerod_engine_*, so the two agree."""
-    import shutil
-    import subprocess
-
     eng, srv = live
     c = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
     c.completions.create(model=eng.model_name, prompt="metrics please", max_tokens=3,
@@ -246,10 +243,59 @@ def test_vllm_metric_names_beside_zerods(live):
         r'^zerod_engine_requests_total\{finished_reason="(?:stop|length|abort)"\} (\S+)$',
         text, re.M))
     assert ok == done >= 1
-    if shutil.which("promtool"):
-        r = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True,
-                           text=True, timeout=60)
-        findings = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.strip()]
-        # the only finding: promtool's lint reserves ':' for recording rules (vLLM's names)
-        assert findings and all(ln.startswith("vllm:") and "should not contain ':'" in ln
-                                for ln in findings), findings
+
+
+def test_min_p_one_keeps_only_the_top_token(live):
+    """min_p 1.0 drops every token less likely than the top one: sampling at temperature 1
+    gives the greedy text, whatever the seed."""
+    eng, srv = live
+    c = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+    kw = dict(model=eng.model_name, prompt="min p", max_tokens=8)
+    greedy = c.completions.create(temperature=0, extra_body={"ignore_eos": True}, **kw)
+    for seed in (1, 2, 3):
+        r = c.completions.create(temperature=1.0, seed=seed,
+                                 extra_body={"ignore_eos": True, "min_p": 1.0}, **kw)
+        assert r.choices[0].text == greedy.choices[0].text
+    spread = {c.completions.create(temperature=1.0, seed=s, extra_body={"ignore_eos": True},
+                                   **kw).choices[0].text for s in (1, 2, 3)}
+    assert len(spread) > 1  # without min_p the seeds do differ
+
+
+def test_include_stop_str_in_output(live):
+    eng, srv = live
+    c = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+    kw = dict(model=eng.model_name, prompt="stop strings", temperature=0)
+    full = c.completions.create(max_tokens=12, extra_body={"ignore_eos": True}, **kw)
+    text = full.choices[0].text
+    stop = text[4:6]
+    assert len(stop) == 2 and text.find(stop) >= 0
+    cut = text[:text.find(stop)]
+    for stream in (False, True):
+        plain = c.completions.create(max_tokens=12, stop=[stop], stream=stream,
+                                     extra_body={"ignore_eos": True}, **kw)
+        kept = c.completions.create(max_tokens=12, stop=[stop], stream=stream,
+                                    extra_body={"ignore_eos": True,
+                                                "include_stop_str_in_output": True}, **kw)
+        if stream:
+            plain_t = "".join(ch.choices[0].text for ch in plain)
+            kept_t = "".join(ch.choices[0].text for ch in kept)
+        else:
+            plain_t, kept_t = plain.choices[0].text, kept.choices[0].text
+        assert plain_t == cut and kept_t == cut + stop
+
+
+def test_continue_final_message_and_template_kwargs(live):
+    eng, srv = live
+    c = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure, the"}]
+    r = c.chat.completions.create(model=eng.model_name, messages=msgs, max_tokens=2,
+                                  extra_body={"continue_final_message": True,
+                                              "add_generation_prompt": False,
+                                              "chat_template_kwargs": {"enable_thinking": False}})
+    text = eng.tokenizer.apply_chat_template(msgs, add_generation_prompt=False)
+    cut = text[:text.rfind("Sure, the") + len("Sure, the")]
+    assert r.usage.prompt_tokens == len(eng.tokenizer.encode(cut, add_special_tokens=False))
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model=eng.model_name, messages=msgs[:1], max_tokens=2,
+                                  extra_body={"continue_final_message": True})
+    assert e.value.body["param"] == "continue_final_message"
