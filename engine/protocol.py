@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .api_schema import AnyOf, Array, Bool, Field, Int, Invalid, Num, Obj, Str
+from .penalties import MAX_LOGIT_BIAS
 from .request import SamplingParams
 
 # --------------------------------------------------------------------------- errors
@@ -95,6 +96,10 @@ class CompletionRequest:
     stream: bool = False
     include_usage: bool = False
     min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -184,12 +189,12 @@ class RequestSchemas:
                                 "a string or a list of strings")),
             Field("stop_token_ids", Array(token_id, max_items=MAX_STOP_TOKEN_IDS)),
             Field("ignore_eos", Bool()),
-            Field("presence_penalty", Num(-2.0, 2.0), only=0.0, only_why="no penalties"),
-            Field("frequency_penalty", Num(-2.0, 2.0), only=0.0, only_why="no penalties"),
-            Field("repetition_penalty", Num(0.0, 2.0, lo_open=True), only=1.0,
-                  only_why="no penalties"),
-            Field("logit_bias", Obj(values=Num(-100.0, 100.0)), only={},
-                  only_why="no logit bias"),
+            Field("presence_penalty", Num(-2.0, 2.0)),
+            Field("frequency_penalty", Num(-2.0, 2.0)),
+            Field("repetition_penalty", Num(0.0, 2.0, lo_open=True)),
+            Field("logit_bias", Obj(values=Num(-100.0, 100.0)),
+                  doc=f"Token id (a string) -> a value added to its logit; at most "
+                      f"{MAX_LOGIT_BIAS} entries, ids below {vocab}."),
             Field("min_p", Num(0.0, 1.0), doc="Drop tokens below min_p x the top "
                   "token's probability; 0: off."),
             Field("include_stop_str_in_output", Bool(),
@@ -308,7 +313,7 @@ class RequestSchemas:
         """Validate a decoded /v1/completions body."""
         v = _check(self.completion, body)
         req = CompletionRequest(kind="completion", model=v["model"])
-        _common(v, req)
+        _common(v, req, self.limits.vocab_size)
         prompt = v["prompt"]
         if isinstance(prompt, list) and isinstance(prompt[0], (str, list)):
             prompt = prompt[0]  # a list of one prompt
@@ -327,7 +332,7 @@ class RequestSchemas:
         """Validate a decoded /v1/chat/completions body."""
         v = _check(self.chat, body)
         req = CompletionRequest(kind="chat", model=v["model"])
-        _common(v, req)
+        _common(v, req, self.limits.vocab_size)
         req.messages = [_message(m) for m in v["messages"]]
         self._check_text_len(sum(len(m["content"]) for m in req.messages), "messages")
         mct = v["max_completion_tokens"]
@@ -376,13 +381,14 @@ def _check(table: Obj, body: Any) -> dict[str, Any]:
         raise bad(exc.message, exc.param, exc.code) from None
 
 
-def _common(v: dict[str, Any], req: CompletionRequest) -> None:
+def _common(v: dict[str, Any], req: CompletionRequest, vocab: int) -> None:
     """Fields shared by both endpoints, from validated values (None: absent)."""
     req.stream = bool(v["stream"])
     if v["stream_options"] is not None:  # only with stream true (the tables' `when`)
         req.include_usage = bool(v["stream_options"]["include_usage"])
     for name in ("temperature", "top_p", "min_tokens", "seed", "ignore_eos", "min_p",
-                 "include_stop_str_in_output", "skip_special_tokens"):
+                 "include_stop_str_in_output", "skip_special_tokens", "presence_penalty",
+                 "frequency_penalty", "repetition_penalty"):
         if v[name] is not None:
             setattr(req, name, v[name])
     if v["top_k"] is not None:
@@ -392,6 +398,21 @@ def _common(v: dict[str, Any], req: CompletionRequest) -> None:
         req.stop = [stop] if isinstance(stop, str) else stop
     if v["stop_token_ids"] is not None:
         req.stop_token_ids = v["stop_token_ids"]
+    if v["logit_bias"]:
+        req.logit_bias = _logit_bias(v["logit_bias"], vocab)
+
+
+def _logit_bias(bias: dict[str, float], vocab: int) -> dict[int, float]:
+    if len(bias) > MAX_LOGIT_BIAS:
+        raise bad(f"'logit_bias' holds at most {MAX_LOGIT_BIAS} entries, got {len(bias)}",
+                  "logit_bias")
+    out = {}
+    for k, b in bias.items():
+        if not (k.isascii() and k.isdigit() and int(k) < vocab):
+            raise bad(f"'logit_bias' keys must be token ids below {vocab}, got {k!r:.40}",
+                      f"logit_bias.{k}"[:80])
+        out[int(k)] = b
+    return out
 
 
 def parse_body(raw: bytes) -> Any:
@@ -460,7 +481,10 @@ def sampling_params(req: CompletionRequest, max_tokens: int) -> SamplingParams:
                           top_p=req.top_p, top_k=req.top_k, seed=req.seed,
                           stop=list(req.stop), stop_token_ids=list(req.stop_token_ids),
                           ignore_eos=req.ignore_eos, min_tokens=req.min_tokens,
-                          min_p=req.min_p,
+                          min_p=req.min_p, presence_penalty=req.presence_penalty,
+                          frequency_penalty=req.frequency_penalty,
+                          repetition_penalty=req.repetition_penalty,
+                          logit_bias=dict(req.logit_bias),
                           include_stop_str_in_output=req.include_stop_str_in_output,
                           skip_special_tokens=req.skip_special_tokens)
 

@@ -299,3 +299,34 @@ def test_continue_final_message_and_template_kwargs(live):
         c.chat.completions.create(model=eng.model_name, messages=msgs[:1], max_tokens=2,
                                   extra_body={"continue_final_message": True})
     assert e.value.body["param"] == "continue_final_message"
+
+
+def test_logit_bias_forces_and_bans_tokens(live):
+    eng, srv = live
+    c = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+    kw = dict(model=eng.model_name, prompt="bias", max_tokens=6, temperature=1.0, seed=3,
+              extra_body={"ignore_eos": True})
+    free = c.completions.create(**kw)
+    ids = eng.tokenizer.encode("x", add_special_tokens=False)
+    forced = c.completions.create(logit_bias={str(ids[0]): 100}, **kw)
+    assert forced.choices[0].text == "x" * 6 != free.choices[0].text
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(logit_bias={"99999999": 1}, **kw)
+    assert e.value.body["param"].startswith("logit_bias")
+
+
+def test_penalties_stop_repetition(live):
+    """Greedy text of the random model repeats itself; a strong frequency or repetition
+    penalty makes each token rarer after it appears (vLLM's definitions)."""
+    eng, srv = live
+    c = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+    kw = dict(model=eng.model_name, prompt=[5, 6, 7], max_tokens=40, temperature=0)
+
+    def distinct(**extra):
+        r = c.completions.create(extra_body={"ignore_eos": True, **extra}, **kw)
+        return len(set(eng.tokenizer.encode(r.choices[0].text, add_special_tokens=False)))
+
+    plain = distinct()
+    assert distinct(frequency_penalty=2.0) > plain
+    assert distinct(presence_penalty=2.0) > plain
+    assert distinct(repetition_penalty=2.0) >= plain
