@@ -235,8 +235,12 @@ class Field:
     only: Any = None
     only_why: str = ""
     doc: str = ""
+    refused: bool = False  # any value (but null) is refused with `only_why`
 
     def check(self, v: Any, path: str) -> Any:
+        if self.refused:
+            raise Invalid(f"'{path}' is not supported by this server: {self.only_why}", path,
+                          "unsupported")
         v = self.type.check(v, path)
         if self.only is not None and v != self.only:
             raise Invalid(f"'{path}' is not supported by this server: {self.only_why}", path,
@@ -244,6 +248,9 @@ class Field:
         return v
 
     def schema(self) -> dict[str, Any]:
+        if self.refused:
+            return {"type": "null", "description": f"{self.doc} Refused (code `unsupported`) "
+                    f"unless null: {self.only_why}.".strip()}
         # a field with one supported value publishes that value: generated clients and
         # fuzzers then send what is served; other values are documented as refused
         s = {"const": self.only} if self.only is not None else self.type.schema()
@@ -260,13 +267,16 @@ class Field:
 
 @dataclass(frozen=True)
 class Obj(Type):
-    """A JSON object of declared fields; unknown members are ignored (as OpenAI's API
-    does), or, with `values`, every member is checked against it (a map). `when` holds
-    (field, other, value): `field` is allowed only when `other` is `value`."""
+    """A JSON object of declared fields; a member that is not declared is refused (a
+    client that sends a field this server does not know must not get an answer that
+    silently ignored it), unless `closed` is False (then ignored). With `values`, every
+    member is checked against it (a map). `when` holds (field, other, value): `field` is
+    allowed only when `other` is `value`."""
 
     fields: tuple[Field, ...] = ()
     values: Type | None = None
     when: tuple[tuple[str, str, Any], ...] = ()
+    closed: bool = True
 
     def matches_kind(self, v: Any) -> bool:
         return isinstance(v, dict)
@@ -290,6 +300,12 @@ class Obj(Type):
             for k, x in v.items():
                 where = f"{path}.{k}" if path else k
                 out[k] = self.values.check(x, where)
+        elif self.closed:
+            for k in v:
+                if k not in out:
+                    where = f"{path}.{k}" if path else k
+                    raise Invalid(f"'{where}' is not a field this server knows (unrecognized "
+                                  f"request argument)", where, "unknown_field")
         for name, other, value in self.when:
             if out[name] is not None and out[other] != value:
                 where = f"{path}.{name}" if path else name
@@ -306,6 +322,8 @@ class Obj(Type):
             s["required"] = req
         if self.values is not None:
             s["additionalProperties"] = self.values.schema()
+        elif self.closed and self.fields:
+            s["additionalProperties"] = False
         if self.when:
             s["allOf"] = [{"if": {"properties": {name: {"not": {"type": "null"}}},
                                   "required": [name]},

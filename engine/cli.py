@@ -54,6 +54,25 @@ class Device(click.ParamType):
         self.fail(f"{value!r} is not cpu, cuda, cuda:N or auto", param, ctx)
 
 
+class JsonList(click.ParamType):
+    """A JSON list of strings, as vLLM's CORS flags take: '["https://a.example"]'."""
+
+    name = "json-list"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, list):
+            return value
+        import json
+
+        try:
+            v = json.loads(value)
+        except ValueError:
+            v = None
+        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+            self.fail(f"{value!r} is not a JSON list of strings (e.g. '[\"*\"]')", param, ctx)
+        return v
+
+
 def _check_model(ctx, param, value):
     if value == "demo":
         return value
@@ -151,6 +170,14 @@ def _check_model(ctx, param, value):
               help="Cap for requests that send no max_tokens (chat; completions default to "
                    "16 as OpenAI). Default: what the context leaves, which reserves KV pages "
                    "for the whole context at admission.")
+@click.option("--allowed-origins", type=JsonList(), default='["*"]', show_default=True,
+              help="CORS: origins allowed (a JSON list, as vLLM's).")
+@click.option("--allowed-methods", type=JsonList(), default='["*"]', show_default=True,
+              help="CORS: methods allowed (a JSON list).")
+@click.option("--allowed-headers", type=JsonList(), default='["*"]', show_default=True,
+              help="CORS: request headers allowed (a JSON list).")
+@click.option("--allow-credentials", is_flag=True, default=False,
+              help="CORS: allow credentials (cookies, Authorization).")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 def serve(model, served_model_name, tokenizer, dtype, load_format, max_model_len,
@@ -158,7 +185,8 @@ def serve(model, served_model_name, tokenizer, dtype, load_format, max_model_len
           target_itl_ms, target_ttft_ms, min_prefill_chunk, max_waiting,
           gpu_memory_utilization, kv_pages,
           kv_cache_memory_bytes, block_size, device, enforce_eager, seed, host, port, api_key,
-          drain_timeout, default_max_tokens, log_level):
+          drain_timeout, default_max_tokens, allowed_origins, allowed_methods, allowed_headers,
+          allow_credentials, log_level):
     """Serve MODEL over an OpenAI-compatible HTTP API (/v1/completions,
     /v1/chat/completions, /v1/models, /health, /metrics)."""
     from zerod.logs import setup_logging  # the daemon's format: one journal, one format
@@ -197,7 +225,11 @@ def serve(model, served_model_name, tokenizer, dtype, load_format, max_model_len
         click.echo(f"zerod serve: error: {exc}", err=True)
         sys.exit(1)
 
+    from zerod.engine.cors import CorsPolicy
     from zerod.engine.server import serve_async
+
+    cors = CorsPolicy(tuple(allowed_origins), tuple(allowed_methods), tuple(allowed_headers),
+                      allow_credentials)
 
     def ready(bound: int) -> None:
         st = engine.stats()
@@ -217,7 +249,8 @@ def serve(model, served_model_name, tokenizer, dtype, load_format, max_model_len
         asyncio.run(serve_async(engine, sock,
                                 served_model_names=names or None, api_key=api_key,
                                 drain_timeout=drain_timeout,
-                                default_max_tokens=default_max_tokens, on_ready=ready))
+                                default_max_tokens=default_max_tokens, cors=cors,
+                                on_ready=ready))
     except EngineError as exc:
         click.echo(f"zerod serve: error: {exc}", err=True)
         code = 1

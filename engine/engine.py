@@ -86,7 +86,7 @@ class Engine:
             self._build_device_side()
 
         self.scheduler = Scheduler(cfg, self.pool)
-        self.metrics = EngineMetrics(self._snapshot)
+        self.metrics = EngineMetrics(self._snapshot, self.model_name)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._ids = itertools.count()
         self._rng = random.Random(cfg.seed)
@@ -190,7 +190,8 @@ class Engine:
         rid = f"req-{next(self._ids)}"
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
         req = Request(rid, list(prompt_ids), params, on_output, max_tokens, seed,
-                      sample_class=row_class(params.temperature, params.top_k, params.top_p))
+                      sample_class=row_class(params.temperature, params.top_k, params.top_p,
+                                                   params.min_p))
         self._inbox.put(("submit", req))
         return rid
 

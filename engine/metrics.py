@@ -6,6 +6,11 @@ counters are observed by the output poller as tokens arrive.
 
 The names below are the one list of the engine's series as a scrape shows them
 (counters end in `_total`); the daemon's engine-metrics watcher imports them.
+
+Beside them, the series vLLM's dashboards, autoscalers and gateways read are published
+under vLLM's names (`vllm:*`, each with a `model_name` label) from the same observations:
+one `_Twin` observes both, so the two families cannot disagree. promtool's lint flags the
+`:` in those names (a convention for recording rules); that is the only finding.
 """
 
 from __future__ import annotations
@@ -33,6 +38,19 @@ PREFIX_CACHE_QUERIES_TOTAL = "zerod_engine_prefix_cache_queries_total"
 PREFIX_CACHE_HITS_TOTAL = "zerod_engine_prefix_cache_hits_total"
 PREFIX_CACHE_PAGES = "zerod_engine_prefix_cache_pages"
 
+# vLLM's names for the same facts (vllm/v1/metrics/loggers.py), labelled by model_name.
+VLLM_NUM_REQUESTS_RUNNING = "vllm:num_requests_running"
+VLLM_NUM_REQUESTS_WAITING = "vllm:num_requests_waiting"
+VLLM_KV_CACHE_USAGE_PERC = "vllm:kv_cache_usage_perc"
+VLLM_TIME_TO_FIRST_TOKEN_SECONDS = "vllm:time_to_first_token_seconds"
+VLLM_INTER_TOKEN_LATENCY_SECONDS = "vllm:inter_token_latency_seconds"
+VLLM_E2E_REQUEST_LATENCY_SECONDS = "vllm:e2e_request_latency_seconds"
+VLLM_PROMPT_TOKENS_TOTAL = "vllm:prompt_tokens_total"
+VLLM_GENERATION_TOKENS_TOTAL = "vllm:generation_tokens_total"
+VLLM_REQUEST_SUCCESS_TOTAL = "vllm:request_success_total"
+# vLLM counts a request as a success when it ends by stop, length or abort (not error).
+VLLM_SUCCESS_REASONS = ("stop", "length", "abort")
+
 _LAT = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5,
         0.75, 1.0, 2.5, 5.0, 10.0)
 _E2E = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0)
@@ -44,9 +62,23 @@ def _family(total_name: str) -> str:
     return total_name.removesuffix("_total")
 
 
+class _Twin:
+    """One observation, two series: zerod's and vLLM's (labelled child)."""
+
+    __slots__ = ("a", "b", "inc", "observe")
+
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+        if hasattr(a, "observe"):
+            self.observe = lambda v: (a.observe(v), b.observe(v))
+        else:
+            self.inc = lambda v=1: (a.inc(v), b.inc(v))
+
+
 class _EngineCollector:
-    def __init__(self, snapshot: Callable[[], dict]):
+    def __init__(self, snapshot: Callable[[], dict], model_name: str):
         self.snapshot = snapshot
+        self.model_name = model_name
 
     def describe(self):
         return []
@@ -76,24 +108,54 @@ class _EngineCollector:
                                   "Prompt tokens whose KV the prefix cache had.", value=s["prefix_cache_hits"])
         yield GaugeMetricFamily(PREFIX_CACHE_PAGES, "KV pages holding cached prefixes (counted as free "
                                 "when no request uses them).", value=s["prefix_cache_pages"])
+        total = s["kv_pages_total"]
+        for name, value, doc in (
+                (VLLM_NUM_REQUESTS_RUNNING, s["requests_running"], "Number of requests in model execution batches."),
+                (VLLM_NUM_REQUESTS_WAITING, s["requests_waiting"], "Number of requests waiting to be processed."),
+                (VLLM_KV_CACHE_USAGE_PERC, (total - s["kv_pages_free"]) / total if total else 0.0,
+                 "KV-cache usage. 1 means 100 percent usage.")):
+            g = GaugeMetricFamily(name, doc, labels=["model_name"])
+            g.add_metric([self.model_name], value)
+            yield g
 
 
 class EngineMetrics:
-    def __init__(self, snapshot: Callable[[], dict]):
+    def __init__(self, snapshot: Callable[[], dict], model_name: str = "model"):
         r = self.registry = CollectorRegistry(auto_describe=True)
-        self.ttft = Histogram(TIME_TO_FIRST_TOKEN_SECONDS,
-                              "Time from submit to the first token.", buckets=_LAT + (20.0, 60.0), registry=r)
-        self.itl = Histogram(INTER_TOKEN_LATENCY_SECONDS,
-                             "Time between consecutive tokens of a request.", buckets=_LAT, registry=r)
-        self.e2e = Histogram(E2E_REQUEST_LATENCY_SECONDS,
-                             "Time from submit to the end of a request.", buckets=_E2E, registry=r)
+        mn = ["model_name"]
+
+        def hist(name, vname, doc, buckets):
+            return _Twin(Histogram(name, doc, buckets=buckets, registry=r),
+                         Histogram(vname, doc, mn, buckets=buckets, registry=r).labels(model_name))
+
+        def counter(name, vname, doc):
+            return _Twin(Counter(_family(name), doc, registry=r),
+                         Counter(_family(vname), doc, mn, registry=r).labels(model_name))
+
+        self.ttft = hist(TIME_TO_FIRST_TOKEN_SECONDS, VLLM_TIME_TO_FIRST_TOKEN_SECONDS,
+                         "Time from submit to the first token.", _LAT + (20.0, 60.0))
+        self.itl = hist(INTER_TOKEN_LATENCY_SECONDS, VLLM_INTER_TOKEN_LATENCY_SECONDS,
+                        "Time between consecutive tokens of a request.", _LAT)
+        self.e2e = hist(E2E_REQUEST_LATENCY_SECONDS, VLLM_E2E_REQUEST_LATENCY_SECONDS,
+                        "Time from submit to the end of a request.", _E2E)
         self.step_seconds = Histogram(STEP_SECONDS,
                                       "Device time of one engine step (prefill chunks + one decode).",
                                       buckets=_STEP, registry=r)
-        self.prompt_tokens = Counter(_family(PROMPT_TOKENS_TOTAL), "Prompt tokens processed.", registry=r)
-        self.generation_tokens = Counter(_family(GENERATION_TOKENS_TOTAL), "Tokens generated.", registry=r)
+        self.prompt_tokens = counter(PROMPT_TOKENS_TOTAL, VLLM_PROMPT_TOKENS_TOTAL, "Prompt tokens processed.")
+        self.generation_tokens = counter(GENERATION_TOKENS_TOTAL, VLLM_GENERATION_TOKENS_TOTAL, "Tokens generated.")
         self.requests_total = Counter(_family(REQUESTS_TOTAL), "Finished requests by reason.",
                                       ["finished_reason"], registry=r)
+        self.request_success = Counter(_family(VLLM_REQUEST_SUCCESS_TOTAL), "Count of successfully processed "
+                                       "requests.", ["model_name", "finished_reason"], registry=r)
         for reason in ("stop", "length", "abort", "error"):
             self.requests_total.labels(finished_reason=reason)
-        r.register(_EngineCollector(snapshot))
+        for reason in VLLM_SUCCESS_REASONS:
+            self.request_success.labels(model_name, reason)
+        self.model_name = model_name
+        r.register(_EngineCollector(snapshot, model_name))
+
+    def finished(self, reason: str) -> None:
+        """Count a request that ended with `reason` (stop | length | abort | error)."""
+        self.requests_total.labels(finished_reason=reason).inc()
+        if reason in VLLM_SUCCESS_REASONS:
+            self.request_success.labels(self.model_name, reason).inc()

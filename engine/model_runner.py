@@ -28,6 +28,7 @@ from .hf_config import ModelConfig, cos_sin_cache
 from .kv_pool import KVPool
 from .model import AttnMeta, LlamaModel
 from .output import HostRing
+from .penalties import MAX_LOGIT_BIAS, PenaltyTables, uses_penalty
 from .request import Request
 from .sampler import sample
 from .scheduler import Batch, Chunk
@@ -136,6 +137,13 @@ class SlotUpload:
     min_tokens: torch.Tensor     # int64 [A]
     temperature: torch.Tensor    # float32 [A]
     top_p: torch.Tensor          # float32 [A]
+    min_p: torch.Tensor          # float32 [A]
+    presence: torch.Tensor       # float32 [A]
+    frequency: torch.Tensor      # float32 [A]
+    repetition: torch.Tensor     # float32 [A]
+    bias_slots: torch.Tensor | None  # int64 [Ab]: the new requests with a logit_bias
+    bias_ids: torch.Tensor | None    # int64 [Ab, MAX_LOGIT_BIAS]
+    bias_vals: torch.Tensor | None   # float32 [Ab, MAX_LOGIT_BIAS]
 
 
 @dataclass
@@ -149,6 +157,9 @@ class PrefillInputs:
     sample_idx: torch.Tensor     # int64 [S]: token rows of the chunks that complete a prompt
     sample_slots: torch.Tensor   # int64 [S]: their slots
     sample_reqs: list[Request]   # their requests, grouped by sample class
+    logit_rules: LogitRules      # penalties / logit_bias of the sampled rows
+    tok_slots: torch.Tensor      # int64 [n_real]: the slot of each real prompt token
+    n_real: int                  # tokens that are the prompts' (not padding)
     seqlens: list[int]           # host copy of the chunk lengths
     width: int                   # block-table columns the chunks need
     no_prefix: bool              # every chunk starts at position 0
@@ -156,10 +167,19 @@ class PrefillInputs:
 
 
 @dataclass
+class LogitRules:
+    """Which sampled rows get penalties / a logit_bias (None: no row)."""
+    pen_rows: torch.Tensor | None    # int64 [P]
+    pen_width: int                   # the longest history of those rows
+    bias_rows: torch.Tensor | None   # int64 [Q]
+
+
+@dataclass
 class DecodeInputs:
     slots: torch.Tensor          # int64 [B]
     positions: torch.Tensor      # int64 [B]
     reqs: list[Request]          # grouped by sample class
+    logit_rules: LogitRules
 
 
 @dataclass
@@ -189,14 +209,18 @@ class ModelRunner:
         self.min_tokens = torch.zeros(S + 1, dtype=torch.int64, device=dev)
         self.temperature = torch.zeros(S + 1, dtype=torch.float32, device=dev)
         self.top_p = torch.ones(S + 1, dtype=torch.float32, device=dev)
+        self.min_p = torch.zeros(S + 1, dtype=torch.float32, device=dev)
+        self.pen = PenaltyTables(S + 1, max_model_len, dev)
         self.last_tokens = torch.zeros(S + 1, dtype=torch.int64, device=dev)
         self.eos = torch.tensor(eos_ids or [0], dtype=torch.int64, device=dev)
         # host ring of sampled ids + pinned input staging, one per ring slot
         self.ring = HostRing(cfg.ring_depth, S, device)
         T = cfg.prefill_token_cap
-        # words: uploads 2.5 per page + 6 per request; prefill 3 per token + 4 per chunk
-        # (chunks <= tokens); decode 2 per request; + alignment of each field
-        self.staging = Staging(3 * pool.num_pages + 8 * S + 7 * T + 64, cfg.ring_depth, dev, self.cuda)
+        # words: uploads 2.5 per page + 8.5 per request + 451 per logit_bias; prefill 4 per
+        # token + 4 per chunk (chunks <= tokens); decode 2 per request; penalty / bias rows
+        # 2 per sampled row; + alignment of each field
+        self.staging = Staging(3 * pool.num_pages + (15 + 2 + 451) * S + 8 * T + 128,
+                               cfg.ring_depth, dev, self.cuda)
         # decode graph buffers
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.g_slots = torch.full((S,), self.pad_slot, dtype=torch.int64, device=dev)
@@ -256,7 +280,36 @@ class ModelRunner:
             seed=pk.int64([r.seed for r in reqs]),
             min_tokens=pk.int64([r.params.min_tokens for r in reqs]),
             temperature=pk.float32([r.params.temperature for r in reqs]),
-            top_p=pk.float32([r.params.top_p for r in reqs]))
+            top_p=pk.float32([r.params.top_p for r in reqs]),
+            min_p=pk.float32([r.params.min_p for r in reqs]),
+            presence=pk.float32([r.params.presence_penalty for r in reqs]),
+            frequency=pk.float32([r.params.frequency_penalty for r in reqs]),
+            repetition=pk.float32([r.params.repetition_penalty for r in reqs]),
+            **self._stage_bias(pk, [r for r in reqs if r.params.logit_bias]))
+
+    @staticmethod
+    def _stage_bias(pk: Packer, reqs: list[Request]) -> dict:
+        if not reqs:
+            return dict(bias_slots=None, bias_ids=None, bias_vals=None)
+        ids = np.zeros((len(reqs), MAX_LOGIT_BIAS), dtype=np.int64)
+        vals = np.zeros((len(reqs), MAX_LOGIT_BIAS), dtype=np.float32)
+        for i, r in enumerate(reqs):
+            b = r.params.logit_bias
+            ids[i, :len(b)] = list(b)
+            vals[i, :len(b)] = list(b.values())
+        return dict(bias_slots=pk.int64([r.slot for r in reqs]),
+                    bias_ids=pk.int64(ids.ravel()).view(len(reqs), MAX_LOGIT_BIAS),
+                    bias_vals=pk.float32(vals.ravel()).view(len(reqs), MAX_LOGIT_BIAS))
+
+    @staticmethod
+    def _stage_rules(pk: Packer, reqs: list[Request], seq_lens) -> LogitRules:
+        """The rows (of reqs, in order) with penalties or a logit_bias; seq_lens(r): the
+        tokens of r's history when this row samples."""
+        pen = [i for i, r in enumerate(reqs) if uses_penalty(r.params)]
+        bias = [i for i, r in enumerate(reqs) if r.params.logit_bias]
+        return LogitRules(pk.int64(pen) if pen else None,
+                          max((seq_lens(reqs[i]) for i in pen), default=0),
+                          pk.int64(bias) if bias else None)
 
     def _stage_prefill(self, pk: Packer, chunks: list[Chunk], pad: bool) -> PrefillInputs:
         ps = self.ps
@@ -290,12 +343,17 @@ class ModelRunner:
             s_idx = cu[1:][done] - 1
         slots_host = np.fromiter((c.req.slot for c in chunks), dtype=np.int64, count=len(chunks))
         slots = pk.int64(slots_host)
+        n_real = chunks[0].n if padded else len(toks)
+        tok_slots = pk.int64(np.repeat(slots_host, [c.n for c in chunks]))
+        sample_reqs = [chunks[i].req for i in done]
         return PrefillInputs(
             tokens=pk.int64(toks), positions=pk.int64(pos), slot_mapping=pk.int64(smap),
             cu_seqlens=pk.int32(cu), context_lens=pk.int32(ctx), slots=slots,
             sample_idx=pk.int64(s_idx),
             sample_slots=slots if padded else pk.int64(slots_host[done]),
-            sample_reqs=[chunks[i].req for i in done],
+            sample_reqs=sample_reqs,
+            logit_rules=self._stage_rules(pk, sample_reqs, lambda r: r.prompt_len),
+            tok_slots=tok_slots, n_real=n_real,
             seqlens=[c.n for c in chunks],
             width=max((c.start + c.n + ps - 1) // ps for c in chunks),
             no_prefix=all(c.start == 0 for c in chunks),
@@ -307,7 +365,8 @@ class ModelRunner:
             slots=pk.int64(np.fromiter((r.slot for r in decodes), dtype=np.int64, count=B)),
             positions=pk.int64(np.fromiter((r.prompt_len + r.num_scheduled - 1 for r in decodes),
                                            dtype=np.int64, count=B)),
-            reqs=decodes)
+            reqs=decodes,
+            logit_rules=self._stage_rules(pk, decodes, lambda r: r.prompt_len + r.num_scheduled))
 
     def launch(self, ring_idx: int, x: StepInputs) -> list[Request]:
         """The device work of a staged step, in stream order; no host sync."""
@@ -329,8 +388,11 @@ class ModelRunner:
         # left last_tokens as it was, so it can be redone
         if prefill_tok is not None:
             self.last_tokens.index_copy_(0, x.prefill.sample_slots, prefill_tok)
+            self.pen.record(x.prefill.sample_slots,
+                            self.prompt_len.index_select(0, x.prefill.sample_slots), prefill_tok)
         if decode_tok is not None:
             self.last_tokens.index_copy_(0, x.decode.slots, decode_tok)
+            self.pen.record(x.decode.slots, x.decode.positions + 1, decode_tok)
         return rows
 
     def settle(self) -> None:
@@ -347,9 +409,17 @@ class ModelRunner:
         self.min_tokens.index_copy_(0, u.slots, u.min_tokens)
         self.temperature.index_copy_(0, u.slots, u.temperature)
         self.top_p.index_copy_(0, u.slots, u.top_p)
+        self.min_p.index_copy_(0, u.slots, u.min_p)
+        self.pen.presence.index_copy_(0, u.slots, u.presence)
+        self.pen.frequency.index_copy_(0, u.slots, u.frequency)
+        self.pen.repetition.index_copy_(0, u.slots, u.repetition)
+        if u.bias_slots is not None:
+            self.pen.bias_ids.index_copy_(0, u.bias_slots, u.bias_ids)
+            self.pen.bias_vals.index_copy_(0, u.bias_slots, u.bias_vals)
 
     def _prefill(self, p: PrefillInputs) -> torch.Tensor | None:
         """The first output token of every chunk that completes its prompt (None: no chunk does)."""
+        self.pen.record(p.tok_slots, p.positions[:p.n_real], p.tokens[:p.n_real])
         if p.padded:
             logits = self._prefill_padded(p)
         else:
@@ -360,12 +430,27 @@ class ModelRunner:
             if not p.sample_reqs:
                 return None
             logits = self.model.logits(hidden.index_select(0, p.sample_idx))
+        logits = self._logit_rules(logits, p.sample_slots, p.logit_rules, seq_lens=None)
         return self._sample(logits, p.sample_slots, torch.zeros_like(p.sample_slots), p.sample_reqs)
 
     def _decode(self, d: DecodeInputs) -> torch.Tensor:
         logits = self._decode_logits(len(d.reqs), d.slots, d.positions, d.reqs)
         gen = d.positions - self.prompt_len.index_select(0, d.slots) + 1
+        logits = self._logit_rules(logits, d.slots, d.logit_rules, seq_lens=d.positions + 1)
         return self._sample(logits, d.slots, gen, d.reqs)
+
+    def _logit_rules(self, logits: torch.Tensor, slots: torch.Tensor, rules: LogitRules,
+                     seq_lens: torch.Tensor | None) -> torch.Tensor:
+        """Penalties and logit_bias of the rows that have them (seq_lens None: the
+        prefill's rows, whose history is their prompt)."""
+        if rules.pen_rows is not None:
+            s = slots.index_select(0, rules.pen_rows)
+            prompt = self.prompt_len.index_select(0, s)
+            lens = prompt if seq_lens is None else seq_lens.index_select(0, rules.pen_rows)
+            logits = self.pen.apply(logits, rules.pen_rows, s, lens, prompt, rules.pen_width)
+        if rules.bias_rows is not None:
+            logits = self.pen.add_bias(logits, rules.bias_rows, slots.index_select(0, rules.bias_rows))
+        return logits
 
     # ------------------------------------------------------------------ padded prefill
     def _prefill_bucket(self, chunks: list[Chunk]) -> int:
@@ -427,11 +512,13 @@ class ModelRunner:
         n_filter = classes.count(0)
         n_random = n_filter + classes.count(1)
         need_min = any(r.params.min_tokens > 0 for r in reqs)
+        need_min_p = any(r.params.min_p > 0.0 for r in reqs[:n_filter])
         return sample(logits, self.temperature.index_select(0, slots), self.top_p.index_select(0, slots),
                       self.top_k.index_select(0, slots), self.seed.index_select(0, slots), gen,
                       n_random=n_random, n_filter=n_filter,
                       suppress_ids=self.eos if need_min else None,
-                      suppress_rows=(gen < self.min_tokens.index_select(0, slots)) if need_min else None)
+                      suppress_rows=(gen < self.min_tokens.index_select(0, slots)) if need_min else None,
+                      min_p=self.min_p.index_select(0, slots) if need_min_p else None)
 
     # ------------------------------------------------------------------ decode
     def _decode_forward(self, slots: torch.Tensor, pos: torch.Tensor, w: int) -> torch.Tensor:

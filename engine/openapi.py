@@ -49,6 +49,8 @@ _ERROR = _obj({"error": _obj({
 _MODEL_LIST = _obj({"object": {"const": "list"}, "data": {"type": "array", "items": _obj({
     "id": _STR, "object": {"const": "model"}, "created": _INT, "owned_by": _STR,
     "root": _STR, "parent": _NULL, "max_model_len": _INT})}})
+_TOKENIZED = _obj({"count": _INT, "max_model_len": _INT, "tokens": {"type": "array", "items": _INT},
+                   "token_strs": {"anyOf": [{"type": "array", "items": _STR}, _NULL]}})
 _HEALTH = _obj({
     "status": {"enum": ["ok", "unhealthy", "draining"]}, "pid": _INT, "model": _STR,
     "max_model_len": _INT, "vocab_size": _INT, "inflight": _INT,
@@ -124,6 +126,21 @@ def openapi_document(schemas: P.RequestSchemas, model_names: list[str]) -> dict[
                 "operationId": "metrics", "summary": "Prometheus metrics",
                 "responses": {"200": {"description": "Prometheus text format.",
                                       "content": {"text/plain": {"schema": _STR}}}}}},
+            "/tokenize": {"post": {
+                "operationId": "tokenize", "summary": "Token ids of a prompt or chat messages",
+                "requestBody": {"required": True, "content": {
+                    "application/json": {"schema": _ref("TokenizeRequest")}}},
+                "responses": {**_json_ok("The token ids.", _ref("Tokenized")),
+                              **_errors(400, 404, 408, 413)}}},
+            "/detokenize": {"post": {
+                "operationId": "detokenize", "summary": "The text of token ids",
+                "requestBody": {"required": True, "content": {
+                    "application/json": {"schema": _ref("DetokenizeRequest")}}},
+                "responses": {**_json_ok("The text.", _obj({"prompt": _STR})),
+                              **_errors(400, 404, 408, 413)}}},
+            "/version": {"get": {
+                "operationId": "version", "summary": "The server's version",
+                "responses": _json_ok("The version.", _obj({"version": _STR}))}},
             "/openapi.json": {"get": {
                 "operationId": "openapi", "summary": "This document",
                 "responses": _json_ok("OpenAPI 3.1.", {"type": "object"})}},
@@ -137,5 +154,8 @@ def openapi_document(schemas: P.RequestSchemas, model_names: list[str]) -> dict[
             "Error": _ERROR,
             "ModelList": _MODEL_LIST,
             "Health": _HEALTH,
+            "TokenizeRequest": schemas.tokenize.schema(),
+            "DetokenizeRequest": schemas.detokenize.schema(),
+            "Tokenized": _TOKENIZED,
         }},
     }

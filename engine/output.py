@@ -147,7 +147,7 @@ class OutputPoller(threading.Thread):
             r.first_token_at = now
             m.ttft.observe(now - r.arrival)
             m.prompt_tokens.inc(r.prompt_len)
-            r.detok = IncrementalDetokenizer(self.tok, r.prompt_ids)
+            r.detok = IncrementalDetokenizer(self.tok, r.prompt_ids, p.skip_special_tokens)
         else:
             m.itl.observe(now - r.last_token_at)
         r.last_token_at = now
@@ -164,14 +164,14 @@ class OutputPoller(threading.Thread):
         text = r.pending + piece
         reason = None
         if p.stop and n > p.min_tokens:
-            hit = -1
+            hit, end = -1, -1
             for s in p.stop:
                 i = text.find(s)
                 if i >= 0 and (hit < 0 or i < hit):
-                    hit = i
+                    hit, end = i, i + len(s)
             if hit >= 0:
                 r.pending = ""
-                self._emit(r, [tok], text[:hit], "stop")
+                self._emit(r, [tok], text[:end if p.include_stop_str_in_output else hit], "stop")
                 self.notify_stop(r)
                 return
         if n >= r.max_tokens:
@@ -188,7 +188,7 @@ class OutputPoller(threading.Thread):
     def _emit(self, r: Request, ids: list[int], text: str, reason: str | None, error: str | None = None) -> None:
         if reason is not None:
             r.finished = True
-            self.metrics.requests_total.labels(finished_reason=reason).inc()
+            self.metrics.finished(reason)
             self.metrics.e2e.observe(time.monotonic() - r.arrival)
         out = RequestOutput(r.id, ids, text, reason is not None, reason, r.prompt_len, len(r.out_ids), error,
                             cached_tokens=r.num_cached)

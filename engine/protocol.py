@@ -5,7 +5,8 @@ generation endpoints are declared once, as `api_schema` fields (`RequestSchemas`
 table validates a decoded body and is published in /openapi.json. Every numeric field is
 bounded by what the engine can do (token ids and `top_k` by the vocabulary, lengths by
 `max_model_len`, seeds by int64, floats finite); a field of the wrong type or out of range is
-a 400 naming it (`param`). Unknown fields are ignored. Validation turns a body into a
+a 400 naming it (`param`). A field this server does not know is refused too (a 400
+naming it), except the harmless OpenAI metadata of `HARMLESS_METADATA`. Validation turns a body into a
 `CompletionRequest` (prompt still as text, ids or chat messages).
 
 Streaming is the hot path (200 streams x ~100 tokens/s each on the GPU), so a
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .api_schema import AnyOf, Array, Bool, Field, Int, Invalid, Num, Obj, Str
+from .penalties import MAX_LOGIT_BIAS
 from .request import SamplingParams
 
 # --------------------------------------------------------------------------- errors
@@ -93,11 +95,32 @@ class CompletionRequest:
     ignore_eos: bool = False
     stream: bool = False
     include_usage: bool = False
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    continue_final_message: bool = False
 
     @property
     def prompt_field(self) -> str:
         """The field that holds the prompt (the `param` of a context error)."""
         return "messages" if self.kind == "chat" else "prompt"
+
+
+@dataclass
+class TokenizeRequest:
+    """A validated /tokenize request: a text prompt or chat messages."""
+
+    model: str | None
+    prompt: str | None
+    messages: list[dict[str, Any]] | None
+    add_special_tokens: bool
+    add_generation_prompt: bool
+    return_token_strs: bool
 
 
 @dataclass(frozen=True)
@@ -110,6 +133,12 @@ class Limits:
     # tokenizer: see text_bound.py); None when the tokenizer gives no such bound.
     max_prompt_chars: int | None = None
 
+
+# OpenAI request metadata that changes nothing about the answer: accepted and ignored.
+# Any other field this server does not implement is refused with a 400 naming it.
+HARMLESS_METADATA = (("user", Str()), ("metadata", Obj(values=Str())), ("store", Bool()),
+                     ("service_tier", Str()), ("prompt_cache_key", Str()),
+                     ("safety_identifier", Str()))
 
 # OpenAI's documented default for /v1/completions.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -142,7 +171,10 @@ class RequestSchemas:
         common = (
             Field("model", Str(), doc="A served model name (GET /v1/models)."),
             Field("stream", Bool()),
-            Field("stream_options", Obj((Field("include_usage", Bool()),)),
+            Field("stream_options", Obj((
+                Field("include_usage", Bool()),
+                Field("continuous_usage_stats", Bool(), only=False,
+                      only_why="usage comes in the last chunk only (include_usage)"))),
                   doc="Only with stream: true."),
             Field("n", Int(1, 128), only=1, only_why="only n=1 (one choice per request)"),
             Field("best_of", Int(1, 128), only=1, only_why="only best_of=1"),
@@ -157,13 +189,28 @@ class RequestSchemas:
                                 "a string or a list of strings")),
             Field("stop_token_ids", Array(token_id, max_items=MAX_STOP_TOKEN_IDS)),
             Field("ignore_eos", Bool()),
-            Field("presence_penalty", Num(-2.0, 2.0), only=0.0, only_why="no penalties"),
-            Field("frequency_penalty", Num(-2.0, 2.0), only=0.0, only_why="no penalties"),
-            Field("repetition_penalty", Num(0.0, 2.0, lo_open=True), only=1.0,
-                  only_why="no penalties"),
-            Field("logit_bias", Obj(values=Num(-100.0, 100.0)), only={},
-                  only_why="no logit bias"),
-            Field("user", Str()),
+            Field("presence_penalty", Num(-2.0, 2.0)),
+            Field("frequency_penalty", Num(-2.0, 2.0)),
+            Field("repetition_penalty", Num(0.0, 2.0, lo_open=True)),
+            Field("logit_bias", Obj(values=Num(-100.0, 100.0)),
+                  doc=f"Token id (a string) -> a value added to its logit; at most "
+                      f"{MAX_LOGIT_BIAS} entries, ids below {vocab}."),
+            Field("min_p", Num(0.0, 1.0), doc="Drop tokens below min_p x the top "
+                  "token's probability; 0: off."),
+            Field("include_stop_str_in_output", Bool(),
+                  doc="Keep the matched stop string at the end of the text."),
+            Field("skip_special_tokens", Bool(), doc="Default true."),
+            Field("spaces_between_special_tokens", Bool(), only=True,
+                  only_why="special tokens are always decoded as the tokenizer joins them"),
+            Field("structured_outputs", Obj(closed=False), refused=True,
+                  only_why="no structured outputs"),
+            *(Field(f"guided_{k}", Obj(closed=False), refused=True,
+                    only_why="no structured outputs")
+              for k in ("json", "regex", "choice", "grammar", "decoding_backend",
+                        "whitespace_pattern")),
+            # harmless OpenAI metadata: accepted and ignored (docs/engine-server.md)
+            *(Field(name, t, doc="OpenAI metadata: accepted, ignored.")
+              for name, t in HARMLESS_METADATA),
         )
         over_ids = _context_exceeded(mml, "prompt has {n} tokens, which leaves no room "
                                           "for output")
@@ -191,6 +238,10 @@ class RequestSchemas:
             Field("content", AnyOf((Str(), Array(part)),
                                    "a string or a list of content parts")),
             Field("name", Str()),
+            Field("refusal", Str(), doc="An earlier refusal: ignored."),
+            Field("tool_calls", Array(Obj(closed=False)), only=[],
+                  only_why="no tool calling"),
+            Field("tool_call_id", Str(), refused=True, only_why="no tool calling"),
         ))
         self.chat = Obj(when=stream_rule, fields=common + (
             Field("messages", Array(message, 1, mml, "context_length_exceeded",
@@ -202,19 +253,67 @@ class RequestSchemas:
             Field("add_generation_prompt", Bool()),
             Field("logprobs", Bool(), only=False, only_why="no log probabilities"),
             Field("top_logprobs", Int(0, 20)),
-            Field("tools", Array(Obj()), only=[], only_why="no tool calling"),
+            Field("tools", Array(Obj(closed=False)), only=[], only_why="no tool calling"),
+            Field("tool_choice", AnyOf((Str(), Obj(closed=False)), "a string or an object"),
+                  only="none", only_why="no tool calling"),
+            Field("parallel_tool_calls", Bool(), doc="Without tools: ignored."),
             Field("response_format", Obj((Field(
                 "type", Str(), required=True, only="text",
-                only_why="only response_format type 'text'"),))),
+                only_why="only response_format type 'text'"),), closed=False)),
+            Field("chat_template_kwargs", Obj(values=AnyOf(
+                (Str(), Num(), Bool(), Array(Str()), Obj(closed=False)), "a JSON value")),
+                doc="Extra variables for the chat template (e.g. enable_thinking)."),
+            Field("documents", Array(Obj(values=Str())),
+                  doc="Passed to the chat template as `documents` (RAG templates)."),
+            Field("continue_final_message", Bool(),
+                  doc="Continue the last (assistant) message instead of starting a new one."),
+            Field("chat_template", Str(), refused=True,
+                  only_why="the chat template is the server's (--chat-template)"),
+        ))
+
+        # vLLM's /tokenize and /detokenize bodies (one table each, published too)
+        self.tokenize = Obj((
+            Field("model", Str()),
+            Field("prompt", Str(), doc="Text to tokenize (or messages)."),
+            Field("messages", Array(message, 1, mml), doc="Chat messages, rendered by the "
+                  "chat template, to tokenize (or prompt)."),
+            Field("add_special_tokens", Bool(), doc="Default: true for a prompt, false for "
+                  "messages (the template adds them)."),
+            Field("add_generation_prompt", Bool()),
+            Field("return_token_strs", Bool()),
+        ))
+        self.detokenize = Obj((
+            Field("model", Str()),
+            Field("tokens", Array(token_id, 1, mml), required=True),
         ))
 
     # ---------------------------------------------------------------- parsing
+
+    def parse_tokenize(self, body: Any) -> TokenizeRequest:
+        v = _check(self.tokenize, body)
+        if (v["prompt"] is None) == (v["messages"] is None):
+            raise bad("send exactly one of 'prompt' and 'messages'", "prompt")
+        text_len = len(v["prompt"]) if v["prompt"] is not None else 0
+        messages = None
+        if v["messages"] is not None:
+            messages = [_message(m) for m in v["messages"]]
+            text_len = sum(len(m["content"]) for m in messages)
+        self._check_text_len(text_len, "prompt" if messages is None else "messages")
+        special = v["add_special_tokens"]
+        gen = v["add_generation_prompt"]
+        return TokenizeRequest(v["model"], v["prompt"], messages,
+                               (messages is None) if special is None else special,
+                               True if gen is None else gen, bool(v["return_token_strs"]))
+
+    def parse_detokenize(self, body: Any) -> tuple[str | None, list[int]]:
+        v = _check(self.detokenize, body)
+        return v["model"], v["tokens"]
 
     def parse_completion(self, body: Any) -> CompletionRequest:
         """Validate a decoded /v1/completions body."""
         v = _check(self.completion, body)
         req = CompletionRequest(kind="completion", model=v["model"])
-        _common(v, req)
+        _common(v, req, self.limits.vocab_size)
         prompt = v["prompt"]
         if isinstance(prompt, list) and isinstance(prompt[0], (str, list)):
             prompt = prompt[0]  # a list of one prompt
@@ -233,21 +332,25 @@ class RequestSchemas:
         """Validate a decoded /v1/chat/completions body."""
         v = _check(self.chat, body)
         req = CompletionRequest(kind="chat", model=v["model"])
-        _common(v, req)
-        req.messages = []
-        for m in v["messages"]:
-            content = m["content"]
-            if isinstance(content, list):
-                content = "".join(p["text"] for p in content)
-            msg = {"role": m["role"], "content": content or ""}
-            if m["name"] is not None:
-                msg["name"] = m["name"]
-            req.messages.append(msg)
+        _common(v, req, self.limits.vocab_size)
+        req.messages = [_message(m) for m in v["messages"]]
         self._check_text_len(sum(len(m["content"]) for m in req.messages), "messages")
         mct = v["max_completion_tokens"]
         req.max_tokens = mct if mct is not None else v["max_tokens"]
         if v["add_generation_prompt"] is not None:
             req.add_generation_prompt = v["add_generation_prompt"]
+        req.chat_template_kwargs = dict(v["chat_template_kwargs"] or {})
+        if v["documents"] is not None:
+            req.chat_template_kwargs["documents"] = v["documents"]
+        if v["continue_final_message"]:
+            if req.messages[-1]["role"] != "assistant":
+                raise bad("'continue_final_message' needs the last message to be the "
+                          "assistant's", "continue_final_message")
+            if v["add_generation_prompt"]:
+                raise bad("'continue_final_message' and 'add_generation_prompt' cannot both "
+                          "be true", "continue_final_message")
+            req.continue_final_message = True
+            req.add_generation_prompt = False
         return req
 
     def _check_text_len(self, chars: int, where: str) -> None:
@@ -260,6 +363,17 @@ class RequestSchemas:
                 f"({bound})"), where, "context_length_exceeded")
 
 
+def _message(m: dict[str, Any]) -> dict[str, Any]:
+    """A validated chat message as the chat template takes it (content parts joined)."""
+    content = m["content"]
+    if isinstance(content, list):
+        content = "".join(p["text"] for p in content)
+    msg = {"role": m["role"], "content": content or ""}
+    if m["name"] is not None:
+        msg["name"] = m["name"]
+    return msg
+
+
 def _check(table: Obj, body: Any) -> dict[str, Any]:
     try:
         return table.check(body)
@@ -267,12 +381,14 @@ def _check(table: Obj, body: Any) -> dict[str, Any]:
         raise bad(exc.message, exc.param, exc.code) from None
 
 
-def _common(v: dict[str, Any], req: CompletionRequest) -> None:
+def _common(v: dict[str, Any], req: CompletionRequest, vocab: int) -> None:
     """Fields shared by both endpoints, from validated values (None: absent)."""
     req.stream = bool(v["stream"])
     if v["stream_options"] is not None:  # only with stream true (the tables' `when`)
         req.include_usage = bool(v["stream_options"]["include_usage"])
-    for name in ("temperature", "top_p", "min_tokens", "seed", "ignore_eos"):
+    for name in ("temperature", "top_p", "min_tokens", "seed", "ignore_eos", "min_p",
+                 "include_stop_str_in_output", "skip_special_tokens", "presence_penalty",
+                 "frequency_penalty", "repetition_penalty"):
         if v[name] is not None:
             setattr(req, name, v[name])
     if v["top_k"] is not None:
@@ -282,6 +398,21 @@ def _common(v: dict[str, Any], req: CompletionRequest) -> None:
         req.stop = [stop] if isinstance(stop, str) else stop
     if v["stop_token_ids"] is not None:
         req.stop_token_ids = v["stop_token_ids"]
+    if v["logit_bias"]:
+        req.logit_bias = _logit_bias(v["logit_bias"], vocab)
+
+
+def _logit_bias(bias: dict[str, float], vocab: int) -> dict[int, float]:
+    if len(bias) > MAX_LOGIT_BIAS:
+        raise bad(f"'logit_bias' holds at most {MAX_LOGIT_BIAS} entries, got {len(bias)}",
+                  "logit_bias")
+    out = {}
+    for k, b in bias.items():
+        if not (k.isascii() and k.isdigit() and int(k) < vocab):
+            raise bad(f"'logit_bias' keys must be token ids below {vocab}, got {k!r:.40}",
+                      f"logit_bias.{k}"[:80])
+        out[int(k)] = b
+    return out
 
 
 def parse_body(raw: bytes) -> Any:
@@ -349,7 +480,13 @@ def sampling_params(req: CompletionRequest, max_tokens: int) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=req.temperature,
                           top_p=req.top_p, top_k=req.top_k, seed=req.seed,
                           stop=list(req.stop), stop_token_ids=list(req.stop_token_ids),
-                          ignore_eos=req.ignore_eos, min_tokens=req.min_tokens)
+                          ignore_eos=req.ignore_eos, min_tokens=req.min_tokens,
+                          min_p=req.min_p, presence_penalty=req.presence_penalty,
+                          frequency_penalty=req.frequency_penalty,
+                          repetition_penalty=req.repetition_penalty,
+                          logit_bias=dict(req.logit_bias),
+                          include_stop_str_in_output=req.include_stop_str_in_output,
+                          skip_special_tokens=req.skip_special_tokens)
 
 
 # --------------------------------------------------------------------------- responses

@@ -48,6 +48,13 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     min_tokens: int = 0
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] = field(default_factory=dict)   # token id -> added logit
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
         self.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -72,6 +79,20 @@ class SamplingParams:
         if not 0.0 < p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {p}")
         _int("top_k", self.top_k, -1)
+        for name, lo, hi in (("presence_penalty", -2.0, 2.0), ("frequency_penalty", -2.0, 2.0),
+                             ("repetition_penalty", 1e-6, 2.0)):
+            v = _real(name, getattr(self, name))
+            if not lo <= v <= hi:
+                raise ValueError(f"{name} must be in [{lo}, {hi}], got {v}")
+        if len(self.logit_bias) > 300:
+            raise ValueError(f"logit_bias holds at most 300 entries, got {len(self.logit_bias)}")
+        for t_id, b in self.logit_bias.items():
+            _int("logit_bias", t_id, 0)
+            if not -100.0 <= _real("logit_bias", b) <= 100.0:
+                raise ValueError(f"logit_bias values must be in [-100, 100], got {b}")
+        mp = _real("min_p", self.min_p)
+        if not 0.0 <= mp <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {mp}")
         _int("min_tokens", self.min_tokens, 0)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})")
@@ -87,6 +108,8 @@ class SamplingParams:
         top_k of the whole vocabulary or more is off. Returns self when nothing changes."""
         for t_id in self.stop_token_ids:
             _int("stop_token_ids", t_id, 0, vocab_size - 1)
+        for t_id in self.logit_bias:
+            _int("logit_bias", t_id, 0, vocab_size - 1)
         if self.top_k >= vocab_size:
             return replace(self, top_k=-1)
         return self

@@ -1,4 +1,4 @@
-"""On-device sampling: greedy, temperature, top-k, top-p, per-request seed.
+"""On-device sampling: greedy, temperature, min-p, top-k, top-p, per-request seed.
 
 Random rows use the Gumbel-max trick with counter-based noise: the noise of vocabulary
 entry v for a request is a hash of (seed, output index, v) computed with torch integer
@@ -46,13 +46,18 @@ def gumbel_noise(seeds: torch.Tensor, gen_idx: torch.Tensor, vocab: int) -> torc
     return -torch.log(-torch.log(u))
 
 
-def apply_top_k_top_p(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Mask (with -inf) what top_k (<=0: off) and top_p (1: off) exclude; x [B, V] scaled logits."""
+def apply_top_k_top_p(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+                      min_p: torch.Tensor | None = None) -> torch.Tensor:
+    """Mask (with -inf) what min_p (0: off), top_k (<=0: off) and top_p (1: off) exclude;
+    x [B, V] scaled logits. min_p applies first, to the whole distribution (as vLLM's)."""
     vocab = x.shape[1]
     srt, idx = torch.sort(x, dim=-1, descending=True)
     rank = torch.arange(vocab, device=x.device).unsqueeze(0)
     k = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab)).unsqueeze(1)
     drop = rank >= k
+    if min_p is not None:
+        # p < min_p * p_max  <=>  logit < logit_max + log(min_p); log(0) = -inf drops nothing
+        drop = drop | (srt < srt[:, :1] + torch.log(min_p).unsqueeze(1))
     srt = srt.masked_fill(drop, float("-inf"))
     probs = torch.softmax(srt, dim=-1)
     before = torch.cumsum(probs, dim=-1) - probs   # mass strictly above this entry
@@ -62,18 +67,20 @@ def apply_top_k_top_p(x: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor)
     return torch.empty_like(x).scatter_(1, idx, srt)
 
 
-def row_class(temperature: float, top_k: int, top_p: float) -> int:
-    """Rows are ordered by class before sampling: 0 random + top-k/top-p, 1 random, 2 greedy."""
+def row_class(temperature: float, top_k: int, top_p: float, min_p: float = 0.0) -> int:
+    """Rows are ordered by class before sampling: 0 random + min-p/top-k/top-p, 1 random,
+    2 greedy."""
     if temperature <= 0.0 or top_k == 1:
         return 2
-    return 0 if (top_k > 0 or top_p < 1.0) else 1
+    return 0 if (top_k > 0 or top_p < 1.0 or min_p > 0.0) else 1
 
 
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
            top_k: torch.Tensor, seeds: torch.Tensor, gen_idx: torch.Tensor, *,
            n_random: int, n_filter: int,
            suppress_ids: torch.Tensor | None = None,
-           suppress_rows: torch.Tensor | None = None) -> torch.Tensor:
+           suppress_rows: torch.Tensor | None = None,
+           min_p: torch.Tensor | None = None) -> torch.Tensor:
     """Next token per row, int64 [B]. logits float32 [B, V].
 
     Rows come ordered by row_class: the first n_filter rows need top-k/top-p, the first
@@ -89,7 +96,9 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
         return logits.argmax(dim=-1)
     x = logits[:n_random] / temperature[:n_random].unsqueeze(1)
     if n_filter:
-        x = torch.cat([apply_top_k_top_p(x[:n_filter], top_k[:n_filter], top_p[:n_filter]), x[n_filter:]])
+        x = torch.cat([apply_top_k_top_p(x[:n_filter], top_k[:n_filter], top_p[:n_filter],
+                                         None if min_p is None else min_p[:n_filter]),
+                       x[n_filter:]])
     tok = (x + gumbel_noise(seeds[:n_random], gen_idx[:n_random], x.shape[1])).argmax(dim=-1)
     if n_random == logits.shape[0]:
         return tok

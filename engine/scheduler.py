@@ -178,7 +178,10 @@ class Scheduler:
     def _admit(self) -> None:
         while self.waiting and self._free_slots:
             r = self.waiting[0]
-            got = self.cache.reserve(r.prompt_ids, self.pool.pages_for(r.prompt_len + r.max_tokens))
+            # a repetition penalty reads the whole prompt from the token history, which
+            # only a prefill writes: such a request prefills all of it (its own cache root)
+            root = r.id if r.params.repetition_penalty != 1.0 else None
+            got = self.cache.reserve(r.prompt_ids, self.pool.pages_for(r.prompt_len + r.max_tokens), root)
             if got is None:
                 break                      # FIFO: nobody overtakes the head of the line
             self.waiting.popleft()

@@ -1,7 +1,9 @@
 """The OpenAI-compatible HTTP server (aiohttp) in front of an engine (`EngineLike`).
 
 Endpoints: GET /v1/models, POST /v1/completions, POST /v1/chat/completions (stream
-true/false), GET /health, GET /metrics, GET /openapi.json. See docs/engine-server.md.
+true/false), POST /tokenize, POST /detokenize, GET /version, GET /health, GET /metrics,
+GET /openapi.json. See docs/engine-server.md. Every answer carries X-Request-Id and, for
+an allowed origin, CORS headers (cors.py).
 The connection-level limits and error shapes live in http_edge.py.
 
 CPU work of a request (tokenizing, rendering the chat template) runs inline only for short
@@ -49,6 +51,7 @@ from typing import Any
 from aiohttp import web
 from zerod.engine import protocol as P
 from zerod.engine.config import RequestRejected
+from zerod.engine.cors import CorsPolicy, request_id
 from zerod.engine.http_edge import EdgeLimits, EdgeRunner, bind_socket, edge_error
 from zerod.engine.interface import EngineLike
 from zerod.engine.openapi import openapi_document
@@ -60,6 +63,7 @@ log = logging.getLogger("zerod.engine.server")
 TOKENIZE_INLINE_CHARS = 2048
 TOKENIZE_THREADS = 2
 
+REQUEST_ID = web.RequestKey("request_id", str)  # the request's X-Request-Id (cors.request_id)
 _ABORTED = object()  # pushed into a stream by the server itself when draining ends it
 
 
@@ -153,8 +157,9 @@ class OpenAIServer:
     def __init__(self, engine: EngineLike, *, served_model_names: list[str] | None = None,
                  api_key: str | None = None, drain_timeout: float = 30.0,
                  default_max_tokens: int | None = None,
-                 edge: EdgeLimits | None = None) -> None:
+                 edge: EdgeLimits | None = None, cors: CorsPolicy | None = None) -> None:
         self.engine = engine
+        self.cors = cors or CorsPolicy()
         self.default_max_tokens = default_max_tokens
         self.model_names = list(served_model_names or [engine.model_name])
         self.default_model = self.model_names[0]
@@ -186,6 +191,10 @@ class OpenAIServer:
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics)
         app.router.add_get("/openapi.json", self.openapi)
+        app.router.add_post("/tokenize", self.tokenize)
+        app.router.add_post("/detokenize", self.detokenize)
+        app.router.add_get("/version", self.version)
+        app.on_response_prepare.append(self._response_headers)
         app.on_startup.append(self._on_startup)
         app.on_cleanup.append(self._on_cleanup)
         return app
@@ -197,8 +206,26 @@ class OpenAIServer:
     async def _on_cleanup(self, app: web.Application) -> None:
         self.tokenize_pool.shutdown(wait=False, cancel_futures=True)
 
+    async def _response_headers(self, request: web.Request, resp: web.StreamResponse) -> None:
+        """Before any answer's headers go out (streams included): its id and CORS."""
+        resp.headers["X-Request-Id"] = request.get(REQUEST_ID) or request_id(None)
+        origin = request.headers.get("Origin")
+        if origin and "Access-Control-Allow-Methods" not in resp.headers:
+            resp.headers.update(self.cors.simple(origin))
+
+    def _preflight(self, request: web.Request) -> web.Response:
+        status, headers = self.cors.preflight(
+            request.headers["Origin"], request.headers["Access-Control-Request-Method"],
+            request.headers.get("Access-Control-Request-Headers", ""))
+        return web.Response(status=status, headers=headers,
+                            text="OK" if status == 200 else "Disallowed CORS request")
+
     @web.middleware
     async def _middleware(self, request: web.Request, handler: Callable) -> web.StreamResponse:
+        request[REQUEST_ID] = request_id(request.headers.get("X-Request-Id"))
+        if (request.method == "OPTIONS" and "Origin" in request.headers
+                and "Access-Control-Request-Method" in request.headers):
+            return self._preflight(request)  # before auth: browsers send no key on preflight
         try:
             if request.path.startswith("/v1/"):
                 if self.api_key is not None:
@@ -228,7 +255,8 @@ class OpenAIServer:
                 err.headers["Connection"] = "close"
                 return _error_response(err)
             # a bug: answer 500 in the error shape, keep serving
-            log.exception("internal error on %s", request.path)
+            log.exception("internal error on %s (request %s)", request.path,
+                          request[REQUEST_ID])
             return _error_response(P.APIError(500, f"internal server error: {exc}"))
 
     def _check_auth(self, request: web.Request) -> None:
@@ -247,6 +275,35 @@ class OpenAIServer:
     async def models(self, request: web.Request) -> web.Response:
         return _json(P.models_response(self.model_names, self.max_model_len,
                                        self.engine.model_path, self.created))
+
+    async def version(self, request: web.Request) -> web.Response:
+        from zerod import __version__
+
+        return _json({"version": __version__})
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        req = self.schemas.parse_tokenize(await self._body(request))
+        self._model(req.model)
+        tok = self.engine.tokenizer
+
+        def work() -> list[int]:
+            text = req.prompt if req.messages is None else tok.apply_chat_template(
+                req.messages, add_generation_prompt=req.add_generation_prompt)
+            return tok.encode(text, add_special_tokens=req.add_special_tokens)
+
+        where = "prompt" if req.messages is None else "messages"
+        n = len(req.prompt) if req.messages is None else sum(len(m["content"])
+                                                              for m in req.messages)
+        ids = await self._tokenizer_work(work, n, where)
+        strs = [tok.decode([i], skip_special_tokens=False) for i in ids] \
+            if req.return_token_strs else None
+        return _json({"count": len(ids), "max_model_len": self.max_model_len, "tokens": ids,
+                      "token_strs": strs})
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        model, ids = self.schemas.parse_detokenize(await self._body(request))
+        self._model(model)
+        return _json({"prompt": self.engine.tokenizer.decode(ids)})
 
     async def openapi(self, request: web.Request) -> web.Response:
         return _json(openapi_document(self.schemas, self.model_names))
@@ -318,24 +375,36 @@ class OpenAIServer:
         if req.kind == "chat":
             def work() -> list[int]:
                 text = tok.apply_chat_template(req.messages,
-                                               add_generation_prompt=req.add_generation_prompt)
+                                               add_generation_prompt=req.add_generation_prompt,
+                                               **req.chat_template_kwargs)
+                if req.continue_final_message:  # as transformers: cut after the last content
+                    last = req.messages[-1]["content"]
+                    cut = text.rfind(last) if last else -1
+                    if last and cut < 0:
+                        raise ValueError("the chat template does not keep the final message "
+                                         "as it is, so it cannot be continued")
+                    text = text[:cut + len(last)] if last else text
                 return tok.encode(text, add_special_tokens=False)
             n = sum(len(m["content"]) for m in req.messages)
         else:
             def work() -> list[int]:
                 return tok.encode(req.prompt_text, add_special_tokens=True)
             n = len(req.prompt_text)
-        try:
-            if n > TOKENIZE_INLINE_CHARS:
-                ids = await self.loop.run_in_executor(self.tokenize_pool, work)
-            else:
-                ids = work()
-        except Exception as exc:  # a template error is the request's fault
-            raise P.bad(f"could not tokenize the {req.prompt_field}: {exc}",
-                        req.prompt_field) from None
+        ids = await self._tokenizer_work(work, n, req.prompt_field)
         if not ids:
             raise P.bad("the prompt is empty after tokenization", req.prompt_field)
         return ids
+
+    async def _tokenizer_work(self, work: Callable[[], list[int]], chars: int,
+                              where: str) -> list[int]:
+        """Run a tokenizing job (inline when short, else on the pool); its errors are
+        the request's fault (a template that refuses these messages): a 400."""
+        try:
+            if chars > TOKENIZE_INLINE_CHARS:
+                return await self.loop.run_in_executor(self.tokenize_pool, work)
+            return work()
+        except Exception as exc:
+            raise P.bad(f"could not tokenize the {where}: {exc}", where) from None
 
     async def _generate(self, request: web.Request, req: P.CompletionRequest
                         ) -> web.StreamResponse:
@@ -347,6 +416,7 @@ class OpenAIServer:
         st = _Req()
         try:
             st.rid = self.engine.submit(prompt_ids, params, self.router.callback(st))
+            log.debug("request %s is engine request %s", request[REQUEST_ID], st.rid)
         except RequestRejected as exc:
             headers = {}
             if exc.status in (429, 503):
@@ -565,13 +635,13 @@ async def _start(server: OpenAIServer, sock: socket.socket) -> EdgeRunner:
 async def serve_async(engine: EngineLike, sock: socket.socket, *, served_model_names=None,
                       api_key: str | None = None, drain_timeout: float = 30.0,
                       default_max_tokens: int | None = None,
-                      edge: EdgeLimits | None = None,
+                      edge: EdgeLimits | None = None, cors: CorsPolicy | None = None,
                       on_ready: Callable[[int], None] | None = None,
                       stop_event: asyncio.Event | None = None,
                       handle_signals: bool = True) -> None:
     server = OpenAIServer(engine, served_model_names=served_model_names, api_key=api_key,
                           drain_timeout=drain_timeout, default_max_tokens=default_max_tokens,
-                          edge=edge)
+                          edge=edge, cors=cors)
     loop = asyncio.get_running_loop()
     stop = stop_event or asyncio.Event()
     if handle_signals:

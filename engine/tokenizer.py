@@ -114,13 +114,14 @@ class IncrementalDetokenizer:
     vocabulary decode to "".
     """
 
-    def __init__(self, tok: Tokenizer, prompt_ids: list[int] | None = None):
+    def __init__(self, tok: Tokenizer, prompt_ids: list[int] | None = None,
+                 skip_special_tokens: bool = True):
         from tokenizers.decoders import DecodeStream
 
         self._tok = tok._tok
         self._vocab = tok.vocab_size
         ctx = [i for i in (prompt_ids or [])[-6:] if 0 <= i < self._vocab]
-        self._stream = DecodeStream(ctx, skip_special_tokens=True)
+        self._stream = DecodeStream(ctx, skip_special_tokens=skip_special_tokens)
 
     def add(self, token_id: int) -> str:
         if not 0 <= token_id < self._vocab:

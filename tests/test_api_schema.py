@@ -39,7 +39,8 @@ def test_openapi_request_schemas_are_the_validation_tables():
         assert props["prompt"]["anyOf"][1]["items"]["maximum"] == 999
         assert props["n"]["anyOf"][0] == {"const": 1}
         assert set(doc["paths"]) == {"/v1/completions", "/v1/chat/completions", "/v1/models",
-                                     "/health", "/metrics", "/openapi.json"}
+                                     "/health", "/metrics", "/openapi.json", "/tokenize",
+                                     "/detokenize", "/version"}
     finally:
         srv.stop()
         eng.shutdown()

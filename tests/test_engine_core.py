@@ -274,7 +274,12 @@ def test_metrics_pass_promtool(eng):
     generate(eng, [_prompt(4)], GREEDY)
     r = subprocess.run(["promtool", "check", "metrics"], input=generate_latest(eng.metrics.registry),
                        capture_output=True, timeout=30)
-    assert r.returncode == 0, r.stderr.decode()
+    # promtool's lint reserves ':' for recording rules, and vLLM's own names (vllm:*, which
+    # its dashboards read) have one: that is the only finding allowed
+    findings = r.stderr.decode().splitlines() + r.stdout.decode().splitlines()
+    bad = [ln for ln in findings if ln.strip() and not (
+        ln.startswith("vllm:") and ln.endswith("metric names should not contain ':'"))]
+    assert not bad, bad
 
 
 def test_many_one_token_prompts_with_tiny_budget(ckpt):

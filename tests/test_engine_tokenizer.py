@@ -47,6 +47,12 @@ def test_out_of_vocab_ids_and_specials_decode_empty(tok):
     assert d.add(tok.encode("ok", add_special_tokens=False)[0]) != ""
 
 
+def test_skip_special_tokens_false_keeps_their_text(tok):
+    """skip_special_tokens: false (a request field) shows special tokens as their text."""
+    d = IncrementalDetokenizer(tok, skip_special_tokens=False)
+    assert d.add(1) == tok.decode([1], skip_special_tokens=False) != ""
+
+
 def test_encode_adds_bos(tok):
     ids = tok.encode("hi")
     assert ids[0] == 0 and tok.encode("hi", add_special_tokens=False) == ids[1:]

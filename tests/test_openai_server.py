@@ -207,3 +207,126 @@ def test_prefix_cache_reported_in_usage(live):
                                        temperature=0, stream=True,
                                        stream_options={"include_usage": True}))
     assert chunks[-1].usage.prompt_tokens_details.cached_tokens == 96
+
+
+def test_vllm_metric_names_beside_zerods(live):
+    """vLLM's dashboards read vllm:* series with a model_name label: the same observations
+    as zerod_engine_*, so the two agree."""
+    eng, srv = live
+    c = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+    c.completions.create(model=eng.model_name, prompt="metrics please", max_tokens=3,
+                         extra_body={"ignore_eos": True})
+    text = urllib.request.urlopen(srv.url + "/metrics", timeout=10).read().decode()
+    label = f'{{model_name="{eng.model_name}"}}'
+    for zerod_name, vllm_name in (
+            ("zerod_engine_prompt_tokens_total", "vllm:prompt_tokens_total"),
+            ("zerod_engine_generation_tokens_total", "vllm:generation_tokens_total"),
+            ("zerod_engine_time_to_first_token_seconds_count",
+             "vllm:time_to_first_token_seconds_count"),
+            ("zerod_engine_inter_token_latency_seconds_count",
+             "vllm:inter_token_latency_seconds_count"),
+            ("zerod_engine_e2e_request_latency_seconds_count",
+             "vllm:e2e_request_latency_seconds_count"),
+            ("zerod_engine_requests_running", "vllm:num_requests_running"),
+            ("zerod_engine_requests_waiting", "vllm:num_requests_waiting")):
+        z = re.search(rf"^{zerod_name} (\S+)$", text, re.M)
+        v = re.search(rf"^{re.escape(vllm_name + label)} (\S+)$", text, re.M)
+        assert z and v, (zerod_name, vllm_name)
+        assert float(z.group(1)) == float(v.group(1)), vllm_name
+    assert float(re.search(r"^vllm:prompt_tokens_total\S* (\S+)$", text, re.M).group(1)) > 0
+    usage = float(re.search(r"^vllm:kv_cache_usage_perc\S* (\S+)$", text, re.M).group(1))
+    assert 0.0 <= usage <= 1.0
+    ok = sum(float(x) for x in re.findall(
+        r'^vllm:request_success_total\{finished_reason="(?:stop|length|abort)",model_name='
+        rf'"{eng.model_name}"\}} (\S+)$', text, re.M))
+    done = sum(float(x) for x in re.findall(
+        r'^zerod_engine_requests_total\{finished_reason="(?:stop|length|abort)"\} (\S+)$',
+        text, re.M))
+    assert ok == done >= 1
+
+
+def test_min_p_one_keeps_only_the_top_token(live):
+    """min_p 1.0 drops every token less likely than the top one: sampling at temperature 1
+    gives the greedy text, whatever the seed."""
+    eng, srv = live
+    c = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+    kw = dict(model=eng.model_name, prompt="min p", max_tokens=8)
+    greedy = c.completions.create(temperature=0, extra_body={"ignore_eos": True}, **kw)
+    for seed in (1, 2, 3):
+        r = c.completions.create(temperature=1.0, seed=seed,
+                                 extra_body={"ignore_eos": True, "min_p": 1.0}, **kw)
+        assert r.choices[0].text == greedy.choices[0].text
+    spread = {c.completions.create(temperature=1.0, seed=s, extra_body={"ignore_eos": True},
+                                   **kw).choices[0].text for s in (1, 2, 3)}
+    assert len(spread) > 1  # without min_p the seeds do differ
+
+
+def test_include_stop_str_in_output(live):
+    eng, srv = live
+    c = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+    kw = dict(model=eng.model_name, prompt="stop strings", temperature=0)
+    full = c.completions.create(max_tokens=12, extra_body={"ignore_eos": True}, **kw)
+    text = full.choices[0].text
+    stop = text[4:6]
+    assert len(stop) == 2 and text.find(stop) >= 0
+    cut = text[:text.find(stop)]
+    for stream in (False, True):
+        plain = c.completions.create(max_tokens=12, stop=[stop], stream=stream,
+                                     extra_body={"ignore_eos": True}, **kw)
+        kept = c.completions.create(max_tokens=12, stop=[stop], stream=stream,
+                                    extra_body={"ignore_eos": True,
+                                                "include_stop_str_in_output": True}, **kw)
+        if stream:
+            plain_t = "".join(ch.choices[0].text for ch in plain)
+            kept_t = "".join(ch.choices[0].text for ch in kept)
+        else:
+            plain_t, kept_t = plain.choices[0].text, kept.choices[0].text
+        assert plain_t == cut and kept_t == cut + stop
+
+
+def test_continue_final_message_and_template_kwargs(live):
+    eng, srv = live
+    c = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+    msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure, the"}]
+    r = c.chat.completions.create(model=eng.model_name, messages=msgs, max_tokens=2,
+                                  extra_body={"continue_final_message": True,
+                                              "add_generation_prompt": False,
+                                              "chat_template_kwargs": {"enable_thinking": False}})
+    text = eng.tokenizer.apply_chat_template(msgs, add_generation_prompt=False)
+    cut = text[:text.rfind("Sure, the") + len("Sure, the")]
+    assert r.usage.prompt_tokens == len(eng.tokenizer.encode(cut, add_special_tokens=False))
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model=eng.model_name, messages=msgs[:1], max_tokens=2,
+                                  extra_body={"continue_final_message": True})
+    assert e.value.body["param"] == "continue_final_message"
+
+
+def test_logit_bias_forces_and_bans_tokens(live):
+    eng, srv = live
+    c = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+    kw = dict(model=eng.model_name, prompt="bias", max_tokens=6, temperature=1.0, seed=3,
+              extra_body={"ignore_eos": True})
+    free = c.completions.create(**kw)
+    ids = eng.tokenizer.encode("x", add_special_tokens=False)
+    forced = c.completions.create(logit_bias={str(ids[0]): 100}, **kw)
+    assert forced.choices[0].text == "x" * 6 != free.choices[0].text
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(logit_bias={"99999999": 1}, **kw)
+    assert e.value.body["param"].startswith("logit_bias")
+
+
+def test_penalties_stop_repetition(live):
+    """Greedy text of the random model repeats itself; a strong frequency or repetition
+    penalty makes each token rarer after it appears (vLLM's definitions)."""
+    eng, srv = live
+    c = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+    kw = dict(model=eng.model_name, prompt=[5, 6, 7], max_tokens=40, temperature=0)
+
+    def distinct(**extra):
+        r = c.completions.create(extra_body={"ignore_eos": True, **extra}, **kw)
+        return len(set(eng.tokenizer.encode(r.choices[0].text, add_special_tokens=False)))
+
+    plain = distinct()
+    assert distinct(frequency_penalty=2.0) > plain
+    assert distinct(presence_penalty=2.0) > plain
+    assert distinct(repetition_penalty=2.0) >= plain

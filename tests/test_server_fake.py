@@ -359,11 +359,15 @@ async def test_bad_inputs(fake, path, body, status, param):
     assert st == 200
 
 
-async def test_unknown_harmless_field_ignored_and_404_405(fake):
+async def test_unknown_field_refused_metadata_accepted_and_404_405(fake):
     eng, srv = fake
     st, _, raw = await _post(srv.url + "/v1/completions",
-                             {"prompt": "x", "max_tokens": 1, "frobnicate": {"a": 1},
-                              "user": "me", "presence_penalty": 0})
+                             {"prompt": "x", "max_tokens": 1, "frobnicate": {"a": 1}})
+    err = json.loads(raw)["error"]
+    assert st == 400 and err["param"] == "frobnicate" and err["code"] == "unknown_field"
+    st, _, raw = await _post(srv.url + "/v1/completions",
+                             {"prompt": "x", "max_tokens": 1, "user": "me", "store": False,
+                              "metadata": {"k": "v"}, "presence_penalty": 0})
     assert st == 200, raw
     async with aiohttp.ClientSession() as s:
         async with s.get(srv.url + "/v1/nothing") as r:
