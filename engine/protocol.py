@@ -25,7 +25,7 @@ from typing import Any
 
 from .api_schema import AnyOf, Array, Bool, Field, Int, Invalid, Num, Obj, Str
 from .penalties import MAX_LOGIT_BIAS
-from .request import SamplingParams
+from .request import PENALTY_RANGES, SamplingParams
 
 # --------------------------------------------------------------------------- errors
 
@@ -189,9 +189,7 @@ class RequestSchemas:
                                 "a string or a list of strings")),
             Field("stop_token_ids", Array(token_id, max_items=MAX_STOP_TOKEN_IDS)),
             Field("ignore_eos", Bool()),
-            Field("presence_penalty", Num(-2.0, 2.0)),
-            Field("frequency_penalty", Num(-2.0, 2.0)),
-            Field("repetition_penalty", Num(0.0, 2.0, lo_open=True)),
+            *(Field(name, Num(lo, hi)) for name, (lo, hi) in PENALTY_RANGES.items()),
             Field("logit_bias", Obj(values=Num(-100.0, 100.0)),
                   doc=f"Token id (a string) -> a value added to its logit; at most "
                       f"{MAX_LOGIT_BIAS} entries, ids below {vocab}."),
@@ -477,6 +475,14 @@ def sampling_params(req: CompletionRequest, max_tokens: int) -> SamplingParams:
     if req.min_tokens > max_tokens:
         raise bad(f"'min_tokens' ({req.min_tokens}) must be <= max_tokens ({max_tokens})",
                   "min_tokens")
+    try:
+        return _sampling_params(req, max_tokens)
+    except ValueError as exc:  # the engine's own bounds: a second line behind the schema
+        field_name = str(exc).split(" ", 1)[0]
+        raise bad(str(exc), field_name if field_name.isidentifier() else None) from None
+
+
+def _sampling_params(req: CompletionRequest, max_tokens: int) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=req.temperature,
                           top_p=req.top_p, top_k=req.top_k, seed=req.seed,
                           stop=list(req.stop), stop_token_ids=list(req.stop_token_ids),

@@ -15,6 +15,10 @@ if TYPE_CHECKING:
     from .prefix_cache import PageChain
 
 
+# The penalties' ranges (vLLM's); the HTTP schema imports them (engine/protocol.py).
+PENALTY_RANGES = {"presence_penalty": (-2.0, 2.0), "frequency_penalty": (-2.0, 2.0),
+                  "repetition_penalty": (1e-6, 2.0)}
+
 INT64_MAX = 2**63 - 1            # the device tables hold token ids, top_k, seeds, min_tokens as int64
 FLOAT32_MAX = 3.4028234663852886e38
 GREEDY_BELOW = 1e-5              # a temperature below this samples greedily (as vLLM does)
@@ -79,8 +83,7 @@ class SamplingParams:
         if not 0.0 < p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {p}")
         _int("top_k", self.top_k, -1)
-        for name, lo, hi in (("presence_penalty", -2.0, 2.0), ("frequency_penalty", -2.0, 2.0),
-                             ("repetition_penalty", 1e-6, 2.0)):
+        for name, (lo, hi) in PENALTY_RANGES.items():
             v = _real(name, getattr(self, name))
             if not lo <= v <= hi:
                 raise ValueError(f"{name} must be in [{lo}, {hi}], got {v}")

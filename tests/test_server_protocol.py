@@ -133,3 +133,20 @@ def test_json_str_fast_path_equals_json(text):
     assert json.loads(raw) == text
     if text != "\ud800x":
         assert raw == json.dumps(text, ensure_ascii=False).encode()
+
+
+def test_engine_bounds_behind_the_schema_answer_400_not_500():
+    """A value the schema lets through but the engine's SamplingParams refuses is still a
+    400 naming the field (schemathesis found repetition_penalty=5e-324 answering 500)."""
+    from zerod.engine import protocol as P
+
+    schemas = P.RequestSchemas(P.Limits(max_model_len=64, vocab_size=100))
+    req = schemas.parse_completion({"prompt": "x", "max_tokens": 4, "repetition_penalty": 1.5})
+    req.repetition_penalty = 5e-324            # as if the schema's bound had drifted
+    with pytest.raises(P.APIError) as ei:
+        P.sampling_params(req, 4)
+    assert ei.value.status == 400 and ei.value.param == "repetition_penalty"
+    # and the schema itself now carries the engine's bound
+    with pytest.raises(P.APIError) as ei:
+        schemas.parse_completion({"prompt": "x", "repetition_penalty": 5e-324})
+    assert ei.value.status == 400
