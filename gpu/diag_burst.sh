@@ -9,10 +9,7 @@ PY=${PYTHON:-python3}
 FINAL=${OUT:-/tmp/zerod-diag}; mkdir -p "$FINAL"
 W=/tmp/diag; rm -rf "$W"; mkdir -p "$W"
 ROOT=$PWD
-if ! $PY -c 'import psutil' 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
-    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-        && export PYTHONPATH=/tmp/site
-fi
+. gpu/wheels.sh psutil   # packages the device image lacks, carried in .whl
 M=/tmp/zerod-dummy-8b
 $PY gpu/server_make_model.py "$M" --shape 8b > /dev/null || exit 1
 variant() {  # NAME DIR EXTRA_SERVE_ARGS

@@ -14,11 +14,7 @@ export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 FINAL=${OUT:-/tmp/zerod-round2}; mkdir -p "$FINAL"
 W=/tmp/r2; rm -rf "$W"; mkdir -p "$W"
-# packages the device image lacks, carried as wheels in .whl (device README)
-if ! $PY -c 'import psutil' 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
-    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-        && export PYTHONPATH=/tmp/site
-fi
+. gpu/wheels.sh psutil   # packages the device image lacks, carried in .whl
 pack() { tar czf "$FINAL/round2.tgz" -C "$W" . 2>/dev/null; }
 stamp() { echo "== $(date -u +%T) $*" | tee -a "$W/timeline.txt"; }
 { date -u +%FT%TZ; git rev-parse HEAD 2>/dev/null; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader

@@ -9,13 +9,8 @@ import json
 import sys
 from pathlib import Path
 
-
-def g(d, *path):
-    for p in path:
-        if not isinstance(d, dict) or d.get(p) is None:
-            return None
-        d = d[p]
-    return d
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from server_summary import g  # noqa: E402 - the one JSON path getter of the device tables
 
 
 def load(d: Path, name: str) -> dict:
