@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable
 
+from .logprobs import MAX_LOGPROBS
 from .tokenizer import IncrementalDetokenizer
 
 if TYPE_CHECKING:
@@ -55,6 +56,8 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)   # token id -> added logit
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    logprobs: int | None = None          # top alternatives per output token (0: the chosen one only)
+    prompt_logprobs: int | None = None   # the same for each prompt token
 
     def __post_init__(self) -> None:
         self.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -90,6 +93,9 @@ class SamplingParams:
             _int("logit_bias", t_id, 0)
             if not -100.0 <= _real("logit_bias", b) <= 100.0:
                 raise ValueError(f"logit_bias values must be in [-100, 100], got {b}")
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) is not None:
+                _int(name, getattr(self, name), 0, MAX_LOGPROBS)
         mp = _real("min_p", self.min_p)
         if not 0.0 <= mp <= 1.0:
             raise ValueError(f"min_p must be in [0, 1], got {mp}")
@@ -130,6 +136,8 @@ class RequestOutput:
     completion_tokens: int
     error: str | None = None
     cached_tokens: int = 0        # prompt tokens whose KV came from the prefix cache
+    logprobs: list | None = None  # logprobs.TokenLogprob of each id in token_ids (asked for)
+    prompt_logprobs: list | None = None  # in the first output: one per prompt token (the first None)
 
 
 @dataclass(eq=False)
