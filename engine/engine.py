@@ -160,7 +160,7 @@ class Engine:
         self._loop.start()
 
     def submit(self, prompt_ids: list[int], params: SamplingParams | None,
-               on_output: Callable[[RequestOutput], None]) -> str:
+               on_output: Callable[[RequestOutput], None], after: str | None = None) -> str:
         params = params or SamplingParams()
         n = len(prompt_ids)
         if not self._accepting:
@@ -191,7 +191,7 @@ class Engine:
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
         req = Request(rid, list(prompt_ids), params, on_output, max_tokens, seed,
                       sample_class=row_class(params.temperature, params.top_k, params.top_p,
-                                                   params.min_p))
+                                                   params.min_p), after=after)
         self._inbox.put(("submit", req))
         return rid
 

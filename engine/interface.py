@@ -50,8 +50,11 @@ class EngineLike(Protocol):
     metrics: Any             # has .registry, a prometheus_client CollectorRegistry
 
     def submit(self, prompt_ids: list[int], params: SamplingParams,
-               on_output: Callable[[RequestOutput], None]) -> str:
-        """Queue a request; returns its id. Raises RequestRejected (400/429/503)."""
+               on_output: Callable[[RequestOutput], None], after: str | None = None) -> str:
+        """Queue a request; returns its id. Raises RequestRejected (400/429/503).
+        after: the id of a request with the same prompt (a sibling of n > 1), submitted
+        just before: this one is admitted once that one's prompt is prefilled, so it
+        shares the prompt's KV pages through the prefix cache."""
         ...
 
     def abort(self, request_id: str) -> None: ...

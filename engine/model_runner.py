@@ -27,7 +27,8 @@ from .config import EngineConfig
 from .hf_config import ModelConfig, cos_sin_cache
 from .kv_pool import KVPool
 from .model import AttnMeta, LlamaModel
-from .output import HostRing
+from .logprobs import logprobs_of
+from .output import HostRing, LogprobSegment
 from .penalties import MAX_LOGIT_BIAS, PenaltyTables, uses_penalty
 from .request import Request
 from .sampler import sample
@@ -158,6 +159,7 @@ class PrefillInputs:
     sample_slots: torch.Tensor   # int64 [S]: their slots
     sample_reqs: list[Request]   # their requests, grouped by sample class
     logit_rules: LogitRules      # penalties / logit_bias of the sampled rows
+    logprob_rows: LogprobRows | None  # the sampled rows that asked for logprobs
     tok_slots: torch.Tensor      # int64 [n_real]: the slot of each real prompt token
     n_real: int                  # tokens that are the prompts' (not padding)
     seqlens: list[int]           # host copy of the chunk lengths
@@ -175,11 +177,20 @@ class LogitRules:
 
 
 @dataclass
+class LogprobRows:
+    """The sampled rows that asked for logprobs (host list and its device copy)."""
+    host: list[int]
+    dev: torch.Tensor            # int64 [L]
+    k: int                       # the most top alternatives any of them asked for
+
+
+@dataclass
 class DecodeInputs:
     slots: torch.Tensor          # int64 [B]
     positions: torch.Tensor      # int64 [B]
     reqs: list[Request]          # grouped by sample class
     logit_rules: LogitRules
+    logprob_rows: LogprobRows | None
 
 
 @dataclass
@@ -218,8 +229,8 @@ class ModelRunner:
         T = cfg.prefill_token_cap
         # words: uploads 2.5 per page + 8.5 per request + 451 per logit_bias; prefill 4 per
         # token + 4 per chunk (chunks <= tokens); decode 2 per request; penalty / bias rows
-        # 2 per sampled row; + alignment of each field
-        self.staging = Staging(3 * pool.num_pages + (15 + 2 + 451) * S + 8 * T + 128,
+        # 2 per sampled row; logprob rows 2 per sampled row; + alignment of each field
+        self.staging = Staging(3 * pool.num_pages + (15 + 2 + 2 + 451) * S + 8 * T + 128,
                                cfg.ring_depth, dev, self.cuda)
         # decode graph buffers
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
@@ -353,6 +364,7 @@ class ModelRunner:
             sample_slots=slots if padded else pk.int64(slots_host[done]),
             sample_reqs=sample_reqs,
             logit_rules=self._stage_rules(pk, sample_reqs, lambda r: r.prompt_len),
+            logprob_rows=self._stage_logprob_rows(pk, sample_reqs),
             tok_slots=tok_slots, n_real=n_real,
             seqlens=[c.n for c in chunks],
             width=max((c.start + c.n + ps - 1) // ps for c in chunks),
@@ -366,23 +378,35 @@ class ModelRunner:
             positions=pk.int64(np.fromiter((r.prompt_len + r.num_scheduled - 1 for r in decodes),
                                            dtype=np.int64, count=B)),
             reqs=decodes,
-            logit_rules=self._stage_rules(pk, decodes, lambda r: r.prompt_len + r.num_scheduled))
+            logit_rules=self._stage_rules(pk, decodes, lambda r: r.prompt_len + r.num_scheduled),
+            logprob_rows=self._stage_logprob_rows(pk, decodes))
+
+    @staticmethod
+    def _stage_logprob_rows(pk: Packer, reqs: list[Request]) -> LogprobRows | None:
+        rows = [i for i, r in enumerate(reqs) if r.params.logprobs is not None]
+        if not rows:
+            return None
+        return LogprobRows(rows, pk.int64(rows), max(reqs[i].params.logprobs for i in rows))
 
     def launch(self, ring_idx: int, x: StepInputs) -> list[Request]:
         """The device work of a staged step, in stream order; no host sync."""
         if x.upload is not None:
             self._write_slot_tables(x.upload)
         ring_tokens = self.ring.tokens[ring_idx]
+        segments = self.ring.segments[ring_idx]
+        segments.clear()
         rows: list[Request] = []
         prefill_tok = decode_tok = None
         if x.prefill is not None:
-            prefill_tok = self._prefill(x.prefill)
+            prefill_tok, logits = self._prefill(x.prefill)
             if prefill_tok is not None:
                 ring_tokens[:len(x.prefill.sample_reqs)].copy_(prefill_tok, non_blocking=True)
+                self._copy_logprobs(ring_idx, 0, logits, prefill_tok, x.prefill.logprob_rows)
                 rows += x.prefill.sample_reqs
         if x.decode is not None:
-            decode_tok = self._decode(x.decode)
+            decode_tok, logits = self._decode(x.decode)
             ring_tokens[len(rows):len(rows) + len(x.decode.reqs)].copy_(decode_tok, non_blocking=True)
+            self._copy_logprobs(ring_idx, len(rows), logits, decode_tok, x.decode.logprob_rows)
             rows += x.decode.reqs
         # the next step's decode inputs, written last: a step that raised before here
         # left last_tokens as it was, so it can be redone
@@ -394,6 +418,21 @@ class ModelRunner:
             self.last_tokens.index_copy_(0, x.decode.slots, decode_tok)
             self.pen.record(x.decode.slots, x.decode.positions + 1, decode_tok)
         return rows
+
+    def _copy_logprobs(self, ring_idx: int, row0: int, logits: torch.Tensor, tok: torch.Tensor,
+                       lp: LogprobRows | None) -> None:
+        """Logprobs of the rows that asked (raw logits: see logprobs.py) into the ring
+        after this step's earlier segment, if any; nothing when no row asked."""
+        if lp is None:
+            return
+        vals, ids = logprobs_of(logits.index_select(0, lp.dev).float(), tok.index_select(0, lp.dev), lp.k)
+        segs = self.ring.segments[ring_idx]
+        val_off = sum(len(s.rows) * (s.k + 1) for s in segs)
+        id_off = sum(len(s.rows) * s.k for s in segs)
+        self.ring.lp_vals[ring_idx, val_off:val_off + vals.numel()].copy_(vals.reshape(-1), non_blocking=True)
+        if ids.numel():
+            self.ring.lp_ids[ring_idx, id_off:id_off + ids.numel()].copy_(ids.reshape(-1), non_blocking=True)
+        segs.append(LogprobSegment([row0 + i for i in lp.host], lp.k, val_off, id_off))
 
     def settle(self) -> None:
         """After a step raised part-way: wait for the work it queued, so its pinned buffer
@@ -417,8 +456,9 @@ class ModelRunner:
             self.pen.bias_ids.index_copy_(0, u.bias_slots, u.bias_ids)
             self.pen.bias_vals.index_copy_(0, u.bias_slots, u.bias_vals)
 
-    def _prefill(self, p: PrefillInputs) -> torch.Tensor | None:
-        """The first output token of every chunk that completes its prompt (None: no chunk does)."""
+    def _prefill(self, p: PrefillInputs) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The first output token of every chunk that completes its prompt (None: no chunk
+        does), and the raw logits it was sampled from."""
         self.pen.record(p.tok_slots, p.positions[:p.n_real], p.tokens[:p.n_real])
         if p.padded:
             logits = self._prefill_padded(p)
@@ -428,16 +468,17 @@ class ModelRunner:
                             no_prefix=p.no_prefix, seqlens_q=p.seqlens)
             hidden = self.model(p.tokens, p.positions, self.pool.kv, meta)
             if not p.sample_reqs:
-                return None
+                return None, None
             logits = self.model.logits(hidden.index_select(0, p.sample_idx))
-        logits = self._logit_rules(logits, p.sample_slots, p.logit_rules, seq_lens=None)
-        return self._sample(logits, p.sample_slots, torch.zeros_like(p.sample_slots), p.sample_reqs)
+        final = self._logit_rules(logits, p.sample_slots, p.logit_rules, seq_lens=None)
+        return self._sample(final, p.sample_slots, torch.zeros_like(p.sample_slots), p.sample_reqs), logits
 
-    def _decode(self, d: DecodeInputs) -> torch.Tensor:
+    def _decode(self, d: DecodeInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """One token per decoding request, and the raw logits it was sampled from."""
         logits = self._decode_logits(len(d.reqs), d.slots, d.positions, d.reqs)
         gen = d.positions - self.prompt_len.index_select(0, d.slots) + 1
-        logits = self._logit_rules(logits, d.slots, d.logit_rules, seq_lens=d.positions + 1)
-        return self._sample(logits, d.slots, gen, d.reqs)
+        final = self._logit_rules(logits, d.slots, d.logit_rules, seq_lens=d.positions + 1)
+        return self._sample(final, d.slots, gen, d.reqs), logits
 
     def _logit_rules(self, logits: torch.Tensor, slots: torch.Tensor, rules: LogitRules,
                      seq_lens: torch.Tensor | None) -> torch.Tensor:

@@ -28,11 +28,20 @@ def _ref(name: str) -> dict[str, str]:
 
 _USAGE = _obj({"prompt_tokens": _INT, "completion_tokens": _INT, "total_tokens": _INT,
                "prompt_tokens_details": _obj({"cached_tokens": _INT})})
+_NUM = {"type": "number"}
+_COMPLETION_LOGPROBS = {"anyOf": [_obj({
+    "tokens": {"type": "array", "items": _STR},
+    "token_logprobs": {"type": "array", "items": _NUM},
+    "top_logprobs": {"type": "array", "items": {"type": "object", "additionalProperties": _NUM}},
+    "text_offset": {"type": "array", "items": _INT}}), _NULL]}
+_TOKEN_LP = {"token": _STR, "logprob": _NUM, "bytes": {"type": "array", "items": _INT}}
+_CHAT_LOGPROBS = {"anyOf": [_obj({"content": {"type": "array", "items": _obj({
+    **_TOKEN_LP, "top_logprobs": {"type": "array", "items": _obj(_TOKEN_LP)}})}}), _NULL]}
 _FINISH = {"anyOf": [{"enum": ["stop", "length", "abort", "error"]}, _NULL]}
 _COMPLETION = _obj({
     "id": _STR, "object": {"const": "text_completion"}, "created": _INT, "model": _STR,
     "choices": {"type": "array", "items": _obj({
-        "index": _INT, "text": _STR, "logprobs": _NULL, "finish_reason": _FINISH})},
+        "index": _INT, "text": _STR, "logprobs": _COMPLETION_LOGPROBS, "finish_reason": _FINISH})},
     "usage": _ref("Usage"),
 })
 _CHAT_COMPLETION = _obj({
@@ -40,7 +49,7 @@ _CHAT_COMPLETION = _obj({
     "choices": {"type": "array", "items": _obj({
         "index": _INT,
         "message": _obj({"role": {"const": "assistant"}, "content": _STR}),
-        "logprobs": _NULL, "finish_reason": _FINISH})},
+        "logprobs": _CHAT_LOGPROBS, "finish_reason": _FINISH})},
     "usage": _ref("Usage"),
 })
 _ERROR = _obj({"error": _obj({

@@ -18,6 +18,7 @@ from typing import Callable
 
 import torch
 
+from .logprobs import MAX_LOGPROBS, TokenLogprob, rows_from_host
 from .request import Request, RequestOutput
 from .tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -34,12 +35,33 @@ def set_os_thread_name(name: str) -> None:
         pass
 
 
+@dataclass
+class LogprobSegment:
+    """Logprob rows of one step, laid out contiguously in a ring slot's lp buffers:
+    row i of `rows` (ring rows, i.e. indices into the step's rows) has values
+    lp_vals[val_off + i*(k+1) : ...+k+1] and ids lp_ids[id_off + i*k : ...+k]."""
+    rows: list[int]
+    k: int
+    val_off: int
+    id_off: int
+
+
 class HostRing:
-    """depth slots of pinned int64 token ids, plus a free-slot queue for backpressure."""
+    """depth slots of pinned int64 token ids, plus a free-slot queue for backpressure.
+
+    Beside them, per slot, room for every row's logprobs (1 + MAX_LOGPROBS floats and
+    MAX_LOGPROBS ids): a step copies into it only the rows that asked for logprobs, so
+    the plain path's copy stays the sampled ids alone. `segments[slot]` says what the
+    step that filled the slot put there (written by the step loop before the poller
+    sees the slot, read by the poller after the step's event)."""
 
     def __init__(self, depth: int, rows: int, device: torch.device):
         self.cuda = device.type == "cuda"
         self.tokens = torch.zeros(depth, rows, dtype=torch.int64, pin_memory=self.cuda)
+        self.lp_vals = torch.zeros(depth, rows * (1 + MAX_LOGPROBS), dtype=torch.float32,
+                                   pin_memory=self.cuda)
+        self.lp_ids = torch.zeros(depth, rows * MAX_LOGPROBS, dtype=torch.int64, pin_memory=self.cuda)
+        self.segments: list[list[LogprobSegment]] = [[] for _ in range(depth)]
         self.free: queue.SimpleQueue[int] = queue.SimpleQueue()
         for i in range(depth):
             self.free.put(i)
@@ -124,6 +146,7 @@ class OutputPoller(threading.Thread):
         else:
             step_s = rec.end - rec.start
         toks = self.ring.tokens[rec.ring_idx, :n].tolist()
+        lps = self._logprobs(rec.ring_idx, rec.rows, toks)
         self.ring.free.put(rec.ring_idx)
         self.metrics.step_seconds.observe(step_s)
         if step_s > 0.25:
@@ -132,15 +155,27 @@ class OutputPoller(threading.Thread):
         self.on_step_time(rec.prefill_tokens, rec.decodes, step_s)
         now = time.monotonic()
         gen = 0
-        for r, t in zip(rec.rows, toks):
+        for i, (r, t) in enumerate(zip(rec.rows, toks)):
             if not r.finished:
                 gen += 1
-                self._token(r, t, now)
+                self._token(r, t, now, lps.get(i) if lps else None)
         if gen:
             self.metrics.generation_tokens.inc(gen)
 
+    def _logprobs(self, ring_idx: int, rows: list[Request], toks: list[int]) -> dict[int, TokenLogprob]:
+        """The step's logprob rows, by ring row (empty when no row asked)."""
+        out: dict[int, TokenLogprob] = {}
+        for seg in self.ring.segments[ring_idx]:
+            n, k = len(seg.rows), seg.k
+            vals = self.ring.lp_vals[ring_idx, seg.val_off:seg.val_off + n * (k + 1)].view(n, k + 1).tolist()
+            ids = self.ring.lp_ids[ring_idx, seg.id_off:seg.id_off + n * k].view(n, k).tolist()
+            chosen = [toks[i] for i in seg.rows]
+            ks = [rows[i].params.logprobs for i in seg.rows]   # each its own k <= the segment's
+            out.update(zip(seg.rows, rows_from_host(chosen, vals, ids, ks)))
+        return out
+
     # ------------------------------------------------------------------ per token
-    def _token(self, r: Request, tok: int, now: float) -> None:
+    def _token(self, r: Request, tok: int, now: float, lp: TokenLogprob | None = None) -> None:
         p = r.params
         m = self.metrics
         if r.first_token_at is None:
@@ -157,7 +192,7 @@ class OutputPoller(threading.Thread):
         if is_stop_tok:
             text = r.pending + r.detok.flush()
             r.pending = ""
-            self._emit(r, [tok], text, "stop")
+            self._emit(r, [tok], text, "stop", lp=lp)
             self.notify_stop(r)
             return
         piece = r.detok.add(tok)
@@ -171,7 +206,7 @@ class OutputPoller(threading.Thread):
                     hit, end = i, i + len(s)
             if hit >= 0:
                 r.pending = ""
-                self._emit(r, [tok], text[:end if p.include_stop_str_in_output else hit], "stop")
+                self._emit(r, [tok], text[:end if p.include_stop_str_in_output else hit], "stop", lp=lp)
                 self.notify_stop(r)
                 return
         if n >= r.max_tokens:
@@ -183,15 +218,16 @@ class OutputPoller(threading.Thread):
             cut = max(len(text) - hold, 0)
             r.pending = text[cut:]
             text = text[:cut]
-        self._emit(r, [tok], text, reason)
+        self._emit(r, [tok], text, reason, lp=lp)
 
-    def _emit(self, r: Request, ids: list[int], text: str, reason: str | None, error: str | None = None) -> None:
+    def _emit(self, r: Request, ids: list[int], text: str, reason: str | None, error: str | None = None,
+              lp: TokenLogprob | None = None) -> None:
         if reason is not None:
             r.finished = True
             self.metrics.finished(reason)
             self.metrics.e2e.observe(time.monotonic() - r.arrival)
         out = RequestOutput(r.id, ids, text, reason is not None, reason, r.prompt_len, len(r.out_ids), error,
-                            cached_tokens=r.num_cached)
+                            cached_tokens=r.num_cached, logprobs=None if lp is None else [lp])
         try:
             r.on_output(out)
         except Exception:  # noqa: BLE001 - a client callback must not kill the poller

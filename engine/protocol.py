@@ -21,9 +21,10 @@ import os
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from .api_schema import AnyOf, Array, Bool, Field, Int, Invalid, Num, Obj, Str
+from .logprobs import MAX_LOGPROBS, TokenLogprob
 from .penalties import MAX_LOGIT_BIAS
 from .request import PENALTY_RANGES, SamplingParams
 
@@ -82,6 +83,10 @@ class CompletionRequest:
     model: str | None
     prompt_text: str | None = None  # completions, text prompt
     prompt_ids: list[int] | None = None  # completions, token-id prompt
+    prompts: list[str | list[int]] = field(default_factory=list)  # completions: every prompt (the first above)
+    n: int = 1  # choices per prompt
+    logprobs: int | None = None  # top alternatives per output token (chat: top_logprobs)
+    echo: bool = False  # completions: the prompt before the output (and its logprobs)
     messages: list[dict[str, Any]] | None = None  # chat
     add_generation_prompt: bool = True
     max_tokens: int | None = None  # None: what the context leaves (chat) / 16 (completions)
@@ -140,6 +145,9 @@ HARMLESS_METADATA = (("user", Str()), ("metadata", Obj(values=Str())), ("store",
                      ("service_tier", Str()), ("prompt_cache_key", Str()),
                      ("safety_identifier", Str()))
 
+# Engine requests one API request may make (prompts x n): each holds a slot and its KV.
+MAX_CHOICES = 128
+
 # OpenAI's documented default for /v1/completions.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 # Nesting deeper than this is refused before validation walks it (no request needs > 5).
@@ -176,7 +184,8 @@ class RequestSchemas:
                 Field("continuous_usage_stats", Bool(), only=False,
                       only_why="usage comes in the last chunk only (include_usage)"))),
                   doc="Only with stream: true."),
-            Field("n", Int(1, 128), only=1, only_why="only n=1 (one choice per request)"),
+            Field("n", Int(1, MAX_CHOICES), doc=f"Choices per prompt; at most {MAX_CHOICES} "
+                  "choices per request in all."),
             Field("best_of", Int(1, 128), only=1, only_why="only best_of=1"),
             Field("temperature", Num(0.0, 2.0), doc="0 = greedy."),
             Field("top_p", Num(0.0, 1.0, lo_open=True)),
@@ -217,15 +226,17 @@ class RequestSchemas:
             Field("prompt", required=True, type=AnyOf((
                 Str(1),
                 Array(token_id, 1, mml - 1, "context_length_exceeded", over_ids),
-                Array(Str(1), 1, 1, "unsupported", "'{path}' is not supported by this "
-                      "server: one prompt per request (got a batch of {n})"),
+                Array(Str(1), 1, MAX_CHOICES, "unsupported", "'{path}' holds at most "
+                      f"{MAX_CHOICES} prompts (got {{n}})"),
                 Array(Array(token_id, 1, mml - 1, "context_length_exceeded", over_ids),
-                      1, 1, "unsupported", "'{path}' is not supported by this server: one "
-                      "prompt per request (got a batch of {n})"),
-            ), "a string, a list of token ids, or a list of one of those")),
+                      1, MAX_CHOICES, "unsupported", "'{path}' holds at most "
+                      f"{MAX_CHOICES} prompts (got {{n}})"),
+            ), "a string, a list of token ids, or a list of those")),
             Field("max_tokens", max_tokens, null_ok=True, doc=doc_max + " Default 16."),
-            Field("echo", Bool(), only=False, only_why="no echo of the prompt"),
-            Field("logprobs", Int(0, 5), only=0, only_why="no log probabilities"),
+            Field("echo", Bool(), doc="The prompt before the output (with logprobs: and "
+                  "the prompt tokens' logprobs, the first null)."),
+            Field("logprobs", Int(0, MAX_LOGPROBS), doc="Logprobs of each output token and "
+                  "of this many top alternatives (raw model logprobs, as vLLM's default)."),
             Field("suffix", Str(), only="", only_why="no insertion with a suffix"),
         ))
         part = Obj((Field("type", Str(), required=True, only="text",
@@ -249,8 +260,10 @@ class RequestSchemas:
             Field("max_tokens", max_tokens, null_ok=True,
                   doc=doc_max + " (max_completion_tokens wins)."),
             Field("add_generation_prompt", Bool()),
-            Field("logprobs", Bool(), only=False, only_why="no log probabilities"),
-            Field("top_logprobs", Int(0, 20)),
+            Field("logprobs", Bool(), doc="Logprobs of each output token (raw model "
+                  "logprobs, as vLLM's default)."),
+            Field("top_logprobs", Int(0, MAX_LOGPROBS), doc="Top alternatives per token "
+                  "(needs logprobs: true)."),
             Field("tools", Array(Obj(closed=False)), only=[], only_why="no tool calling"),
             Field("tool_choice", AnyOf((Str(), Obj(closed=False)), "a string or an object"),
                   only="none", only_why="no tool calling"),
@@ -313,13 +326,21 @@ class RequestSchemas:
         req = CompletionRequest(kind="completion", model=v["model"])
         _common(v, req, self.limits.vocab_size)
         prompt = v["prompt"]
-        if isinstance(prompt, list) and isinstance(prompt[0], (str, list)):
-            prompt = prompt[0]  # a list of one prompt
-        if isinstance(prompt, str):
-            self._check_text_len(len(prompt), "prompt")
-            req.prompt_text = prompt
+        prompts = prompt if isinstance(prompt, list) and isinstance(prompt[0], (str, list)) else [prompt]
+        _check_choices(len(prompts) * req.n)
+        for i, p in enumerate(prompts):
+            if isinstance(p, str):
+                self._check_text_len(len(p), "prompt" if len(prompts) == 1 else f"prompt[{i}]")
+        req.prompts = prompts
+        if isinstance(prompts[0], str):
+            req.prompt_text = prompts[0]
         else:
-            req.prompt_ids = prompt
+            req.prompt_ids = prompts[0]
+        req.echo = bool(v["echo"])
+        req.logprobs = v["logprobs"]
+        if req.echo and req.logprobs is not None:
+            raise bad("'echo' with 'logprobs' (the prompt's logprobs) is not supported by this "
+                      "server", "echo", "unsupported")
         if "max_tokens" not in body:
             req.max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS  # OpenAI's default
         else:
@@ -332,6 +353,11 @@ class RequestSchemas:
         req = CompletionRequest(kind="chat", model=v["model"])
         _common(v, req, self.limits.vocab_size)
         req.messages = [_message(m) for m in v["messages"]]
+        _check_choices(req.n)
+        if v["top_logprobs"] is not None and not v["logprobs"]:
+            raise bad("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+        if v["logprobs"]:
+            req.logprobs = v["top_logprobs"] or 0
         self._check_text_len(sum(len(m["content"]) for m in req.messages), "messages")
         mct = v["max_completion_tokens"]
         req.max_tokens = mct if mct is not None else v["max_tokens"]
@@ -361,6 +387,11 @@ class RequestSchemas:
                 f"({bound})"), where, "context_length_exceeded")
 
 
+def _check_choices(n: int) -> None:
+    if n > MAX_CHOICES:
+        raise bad(f"a request makes at most {MAX_CHOICES} choices (prompts x n), got {n}", "n")
+
+
 def _message(m: dict[str, Any]) -> dict[str, Any]:
     """A validated chat message as the chat template takes it (content parts joined)."""
     content = m["content"]
@@ -382,6 +413,8 @@ def _check(table: Obj, body: Any) -> dict[str, Any]:
 def _common(v: dict[str, Any], req: CompletionRequest, vocab: int) -> None:
     """Fields shared by both endpoints, from validated values (None: absent)."""
     req.stream = bool(v["stream"])
+    if v["n"] is not None:
+        req.n = v["n"]
     if v["stream_options"] is not None:  # only with stream true (the tables' `when`)
         req.include_usage = bool(v["stream_options"]["include_usage"])
     for name in ("temperature", "top_p", "min_tokens", "seed", "ignore_eos", "min_p",
@@ -492,7 +525,8 @@ def _sampling_params(req: CompletionRequest, max_tokens: int) -> SamplingParams:
                           repetition_penalty=req.repetition_penalty,
                           logit_bias=dict(req.logit_bias),
                           include_stop_str_in_output=req.include_stop_str_in_output,
-                          skip_special_tokens=req.skip_special_tokens)
+                          skip_special_tokens=req.skip_special_tokens,
+                          logprobs=req.logprobs)
 
 
 # --------------------------------------------------------------------------- responses
@@ -509,26 +543,55 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
             "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
-def completion_response(rid: str, created: int, model: str, text: str,
-                        finish_reason: str | None, prompt_tokens: int,
-                        completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
-    return {
-        "id": rid, "object": "text_completion", "created": created, "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": None,
-                     "finish_reason": finish_reason}],
-        "usage": usage(prompt_tokens, completion_tokens, cached_tokens),
-    }
+def completion_choice(index: int, text: str, finish_reason: str | None,
+                      logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
-def chat_response(rid: str, created: int, model: str, text: str, finish_reason: str | None,
-                  prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
-    return {
-        "id": rid, "object": "chat.completion", "created": created, "model": model,
-        "choices": [{"index": 0,
-                     "message": {"role": "assistant", "content": text},
-                     "logprobs": None, "finish_reason": finish_reason}],
-        "usage": usage(prompt_tokens, completion_tokens, cached_tokens),
-    }
+def chat_choice(index: int, text: str, finish_reason: str | None,
+                logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"index": index, "message": {"role": "assistant", "content": text},
+            "logprobs": logprobs, "finish_reason": finish_reason}
+
+
+def completion_response(rid: str, created: int, model: str, choices: list[dict[str, Any]],
+                        usage_val: dict[str, Any]) -> dict[str, Any]:
+    return {"id": rid, "object": "text_completion", "created": created, "model": model,
+            "choices": choices, "usage": usage_val}
+
+
+def chat_response(rid: str, created: int, model: str, choices: list[dict[str, Any]],
+                  usage_val: dict[str, Any]) -> dict[str, Any]:
+    return {"id": rid, "object": "chat.completion", "created": created, "model": model,
+            "choices": choices, "usage": usage_val}
+
+
+def completion_logprobs(entries: list[TokenLogprob], tok_str: Callable[[int], str],
+                        offset: int = 0) -> dict[str, Any]:
+    """/v1/completions' logprobs object; as vLLM's, each top_logprobs dict holds the top
+    alternatives and the chosen token. offset: the text_offset of the first token."""
+    tokens = [tok_str(e.token_id) for e in entries]
+    offsets = []
+    for t in tokens:
+        offsets.append(offset)
+        offset += len(t)
+    tops = []
+    for e, t in zip(entries, tokens):
+        d = {tok_str(i): lp for i, lp in e.top}
+        d.setdefault(t, e.logprob)
+        tops.append(d)
+    return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": tops, "text_offset": offsets}
+
+
+def chat_logprobs(entries: list[TokenLogprob], tok_str: Callable[[int], str]) -> dict[str, Any]:
+    """/v1/chat/completions' logprobs object (`content`, a list per token)."""
+    def one(t: str, lp: float) -> dict[str, Any]:
+        return {"token": t, "logprob": lp, "bytes": list(t.encode("utf-8", "surrogatepass"))}
+
+    return {"content": [{**one(tok_str(e.token_id), e.logprob),
+                         "top_logprobs": [one(tok_str(i), lp) for i, lp in e.top]}
+                        for e in entries]}
 
 
 def models_response(names: list[str], max_model_len: int, root: str,
@@ -632,6 +695,19 @@ class ChunkEncoder:
 
     def usage(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> bytes:
         return sse(self._obj([], usage(prompt_tokens, completion_tokens, cached_tokens)))
+
+    def choice(self, index: int, text: str | None, finish_reason: str | None,
+               logprobs: dict[str, Any] | None = None, role: bool = False) -> bytes:
+        """Any chunk of any choice (n > 1, a list of prompts, logprobs): the general,
+        slower path beside content()'s. text None: no content (a chat finish chunk)."""
+        if self.kind == "chat":
+            delta: dict[str, Any] = {"role": "assistant"} if role else {}
+            if text is not None:
+                delta["content"] = text
+            c = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+        else:
+            c = completion_choice(index, text or "", finish_reason, logprobs)
+        return sse(self._obj([c]))
 
 
 def now() -> int:

@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable
 
+from .logprobs import MAX_LOGPROBS
 from .tokenizer import IncrementalDetokenizer
 
 if TYPE_CHECKING:
@@ -59,6 +60,7 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)   # token id -> added logit
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    logprobs: int | None = None          # top alternatives per output token (0: the chosen one only)
 
     def __post_init__(self) -> None:
         self.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -93,6 +95,8 @@ class SamplingParams:
             _int("logit_bias", t_id, 0)
             if not -100.0 <= _real("logit_bias", b) <= 100.0:
                 raise ValueError(f"logit_bias values must be in [-100, 100], got {b}")
+        if self.logprobs is not None:
+            _int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
         mp = _real("min_p", self.min_p)
         if not 0.0 <= mp <= 1.0:
             raise ValueError(f"min_p must be in [0, 1], got {mp}")
@@ -133,6 +137,7 @@ class RequestOutput:
     completion_tokens: int
     error: str | None = None
     cached_tokens: int = 0        # prompt tokens whose KV came from the prefix cache
+    logprobs: list | None = None  # logprobs.TokenLogprob of each id in token_ids (asked for)
 
 
 @dataclass(eq=False)
@@ -145,6 +150,7 @@ class Request:
     seed: int
     sample_class: int = 1         # sampler.row_class of the params: decode rows are grouped by it
     arrival: float = field(default_factory=time.monotonic)
+    after: str | None = None      # a sibling (n > 1): the request with its prompt, whose prefill it waits for
     # step-loop side
     pages: list[int] = field(default_factory=list)
     slot: int = -1

@@ -178,6 +178,8 @@ class Scheduler:
     def _admit(self) -> None:
         while self.waiting and self._free_slots:
             r = self.waiting[0]
+            if self._lead_prefilling(r):
+                break                      # its prompt's pages come from its lead next step
             # a repetition penalty reads the whole prompt from the token history, which
             # only a prefill writes: such a request prefills all of it (its own cache root)
             root = r.id if r.params.repetition_penalty != 1.0 else None
@@ -191,6 +193,15 @@ class Scheduler:
             r.num_prefilled = r.num_cached = len(r.chain.uids) * self.pool.page_size
             r.slot = self._free_slots.pop()
             self.prefilling.append(r)
+
+    def _lead_prefilling(self, r: Request) -> bool:
+        """A sibling (n > 1) waits while the request it follows is still prefilling the
+        same prompt: admitted after, it gets the prompt's full pages from the prefix cache
+        instead of prefilling them again (only the last, partial page is its own)."""
+        if r.after is None or not self.cache.enabled:
+            return False
+        lead = self.by_id.get(r.after)
+        return lead is not None and not lead.released and lead.num_prefilled < lead.prompt_len
 
     def update(self, batch: Batch) -> None:
         """After batch ran: count what it scheduled; requests at max_tokens are done here

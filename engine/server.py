@@ -92,11 +92,13 @@ class OutputRouter:
         self.wakeups = 0  # drains run (for tests / tuning)
         self.delivered = 0
 
-    def callback(self, st: _Req) -> Callable[[Any], None]:
+    def callback(self, st: _Req, index: int | None = None) -> Callable[[Any], None]:
+        """The engine's on_output for st; with index (one of several choices), the
+        outputs arrive as (index, output)."""
         inbox = self.inbox
 
         def on_output(out: Any) -> None:  # poller thread
-            inbox.append((st, out))
+            inbox.append((st, out if index is None else (index, out)))
             if not self.scheduled:
                 self.scheduled = True
                 try:
@@ -368,9 +370,13 @@ class OpenAIServer:
                          f"{', '.join(self.model_names)}", param="model",
                          code="model_not_found")
 
-    async def _prompt_ids(self, req: P.CompletionRequest) -> list[int]:
-        if req.prompt_ids is not None:
-            return req.prompt_ids  # ids already checked against the vocabulary
+    async def _prompt_ids(self, req: P.CompletionRequest, prompt: str | list[int] | None = None
+                          ) -> list[int]:
+        """The ids of the chat messages, or of `prompt` (completions; default the first)."""
+        if prompt is None:
+            prompt = req.prompt_ids if req.prompt_ids is not None else req.prompt_text
+        if isinstance(prompt, list):
+            return prompt  # ids already checked against the vocabulary
         tok = self.engine.tokenizer
         if req.kind == "chat":
             def work() -> list[int]:
@@ -388,8 +394,8 @@ class OpenAIServer:
             n = sum(len(m["content"]) for m in req.messages)
         else:
             def work() -> list[int]:
-                return tok.encode(req.prompt_text, add_special_tokens=True)
-            n = len(req.prompt_text)
+                return tok.encode(prompt, add_special_tokens=True)
+            n = len(prompt)
         ids = await self._tokenizer_work(work, n, req.prompt_field)
         if not ids:
             raise P.bad("the prompt is empty after tokenization", req.prompt_field)
@@ -409,15 +415,37 @@ class OpenAIServer:
     async def _generate(self, request: web.Request, req: P.CompletionRequest
                         ) -> web.StreamResponse:
         model = self._model(req.model)
-        prompt_ids = await self._prompt_ids(req)
-        max_tokens = P.check_context(req, len(prompt_ids), self.max_model_len,
-                                     self.default_max_tokens)
-        params = P.sampling_params(req, max_tokens)
+        prompts = [await self._prompt_ids(req, p) for p in req.prompts] if req.prompts \
+            else [await self._prompt_ids(req)]
+        plan = _Choices(req, prompts, self.max_model_len, self.default_max_tokens,
+                        self.engine.tokenizer)
         st = _Req()
+        st.rid = []
+        self.inflight.add(st)
         try:
-            st.rid = self.engine.submit(prompt_ids, params, self.router.callback(st))
-            log.debug("request %s is engine request %s", request[REQUEST_ID], st.rid)
+            self._submit(request, plan, st)
+            if req.stream:
+                return await self._stream(request, req, st, model, plan)
+            return await self._collect(req, st, model, plan)
+        finally:
+            self.inflight.discard(st)
+            if not st.finished:
+                self._abort(st)
+
+    def _submit(self, request: web.Request, plan: _Choices, st: _Req) -> None:
+        """Queue every choice's engine request (a sibling of n > 1 after its first, so it
+        shares the prompt's KV pages); a refusal aborts those already queued."""
+        multi = len(plan.choices) > 1
+        try:
+            for i, (ids, params, lead) in enumerate(plan.choices):
+                cb = self.router.callback(st, i if multi else None)
+                if lead is None:
+                    st.rid.append(self.engine.submit(ids, params, cb))
+                else:
+                    st.rid.append(self.engine.submit(ids, params, cb, after=st.rid[lead]))
+            log.debug("request %s is engine request(s) %s", request[REQUEST_ID], st.rid)
         except RequestRejected as exc:
+            self._abort(st)
             headers = {}
             if exc.status in (429, 503):
                 ra = exc.retry_after if exc.retry_after is not None else 1
@@ -425,61 +453,79 @@ class OpenAIServer:
             raise P.APIError(int(exc.status), exc.message, headers=headers,
                              code="rate_limit_exceeded" if exc.status == 429 else None
                              ) from None
-        self.inflight.add(st)
-        try:
-            if req.stream:
-                return await self._stream(request, req, st, model, len(prompt_ids))
-            return await self._collect(req, st, model, len(prompt_ids))
-        finally:
-            self.inflight.discard(st)
-            if not st.finished:
-                try:
-                    self.engine.abort(st.rid)
-                except Exception:  # abort is idempotent; never mask the real outcome
-                    log.exception("abort(%s) failed", st.rid)
+
+    def _abort(self, st: _Req) -> None:
+        for rid in st.rid:
+            try:
+                self.engine.abort(rid)
+            except Exception:  # abort is idempotent; never mask the real outcome
+                log.exception("abort(%s) failed", rid)
+
+    def _tok_str(self, token_id: int) -> str:
+        return self.engine.tokenizer.decode([token_id], skip_special_tokens=False)
 
     async def _collect(self, req: P.CompletionRequest, st: _Req, model: str,
-                       prompt_len: int) -> web.Response:
+                       plan: _Choices) -> web.Response:
         loop = self.loop
-        texts: list[str] = []
-        completion_tokens = cached_tokens = 0
-        finish_reason = None
-        while not st.finished:
-            for out in await _next_items(st, loop):
-                if out is _ABORTED:
-                    st.finished = True
-                    finish_reason = "abort"
+        n = len(plan.choices)
+        texts: list[list[str]] = [[] for _ in range(n)]
+        lps: list[list] = [[] for _ in range(n)]
+        done: list[str | None] = [None] * n
+        tokens = [0] * n
+        cached = [0] * n
+        left = n
+        while left:
+            for item in await _next_items(st, loop):
+                if item is _ABORTED:
+                    done = [d or "abort" for d in done]
+                    left = 0
                     break
+                i, out = item if n > 1 else (0, item)
                 if out.text:
-                    texts.append(out.text)
-                completion_tokens = out.completion_tokens
-                if out.finished:
-                    st.finished = True
-                    finish_reason = out.finish_reason
-                    st.error = out.error
-                    prompt_len = out.prompt_tokens or prompt_len
-                    cached_tokens = out.cached_tokens
-                    break
-        if finish_reason == "error":
+                    texts[i].append(out.text)
+                if out.logprobs:
+                    lps[i] += out.logprobs
+                tokens[i] = out.completion_tokens
+                if out.finished and done[i] is None:
+                    done[i] = out.finish_reason
+                    cached[i] = out.cached_tokens
+                    if out.finish_reason == "error":
+                        st.error = out.error
+                    left -= 1
+        st.finished = True
+        if "error" in done:
             raise P.APIError(500, st.error or "the engine failed while generating this "
                              "request", code="engine_error")
-        rid = P.new_id(req.kind)
+        choices = []
+        for i in range(n):
+            text = "".join(texts[i])
+            echo = plan.echo_text(i)
+            if req.kind == "chat":
+                lp = P.chat_logprobs(lps[i], self._tok_str) if req.logprobs is not None else None
+                choices.append(P.chat_choice(i, text, done[i], lp))
+            else:
+                lp = (P.completion_logprobs(lps[i], self._tok_str, len(echo))
+                      if req.logprobs is not None else None)
+                choices.append(P.completion_choice(i, echo + text, done[i], lp))
         make = P.chat_response if req.kind == "chat" else P.completion_response
-        return _json(make(rid, P.now(), model, "".join(texts), finish_reason, prompt_len,
-                          completion_tokens, cached_tokens))
+        return _json(make(P.new_id(req.kind), P.now(), model, choices,
+                          P.usage(plan.prompt_tokens, sum(tokens), sum(cached))))
 
     async def _stream(self, request: web.Request, req: P.CompletionRequest, st: _Req,
-                      model: str, prompt_len: int) -> web.StreamResponse:
+                      model: str, plan: _Choices) -> web.StreamResponse:
         loop = self.loop
         enc = P.ChunkEncoder(req.kind, P.new_id(req.kind), P.now(), model, req.include_usage)
-        fmt = _SSEFormatter(enc, req.include_usage, prompt_len)
+        general = len(plan.choices) > 1 or req.logprobs is not None or req.echo
+        fmt = (_ChoicesFormatter(enc, req, plan, self._tok_str) if general
+               else _SSEFormatter(enc, req.include_usage, plan.prompt_tokens))
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache"})
         await resp.prepare(request)
         try:
             # The first write goes through aiohttp (it sends the headers with it) ...
             items = await _next_items(st, loop)
-            data = fmt(items, enc.role() if req.kind == "chat" else b"")
+            data = fmt(items, fmt.head() if general else
+                       enc.role() if req.kind == "chat" else b"")
             st.finished = fmt.finished
             await resp.write(data)
             if not st.finished:
@@ -511,10 +557,7 @@ class OpenAIServer:
         if left:
             log.warning("drain timeout: ending %d in-flight request(s)", len(left))
         for st in left:
-            try:
-                self.engine.abort(st.rid)
-            except Exception:
-                log.exception("abort(%s) failed", st.rid)
+            self._abort(st)
             # the marker ends the stream after any items still queued before it
             _push_end(st)
         t_end = time.monotonic() + 2.0
@@ -567,6 +610,108 @@ class _SSEFormatter:
         if self.finished:
             if self.include_usage:
                 parts.append(enc.usage(self.prompt_len, self.completion_tokens, self.cached_tokens))
+            parts.append(P.DONE)
+        return b"".join(parts)
+
+
+class _Choices:
+    """The engine requests one API request makes: each prompt x n, in choice order
+    (choice index = prompt index x n + sibling), with its prompt ids and params."""
+
+    def __init__(self, req: P.CompletionRequest, prompts: list[list[int]], max_model_len: int,
+                 default_max_tokens: int | None, tokenizer: Any) -> None:
+        self.prompts = prompts
+        # echo: each prompt as text (token-id prompts decoded)
+        self.echoes = [p if isinstance(p, str) else tokenizer.decode(p, skip_special_tokens=False)
+                       for p in req.prompts] if req.echo else []
+        self.n = req.n
+        self.prompt_tokens = sum(len(p) for p in prompts)
+        self.choices: list[tuple[list[int], Any, int | None]] = []   # (ids, params, lead choice)
+        for ids in prompts:
+            max_tokens = P.check_context(req, len(ids), max_model_len, default_max_tokens)
+            params = P.sampling_params(req, max_tokens)
+            first = len(self.choices)
+            for j in range(req.n):
+                # as vLLM: sibling j of a seeded request samples with seed + j
+                p = params if j == 0 or req.seed is None else dataclasses.replace(params, seed=req.seed + j)
+                self.choices.append((ids, p, None if j == 0 else first))
+
+    def echo_text(self, index: int) -> str:
+        """The prompt of choice `index` as text, when echo is on ("" otherwise)."""
+        return self.echoes[index // self.n] if self.echoes else ""
+
+
+class _ChoicesFormatter:
+    """Engine outputs -> SSE bytes for the general streams: several choices (outputs
+    come as (index, output)), logprobs, echo. Each chunk carries one choice."""
+
+    __slots__ = ("cached", "echo", "enc", "finished", "include_usage", "left", "logprobs",
+                 "offsets", "open", "plan", "tok_str", "tokens")
+
+    def __init__(self, enc: P.ChunkEncoder, req: P.CompletionRequest, plan: _Choices,
+                 tok_str: Callable[[int], str]) -> None:
+        self.enc, self.plan, self.tok_str = enc, plan, tok_str
+        self.include_usage = req.include_usage
+        self.logprobs = req.logprobs is not None
+        self.echo = req.echo
+        n = len(plan.choices)
+        self.left = n
+        self.open = [True] * n      # choices not finished yet
+        self.tokens = [0] * n
+        self.cached = [0] * n
+        self.offsets = [0] * n      # completions: text_offset of each choice's next token
+        self.finished = False
+
+    def head(self) -> bytes:
+        """Chat: a role chunk per choice; completions with echo: each choice's prompt."""
+        enc, n = self.enc, len(self.plan.choices)
+        if enc.kind == "chat":
+            return b"".join(enc.choice(i, "", None, role=True) for i in range(n))
+        if not self.echo:
+            return b""
+        texts = [self.plan.echo_text(i) for i in range(n)]
+        self.offsets = [len(t) for t in texts]
+        return b"".join(enc.choice(i, t, None) for i, t in enumerate(texts))
+
+    def _lp(self, i: int, entries: list | None) -> dict[str, Any] | None:
+        if not self.logprobs or not entries:
+            return None
+        if self.enc.kind == "chat":
+            return P.chat_logprobs(entries, self.tok_str)
+        lp = P.completion_logprobs(entries, self.tok_str, self.offsets[i])
+        self.offsets[i] += sum(len(t) for t in lp["tokens"])
+        return lp
+
+    def __call__(self, items: list[Any], head: bytes = b"") -> bytes:
+        enc = self.enc
+        multi = len(self.plan.choices) > 1
+        parts = [head] if head else []
+        for item in items:
+            if item is _ABORTED:
+                parts += [enc.choice(i, None if enc.kind == "chat" else "", "abort")
+                          for i, o in enumerate(self.open) if o]
+                self.left = 0
+                break
+            i, out = item if multi else (0, item)
+            self.tokens[i] = out.completion_tokens
+            if out.finished:
+                self.open[i] = False
+                self.cached[i] = out.cached_tokens
+                self.left -= 1
+                if out.finish_reason == "error":
+                    parts.append(P.sse(P.error_body(
+                        out.error or "the engine failed while generating this request",
+                        "server_error", None, "engine_error")))
+                    self.left = 0
+                    break
+                text = out.text if out.text or enc.kind != "chat" else None
+                parts.append(enc.choice(i, text, out.finish_reason, self._lp(i, out.logprobs)))
+            elif out.text or out.token_ids:
+                parts.append(enc.choice(i, out.text, None, self._lp(i, out.logprobs)))
+        if self.left == 0:
+            self.finished = True
+            if self.include_usage:
+                parts.append(enc.usage(self.plan.prompt_tokens, sum(self.tokens), sum(self.cached)))
             parts.append(P.DONE)
         return b"".join(parts)
 

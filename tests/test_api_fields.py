@@ -17,7 +17,7 @@ OK, NO = "served", "refused"
 # field -> (a non-default value, what the server does with it)
 COMMON = {
     "model": ("fake", OK), "stream": (True, OK), "stream_options": ({"include_usage": True}, OK),
-    "n": (2, NO), "best_of": (2, NO), "temperature": (0.5, OK), "top_p": (0.5, OK),
+    "n": (2, OK), "best_of": (2, NO), "temperature": (0.5, OK), "top_p": (0.5, OK),
     "top_k": (5, OK), "min_tokens": (1, OK), "seed": (7, OK), "stop": (["zz"], OK),
     "stop_token_ids": ([5], OK), "ignore_eos": (True, OK), "presence_penalty": (0.5, OK),
     "frequency_penalty": (0.5, OK), "repetition_penalty": (1.2, OK),
@@ -30,19 +30,19 @@ COMMON = {
     "user": ("me", OK), "metadata": ({"k": "v"}, OK), "store": (False, OK),
     "service_tier": ("auto", OK), "prompt_cache_key": ("k", OK), "safety_identifier": ("s", OK),
 }
-COMPLETION = {**COMMON, "prompt": ("hello", OK), "max_tokens": (3, OK), "echo": (True, NO),
-              "logprobs": (2, NO), "suffix": ("end", NO)}
+COMPLETION = {**COMMON, "prompt": ("hello", OK), "max_tokens": (3, OK), "echo": (True, OK),
+              "logprobs": (2, OK), "suffix": ("end", NO)}
 CHAT = {**COMMON, "messages": (MSGS, OK), "max_tokens": (3, OK),
         "max_completion_tokens": (3, OK), "add_generation_prompt": (False, OK),
-        "logprobs": (True, NO), "top_logprobs": (2, OK),
+        "logprobs": (True, OK), "top_logprobs": (2, OK),
         "tools": ([{"type": "function", "function": {"name": "f"}}], NO),
         "tool_choice": ("required", NO), "parallel_tool_calls": (False, OK),
         "response_format": ({"type": "json_object"}, NO),
         "chat_template_kwargs": ({"enable_thinking": False}, OK),
         "documents": ([{"title": "t", "text": "x"}], OK),
         "continue_final_message": (True, OK), "chat_template": ("{{ x }}", NO)}
-# stream_options needs stream; continue_final_message needs a final assistant message
-NEEDS = {"stream_options": {"stream": True},
+# stream_options needs stream, top_logprobs logprobs; continue_final_message needs a final assistant message
+NEEDS = {"stream_options": {"stream": True}, "top_logprobs": {"logprobs": True},
          "continue_final_message": {"messages": MSGS + [{"role": "assistant", "content": "a"}],
                                     "add_generation_prompt": False}}
 

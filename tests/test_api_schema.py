@@ -37,7 +37,7 @@ def test_openapi_request_schemas_are_the_validation_tables():
         assert props["top_k"]["anyOf"][0]["maximum"] == 1000
         assert props["max_tokens"]["anyOf"][0]["maximum"] == 256
         assert props["prompt"]["anyOf"][1]["items"]["maximum"] == 999
-        assert props["n"]["anyOf"][0] == {"const": 1}
+        assert props["n"]["anyOf"][0]["maximum"] == 128   # MAX_CHOICES
         assert set(doc["paths"]) == {"/v1/completions", "/v1/chat/completions", "/v1/models",
                                      "/health", "/metrics", "/openapi.json", "/tokenize",
                                      "/detokenize", "/version"}

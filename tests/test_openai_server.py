@@ -159,8 +159,8 @@ def test_real_engine_bad_inputs_then_still_serving(live):
     with pytest.raises(openai.BadRequestError):
         c.chat.completions.create(model=eng.model_name, messages=[], max_tokens=1)
     with pytest.raises(openai.BadRequestError) as e:
-        c.completions.create(model=eng.model_name, prompt="x", max_tokens=1, n=2)
-    assert "n=1" in e.value.body["message"]
+        c.completions.create(model=eng.model_name, prompt="x", max_tokens=1, n=129)
+    assert e.value.body["param"] == "n"
     r = c.completions.create(model=eng.model_name, prompt="still here", max_tokens=2)
     assert r.usage.completion_tokens >= 1
 
@@ -330,3 +330,124 @@ def test_penalties_stop_repetition(live):
     assert distinct(frequency_penalty=2.0) > plain
     assert distinct(presence_penalty=2.0) > plain
     assert distinct(repetition_penalty=2.0) >= plain
+
+
+# ------------------------------------------------------------------ issue 13, part 2
+
+def _client(srv):
+    return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+
+
+def test_completion_logprobs_are_raw_log_softmax(live):
+    """logprobs=N: the chosen token's logprob and the top N, from the raw logits (as
+    vLLM's default): greedy picks the top one, and the values match a direct forward."""
+    eng, srv = live
+    c = _client(srv)
+    r = c.completions.create(model="demo", prompt=[5, 6, 7, 8], max_tokens=3, temperature=0,
+                             logprobs=5, presence_penalty=1.5, frequency_penalty=1.0)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 3
+    assert all(v <= 0 for v in lp.token_logprobs)
+    # 5 alternatives and the chosen token (keys are token texts: byte pieces may collide)
+    assert all(1 <= len(d) <= 6 for d in lp.top_logprobs)
+    assert lp.text_offset[0] == 0
+    # the first token's logprob against the model itself (penalties do not change it)
+    import torch
+    logits = eng.runner.score_last([5, 6, 7, 8], 2).float()
+    ref = torch.log_softmax(logits, -1)
+    assert abs(lp.token_logprobs[0] - ref.max().item()) < 1e-3   # no output yet: no penalty
+
+
+def test_chat_logprobs_streamed_and_not(live):
+    _, srv = live
+    c = _client(srv)
+    msgs = [{"role": "user", "content": "hi"}]
+    r = c.chat.completions.create(model="demo", messages=msgs, max_tokens=4, temperature=0,
+                                  logprobs=True, top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens
+    assert all(len(t.top_logprobs) == 3 and t.logprob <= 0 for t in content)
+    assert content[0].logprob == content[0].top_logprobs[0].logprob   # greedy: the top one
+    streamed = []
+    for ch in c.chat.completions.create(model="demo", messages=msgs, max_tokens=4, temperature=0,
+                                        logprobs=True, top_logprobs=3, stream=True):
+        if ch.choices and ch.choices[0].logprobs:
+            streamed += ch.choices[0].logprobs.content
+    assert [(t.token, round(t.logprob, 4)) for t in streamed] == \
+        [(t.token, round(t.logprob, 4)) for t in content]
+    with pytest.raises(openai.BadRequestError, match="top_logprobs"):
+        c.chat.completions.create(model="demo", messages=msgs, max_tokens=2, top_logprobs=3)
+    with pytest.raises(openai.BadRequestError, match="logprobs"):
+        c.chat.completions.create(model="demo", messages=msgs, max_tokens=2, logprobs=True,
+                                  top_logprobs=21)
+
+
+def test_logprobs_batched_equal_alone(live):
+    _, srv = live
+    c = _client(srv)
+    kw = dict(model="demo", prompt=[9, 10, 11], max_tokens=6, temperature=0.9, seed=7, logprobs=2)
+    alone = c.completions.create(**kw).choices[0].logprobs.token_logprobs
+
+    async def many():
+        ac = openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+        others = [ac.completions.create(model="demo", prompt=[i + 1, 2, 3], max_tokens=8,
+                                        temperature=1.0) for i in range(16)]
+        res = await asyncio.gather(ac.completions.create(**kw), *others)
+        return res[0].choices[0].logprobs.token_logprobs
+
+    batched = asyncio.run(many())
+    assert [round(v, 4) for v in batched] == [round(v, 4) for v in alone]
+
+
+def test_n_choices_indexed_seeded_and_sharing_the_prompt(live):
+    eng, srv = live
+    c = _client(srv)
+    prompt = list(range(20, 60))                      # 40 tokens: full pages to share
+    r = c.completions.create(model="demo", prompt=prompt, max_tokens=5, temperature=1.0,
+                             seed=3, n=3)
+    assert [ch.index for ch in r.choices] == [0, 1, 2]
+    assert r.usage.prompt_tokens == 40 and r.usage.completion_tokens == 15
+    assert r.usage.prompt_tokens_details.cached_tokens > 0    # the siblings' shared pages
+    # sibling j samples with seed + j (as vLLM): choice 1 equals a lone request of seed 4
+    lone = c.completions.create(model="demo", prompt=prompt, max_tokens=5, temperature=1.0, seed=4)
+    assert r.choices[1].text == lone.choices[0].text
+    # streamed: every chunk names its choice, each choice ends once
+    ends, texts = {}, {0: "", 1: "", 2: ""}
+    for ch in c.completions.create(model="demo", prompt=prompt, max_tokens=5, temperature=1.0,
+                                   seed=3, n=3, stream=True):
+        for x in ch.choices:
+            texts[x.index] += x.text
+            if x.finish_reason:
+                ends[x.index] = x.finish_reason
+    assert ends == {0: "length", 1: "length", 2: "length"}
+    assert [texts[i] for i in range(3)] == [ch.text for ch in r.choices]
+
+
+def test_chat_n_streams_a_role_per_choice(live):
+    _, srv = live
+    c = _client(srv)
+    roles, ends = set(), set()
+    for ch in c.chat.completions.create(model="demo", messages=[{"role": "user", "content": "x"}],
+                                        max_tokens=3, n=2, stream=True):
+        for x in ch.choices:
+            if x.delta.role:
+                roles.add(x.index)
+            if x.finish_reason:
+                ends.add(x.index)
+    assert roles == ends == {0, 1}
+
+
+def test_prompt_list_times_n_and_echo(live):
+    _, srv = live
+    c = _client(srv)
+    r = c.completions.create(model="demo", prompt=["one two", "three"], max_tokens=2, n=2,
+                             temperature=0, echo=True)
+    assert [ch.index for ch in r.choices] == [0, 1, 2, 3]
+    assert r.choices[0].text.startswith("one two") and r.choices[2].text.startswith("three")
+    assert r.choices[0].text == r.choices[1].text          # greedy siblings agree
+    alone = c.completions.create(model="demo", prompt="three", max_tokens=2, temperature=0)
+    assert r.choices[2].text == "three" + alone.choices[0].text
+    with pytest.raises(openai.BadRequestError, match="at most 128"):
+        c.completions.create(model="demo", prompt=["a"] * 65, n=2, max_tokens=1)
+    with pytest.raises(openai.BadRequestError, match="echo"):
+        c.completions.create(model="demo", prompt="a", echo=True, logprobs=1, max_tokens=1)
