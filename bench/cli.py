@@ -152,6 +152,9 @@ def _is_local(base_url: str) -> bool:
               help="Unique tokens after the prefix. [prefix: 48]")
 @click.option("--goodput", "goodput", multiple=True, metavar="KEY:MS",
               help="An SLO for goodput (repeatable): ttft, itl (or tpot), e2el in ms.")
+@click.option("--extra-body", default=None, metavar="JSON",
+              help="A JSON object merged into every request (e.g. '{\"logprobs\": 5}'), as "
+                   "the openai client's extra_body.")
 @click.option("--warmup", "--num-warmups", "warmup", type=click.IntRange(min=0), default=None,
               help="Warm-up requests before measuring (excluded). [random: 2]")
 @click.option("--vocab-size", type=click.IntRange(min=2), default=None,
@@ -169,8 +172,8 @@ def _is_local(base_url: str) -> bool:
 @click.option("--progress/--no-progress", default=True, show_default=True)
 def bench(base_url, host, port, model, api_key, scenarios, input_len, output_len,
           short_input_len, num_prompts, concurrency, request_rate, input_len_range,
-          output_len_range, prefix_len, num_prefixes, suffix_len, goodput, warmup, vocab_size,
-          server_pid, workers, seed, out, progress):
+          output_len_range, prefix_len, num_prefixes, suffix_len, goodput, extra_body, warmup,
+          vocab_size, server_pid, workers, seed, out, progress):
     """Drive a running zerod (or any OpenAI-compatible) server and report TTFT, ITL, TPOT
     and throughput."""
     base_url = (base_url or f"http://{host}:{port}").rstrip("/")
@@ -186,8 +189,9 @@ def bench(base_url, host, port, model, api_key, scenarios, input_len, output_len
                  "goodput": _slos(goodput)}
     if request_rate is not None and request_rate <= 0:
         raise click.BadParameter("must be > 0", param_hint="--request-rate")
+    extra = _extra(extra_body)
     results = asyncio.run(_main(base_url, model, api_key, names, overrides, short_input_len,
-                                vocab_size, server_pid, seed, progress, out, workers))
+                                vocab_size, server_pid, seed, progress, out, workers, extra))
     failed = sum(r.get("failed", 0) for r in results.values())
     sys.exit(1 if failed else 0)
 
@@ -222,8 +226,20 @@ def _slos(items: tuple[str, ...]) -> dict[str, float] | None:
     return out or None
 
 
+def _extra(text: str | None) -> dict[str, Any]:
+    if text is None:
+        return {}
+    try:
+        obj = json.loads(text)
+    except ValueError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint="--extra-body")
+    if not isinstance(obj, dict):
+        raise click.BadParameter("must be a JSON object", param_hint="--extra-body")
+    return obj
+
+
 async def _main(base_url, model, api_key, names, overrides, short_input_len, vocab_size,
-                server_pid, seed, progress, out, workers=0) -> dict[str, dict]:
+                server_pid, seed, progress, out, workers=0, extra=None) -> dict[str, dict]:
     health, models = await _server_info(base_url, api_key)
     if health.get("_status") != 200:
         raise click.ClickException(f"the server is not healthy: /health answered "
@@ -238,6 +254,7 @@ async def _main(base_url, model, api_key, names, overrides, short_input_len, voc
         pid = None
     client = Client(base_url, model, api_key, vocab, seed, progress, pid)
     client.workers = workers
+    client.extra_body = extra or {}
     if pid is not None and pid == health.get("pid") and isinstance(health.get("threads"), dict):
         client.thread_names = {int(tid): name for name, tid in health["threads"].items()
                                if isinstance(tid, int)}

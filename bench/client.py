@@ -187,6 +187,7 @@ class Client:
         self.server_pid = server_pid
         self.thread_names: dict[int, str] = {}
         self.workers = 0  # client processes; 0 = auto_workers()
+        self.extra_body: dict[str, Any] = {}  # merged into every request (--extra-body)
         self._prefixes: dict[tuple[int, int], list[list[int]]] = {}
 
     def _ids(self, n: int) -> list[int]:
@@ -215,6 +216,7 @@ class Client:
              "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
         if self.model:
             p["model"] = self.model
+        p.update(self.extra_body)
         return p
 
     async def run(self, label: str, load: Load) -> dict[str, Any]:

@@ -161,3 +161,15 @@ def test_bench_mix_prefix_and_goodput(fake_server, tmp_path):
 def test_bench_bad_mix_flags_are_usage_errors(args):
     r = CliRunner().invoke(bench, ["--base-url", "http://127.0.0.1:9", "--no-progress", *args])
     assert r.exit_code == 2 and "Traceback" not in r.output
+
+
+def test_bench_extra_body_reaches_every_request(fake_server, tmp_path):
+    eng, srv = fake_server
+    n0 = len(eng.submitted)
+    r = CliRunner().invoke(bench, ["--base-url", srv.url, "--num-prompts", "3", "--input-len", "4",
+                                   "--output-len", "3", "--warmup", "1", "--no-progress",
+                                   "--extra-body", '{"seed": 7, "top_k": 3}'])
+    assert r.exit_code == 0, r.output
+    assert all(p.seed == 7 and p.top_k == 3 for _, _, p in eng.submitted[n0:])
+    r = CliRunner().invoke(bench, ["--base-url", srv.url, "--extra-body", "[1]", "--no-progress"])
+    assert r.exit_code == 2 and "JSON object" in r.output
