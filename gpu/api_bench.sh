@@ -10,7 +10,7 @@ export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 FINAL=${OUT:-/tmp/zerod-api}; mkdir -p "$FINAL"
 W=/tmp/api; rm -rf "$W"; mkdir -p "$W"
-. gpu/wheels.sh psutil
+. gpu/wheels.sh xgrammar   # xgrammar (structured outputs) and psutil, carried in .whl
 SHAPE=8b; SERVE_X="--dtype bfloat16 --max-model-len 8192 --max-num-seqs 256"; SMALL=""
 if [ "${SMOKE:-0}" = 1 ]; then
   SHAPE=tiny; SERVE_X="--dtype float32 --device cpu --max-model-len 1024 --max-num-seqs 64"

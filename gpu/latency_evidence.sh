@@ -13,7 +13,7 @@ FINAL=${OUT:-/tmp/zerod-latency}; mkdir -p "$FINAL"
 W=/tmp/lat; rm -rf "$W"; mkdir -p "$W/run"
 pack() { tar czf "$FINAL/latency.tgz" -C "$W" . 2>/dev/null; }
 stamp() { echo "== $(date -u +%T) $*" | tee -a "$W/timeline.txt"; }
-. gpu/wheels.sh psutil   # packages the device image lacks, carried in .whl
+. gpu/wheels.sh xgrammar   # packages the device image lacks (xgrammar, psutil), carried in .whl
 # SMOKE=1: the same steps on the CPU (tiny shape, short waits, no rogue job): checks the script
 SHAPE=8b; DEV=cuda; DT=bfloat16; LEARN=95; ROGUE="$PY gpu/rogue_job.py 16 60"
 if [ "${SMOKE:-0}" = 1 ]; then SHAPE=tiny; DEV=cpu; DT=float32; LEARN=8; ROGUE="sleep 20"; fi
