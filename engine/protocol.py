@@ -26,6 +26,7 @@ from typing import Any
 from .api_schema import AnyOf, Array, Bool, Field, Int, Invalid, Num, Obj, Str
 from .penalties import MAX_LOGIT_BIAS
 from .request import SamplingParams
+from .structured import MAX_CHOICES, MAX_GRAMMAR_CHARS, GrammarSpec
 
 # --------------------------------------------------------------------------- errors
 
@@ -104,6 +105,7 @@ class CompletionRequest:
     skip_special_tokens: bool = True
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     continue_final_message: bool = False
+    grammar: GrammarSpec | None = None  # structured outputs: compiled by the server
 
     @property
     def prompt_field(self) -> str:
@@ -168,6 +170,10 @@ class RequestSchemas:
         token_id = Int(0, vocab - 1, hi_why=f"(the vocabulary has {vocab} tokens)")
         max_tokens = Int(1, mml, hi_why="(max_model_len)")
         doc_max = "Tokens to generate; null: what the context leaves."
+        schema_t = AnyOf((Str(1, MAX_GRAMMAR_CHARS), Obj(closed=False)),
+                         "a JSON schema (an object or its JSON text)")
+        grammar_t = Str(1, MAX_GRAMMAR_CHARS)
+        choice_t = Array(Str(1, 1024), 1, MAX_CHOICES)
         common = (
             Field("model", Str(), doc="A served model name (GET /v1/models)."),
             Field("stream", Bool()),
@@ -191,7 +197,7 @@ class RequestSchemas:
             Field("ignore_eos", Bool()),
             Field("presence_penalty", Num(-2.0, 2.0)),
             Field("frequency_penalty", Num(-2.0, 2.0)),
-            Field("repetition_penalty", Num(0.0, 2.0, lo_open=True)),
+            Field("repetition_penalty", Num(1e-6, 2.0), doc="1: off."),
             Field("logit_bias", Obj(values=Num(-100.0, 100.0)),
                   doc=f"Token id (a string) -> a value added to its logit; at most "
                       f"{MAX_LOGIT_BIAS} entries, ids below {vocab}."),
@@ -202,12 +208,20 @@ class RequestSchemas:
             Field("skip_special_tokens", Bool(), doc="Default true."),
             Field("spaces_between_special_tokens", Bool(), only=True,
                   only_why="special tokens are always decoded as the tokenizer joins them"),
-            Field("structured_outputs", Obj(closed=False), refused=True,
-                  only_why="no structured outputs"),
-            *(Field(f"guided_{k}", Obj(closed=False), refused=True,
-                    only_why="no structured outputs")
-              for k in ("json", "regex", "choice", "grammar", "decoding_backend",
-                        "whitespace_pattern")),
+            Field("structured_outputs", Obj((
+                Field("json", schema_t, doc="A JSON schema the output follows."),
+                Field("json_object", Bool(), doc="true: any JSON object."),
+                Field("regex", grammar_t, doc="A regular expression the output matches."),
+                Field("choice", choice_t, doc="The output is one of these strings."),
+                Field("grammar", grammar_t, doc="An EBNF grammar (xgrammar's dialect)."),
+            )), doc="vLLM's structured outputs (xgrammar): at most one constraint."),
+            Field("guided_json", schema_t, doc="vLLM's older name of structured_outputs.json."),
+            Field("guided_regex", grammar_t, doc="Older name of structured_outputs.regex."),
+            Field("guided_choice", choice_t, doc="Older name of structured_outputs.choice."),
+            Field("guided_grammar", grammar_t, doc="Older name of structured_outputs.grammar."),
+            *(Field(f"guided_{k}", Str(), refused=True,
+                    only_why="the backend is always xgrammar, with its default whitespace")
+              for k in ("decoding_backend", "whitespace_pattern")),
             # harmless OpenAI metadata: accepted and ignored (docs/engine-server.md)
             *(Field(name, t, doc="OpenAI metadata: accepted, ignored.")
               for name, t in HARMLESS_METADATA),
@@ -257,9 +271,14 @@ class RequestSchemas:
             Field("tool_choice", AnyOf((Str(), Obj(closed=False)), "a string or an object"),
                   only="none", only_why="no tool calling"),
             Field("parallel_tool_calls", Bool(), doc="Without tools: ignored."),
-            Field("response_format", Obj((Field(
-                "type", Str(), required=True, only="text",
-                only_why="only response_format type 'text'"),), closed=False)),
+            Field("response_format", Obj((
+                Field("type", Str(enum=("text", "json_object", "json_schema")), required=True),
+                Field("json_schema", Obj((
+                    Field("name", Str()), Field("description", Str()),
+                    Field("schema", Obj(closed=False)),
+                    Field("strict", Bool(), doc="Always enforced (xgrammar's strict mode).")
+                )), doc="With type json_schema."))),
+                doc="json_object / json_schema: the output follows it (xgrammar)."),
             Field("chat_template_kwargs", Obj(values=AnyOf(
                 (Str(), Num(), Bool(), Array(Str()), Obj(closed=False)), "a JSON value")),
                 doc="Extra variables for the chat template (e.g. enable_thinking)."),
@@ -313,7 +332,7 @@ class RequestSchemas:
         """Validate a decoded /v1/completions body."""
         v = _check(self.completion, body)
         req = CompletionRequest(kind="completion", model=v["model"])
-        _common(v, req, self.limits.vocab_size)
+        _common(v, req, self.limits.vocab_size, body)
         prompt = v["prompt"]
         if isinstance(prompt, list) and isinstance(prompt[0], (str, list)):
             prompt = prompt[0]  # a list of one prompt
@@ -332,7 +351,7 @@ class RequestSchemas:
         """Validate a decoded /v1/chat/completions body."""
         v = _check(self.chat, body)
         req = CompletionRequest(kind="chat", model=v["model"])
-        _common(v, req, self.limits.vocab_size)
+        _common(v, req, self.limits.vocab_size, body)
         req.messages = [_message(m) for m in v["messages"]]
         self._check_text_len(sum(len(m["content"]) for m in req.messages), "messages")
         mct = v["max_completion_tokens"]
@@ -381,8 +400,9 @@ def _check(table: Obj, body: Any) -> dict[str, Any]:
         raise bad(exc.message, exc.param, exc.code) from None
 
 
-def _common(v: dict[str, Any], req: CompletionRequest, vocab: int) -> None:
-    """Fields shared by both endpoints, from validated values (None: absent)."""
+def _common(v: dict[str, Any], req: CompletionRequest, vocab: int, body: dict[str, Any]) -> None:
+    """Fields shared by both endpoints, from validated values (None: absent); `body`
+    gives the JSON schemas as sent (validation keeps only the fields it declares)."""
     req.stream = bool(v["stream"])
     if v["stream_options"] is not None:  # only with stream true (the tables' `when`)
         req.include_usage = bool(v["stream_options"]["include_usage"])
@@ -400,6 +420,69 @@ def _common(v: dict[str, Any], req: CompletionRequest, vocab: int) -> None:
         req.stop_token_ids = v["stop_token_ids"]
     if v["logit_bias"]:
         req.logit_bias = _logit_bias(v["logit_bias"], vocab)
+    req.grammar = _grammar(v, body)
+    if req.grammar is not None and (req.min_tokens or req.ignore_eos):
+        raise bad("'min_tokens' and 'ignore_eos' cannot be used with structured outputs "
+                  "(the grammar decides where the output ends)",
+                  "min_tokens" if req.min_tokens else "ignore_eos")
+
+
+JSON_OBJECT = '{"type": "object"}'   # response_format json_object: any JSON object
+
+
+def _schema_text(schema: Any, param: str) -> str:
+    """A JSON schema as JSON text (what xgrammar compiles), bounded in size."""
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except ValueError as exc:
+            raise bad(f"'{param}' is not valid JSON: {exc}", param) from None
+        if not isinstance(schema, dict):
+            raise bad(f"'{param}' must be a JSON schema object", param)
+    text = json.dumps(schema, ensure_ascii=False)
+    if len(text) > MAX_GRAMMAR_CHARS:
+        raise bad(f"'{param}' is longer than {MAX_GRAMMAR_CHARS} characters", param)
+    return text
+
+
+def _grammar(v: dict[str, Any], body: dict[str, Any]) -> GrammarSpec | None:
+    """The one structured-output constraint of the request, from any of its spellings
+    (response_format, structured_outputs, guided_*); more than one is a 400."""
+    found: list[tuple[str, GrammarSpec]] = []
+    so = v["structured_outputs"] or {}
+    rf = v.get("response_format")
+    raw_so = body.get("structured_outputs") or {}
+    for key, kind in (("json", "json"), ("regex", "regex"), ("choice", "choice"),
+                      ("grammar", "grammar")):
+        for param, x in ((f"structured_outputs.{key}", so.get(key)), (f"guided_{key}", v[f"guided_{key}"])):
+            if x is None:
+                continue
+            if kind == "json":   # the schema as sent (validation kept no members)
+                raw = raw_so["json"] if param.startswith("structured") else body["guided_json"]
+                found.append((param, GrammarSpec("json", _schema_text(raw, param))))
+            elif kind == "choice":
+                found.append((param, GrammarSpec("choice", json.dumps(x, ensure_ascii=False))))
+            else:
+                found.append((param, GrammarSpec(kind, x)))
+    if so.get("json_object"):
+        found.append(("structured_outputs.json_object", GrammarSpec("json", JSON_OBJECT)))
+    if rf is not None and rf["type"] == "json_object":
+        found.append(("response_format", GrammarSpec("json", JSON_OBJECT)))
+    elif rf is not None and rf["type"] == "json_schema":
+        js = rf["json_schema"]
+        if js is None or js["schema"] is None:
+            raise bad("'response_format.json_schema.schema' is required with type "
+                      "json_schema", "response_format.json_schema")
+        found.append(("response_format", GrammarSpec(
+            "json", _schema_text(body["response_format"]["json_schema"]["schema"],
+                                 "response_format.json_schema.schema"))))
+    if len(found) > 1:
+        raise bad(f"give one structured-output constraint, got {len(found)}: "
+                  f"{', '.join(p for p, _ in found)}", found[1][0])
+    if not found:
+        return None
+    param, spec = found[0]
+    return GrammarSpec(spec.kind, spec.value, param)
 
 
 def _logit_bias(bias: dict[str, float], vocab: int) -> dict[int, float]:

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from .tokenizer import IncrementalDetokenizer
 
 if TYPE_CHECKING:
     from .prefix_cache import PageChain
+    from .structured import GrammarState
 
 
 INT64_MAX = 2**63 - 1            # the device tables hold token ids, top_k, seeds, min_tokens as int64
@@ -55,6 +56,8 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)   # token id -> added logit
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # a compiled xgrammar grammar (structured.GrammarCompiler.compile): outputs follow it
+    grammar: Any = None
 
     def __post_init__(self) -> None:
         self.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -141,6 +144,7 @@ class Request:
     max_tokens: int
     seed: int
     sample_class: int = 1         # sampler.row_class of the params: decode rows are grouped by it
+    grammar: GrammarState | None = None  # structured outputs: advanced by the poller
     arrival: float = field(default_factory=time.monotonic)
     # step-loop side
     pages: list[int] = field(default_factory=list)

@@ -55,6 +55,7 @@ from zerod.engine.cors import CorsPolicy, request_id
 from zerod.engine.http_edge import EdgeLimits, EdgeRunner, bind_socket, edge_error
 from zerod.engine.interface import EngineLike
 from zerod.engine.openapi import openapi_document
+from zerod.engine.structured import GrammarError, GrammarSpec
 
 log = logging.getLogger("zerod.engine.server")
 
@@ -406,6 +407,20 @@ class OpenAIServer:
         except Exception as exc:
             raise P.bad(f"could not tokenize the {where}: {exc}", where) from None
 
+    async def _compile_grammar(self, spec: GrammarSpec) -> Any:
+        """The compiled grammar of a structured-output request, compiled on the tokenize
+        pool (a large schema takes tens of ms; xgrammar caches what it compiled)."""
+        if not hasattr(self.engine, "grammar_compiler"):
+            raise P.bad(f"'{spec.param}' is not supported by this server: this engine has no "
+                        "structured outputs", spec.param, "unsupported")
+
+        def work() -> Any:
+            return self.engine.grammar_compiler.compile(spec)
+        try:
+            return await self.loop.run_in_executor(self.tokenize_pool, work)
+        except GrammarError as exc:
+            raise P.bad(f"'{spec.param}': {exc}", spec.param) from None
+
     async def _generate(self, request: web.Request, req: P.CompletionRequest
                         ) -> web.StreamResponse:
         model = self._model(req.model)
@@ -413,6 +428,8 @@ class OpenAIServer:
         max_tokens = P.check_context(req, len(prompt_ids), self.max_model_len,
                                      self.default_max_tokens)
         params = P.sampling_params(req, max_tokens)
+        if req.grammar is not None:
+            params.grammar = await self._compile_grammar(req.grammar)
         st = _Req()
         try:
             st.rid = self.engine.submit(prompt_ids, params, self.router.callback(st))
