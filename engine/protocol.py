@@ -27,6 +27,7 @@ from .api_schema import AnyOf, Array, Bool, Field, Int, Invalid, Num, Obj, Str
 from .penalties import MAX_LOGIT_BIAS
 from .request import SamplingParams
 from .structured import MAX_CHOICES, MAX_GRAMMAR_CHARS, GrammarSpec
+from .tools import parameters, required_schema
 
 # --------------------------------------------------------------------------- errors
 
@@ -106,6 +107,9 @@ class CompletionRequest:
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     continue_final_message: bool = False
     grammar: GrammarSpec | None = None  # structured outputs: compiled by the server
+    tools: list[dict[str, Any]] | None = None   # as sent (passed to the chat template)
+    tool_choice: str = "none"    # none | auto | required | named (tool_name)
+    tool_name: str | None = None
 
     @property
     def prompt_field(self) -> str:
@@ -134,6 +138,8 @@ class Limits:
     # Text longer than this cannot fit max_model_len tokens whatever it says (from the
     # tokenizer: see text_bound.py); None when the tokenizer gives no such bound.
     max_prompt_chars: int | None = None
+    # --tool-call-parser with --enable-auto-tool-choice: tool_choice "auto" is served
+    tool_parser: str | None = None
 
 
 # OpenAI request metadata that changes nothing about the answer: accepted and ignored.
@@ -142,6 +148,9 @@ HARMLESS_METADATA = (("user", Str()), ("metadata", Obj(values=Str())), ("store",
                      ("service_tier", Str()), ("prompt_cache_key", Str()),
                      ("safety_identifier", Str()))
 
+# Variables the request sets itself; chat_template_kwargs may not replace them.
+RESERVED_TEMPLATE_VARS = ("messages", "add_generation_prompt", "tools", "documents")
+MAX_TOOLS = 128
 # OpenAI's documented default for /v1/completions.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 # Nesting deeper than this is refused before validation walks it (no request needs > 5).
@@ -253,10 +262,24 @@ class RequestSchemas:
                                    "a string or a list of content parts")),
             Field("name", Str()),
             Field("refusal", Str(), doc="An earlier refusal: ignored."),
-            Field("tool_calls", Array(Obj(closed=False)), only=[],
-                  only_why="no tool calling"),
-            Field("tool_call_id", Str(), refused=True, only_why="no tool calling"),
+            Field("tool_calls", Array(Obj((
+                Field("id", Str()), Field("type", Str(enum=("function",))),
+                Field("function", Obj((Field("name", Str(), required=True),
+                                       Field("arguments", Str(), required=True))),
+                      required=True))), max_items=MAX_TOOLS),
+                  doc="An assistant's earlier tool calls (passed to the chat template)."),
+            Field("tool_call_id", Str(), doc="The call a tool message answers."),
         ))
+        tool = Obj((
+            Field("type", Str(enum=("function",)), required=True),
+            Field("function", Obj((
+                Field("name", Str(1, 64), required=True), Field("description", Str()),
+                Field("parameters", Obj(closed=False)), Field("strict", Bool()))),
+                  required=True)))
+        tool_choice = AnyOf((Str(enum=("none", "auto", "required")), Obj((
+            Field("type", Str(enum=("function",)), required=True),
+            Field("function", Obj((Field("name", Str(), required=True),)), required=True)))),
+            "'none', 'auto', 'required' or {type: function, function: {name}}")
         self.chat = Obj(when=stream_rule, fields=common + (
             Field("messages", Array(message, 1, mml, "context_length_exceeded",
                                     _context_exceeded(mml, "messages are {n}, more than "
@@ -267,10 +290,12 @@ class RequestSchemas:
             Field("add_generation_prompt", Bool()),
             Field("logprobs", Bool(), only=False, only_why="no log probabilities"),
             Field("top_logprobs", Int(0, 20)),
-            Field("tools", Array(Obj(closed=False)), only=[], only_why="no tool calling"),
-            Field("tool_choice", AnyOf((Str(), Obj(closed=False)), "a string or an object"),
-                  only="none", only_why="no tool calling"),
-            Field("parallel_tool_calls", Bool(), doc="Without tools: ignored."),
+            Field("tools", Array(tool, 0, MAX_TOOLS), doc="Functions the model may call "
+                  "(passed to the chat template)."),
+            Field("tool_choice", tool_choice, doc="Default: auto with tools (needs "
+                  "--enable-auto-tool-choice and --tool-call-parser), else none. required / "
+                  "a named function: enforced by structured outputs."),
+            Field("parallel_tool_calls", Bool(), doc="Accepted; required may call several."),
             Field("response_format", Obj((
                 Field("type", Str(enum=("text", "json_object", "json_schema")), required=True),
                 Field("json_schema", Obj((
@@ -359,6 +384,11 @@ class RequestSchemas:
         if v["add_generation_prompt"] is not None:
             req.add_generation_prompt = v["add_generation_prompt"]
         req.chat_template_kwargs = dict(v["chat_template_kwargs"] or {})
+        for k in RESERVED_TEMPLATE_VARS:
+            if k in req.chat_template_kwargs:
+                raise bad(f"'chat_template_kwargs.{k}' is set by the request itself, not "
+                          "through chat_template_kwargs", f"chat_template_kwargs.{k}")
+        self._tools(v, body, req)
         if v["documents"] is not None:
             req.chat_template_kwargs["documents"] = v["documents"]
         if v["continue_final_message"]:
@@ -372,6 +402,38 @@ class RequestSchemas:
             req.add_generation_prompt = False
         return req
 
+    def _tools(self, v: dict[str, Any], body: dict[str, Any], req: CompletionRequest) -> None:
+        """tools and tool_choice: required / named become the request's grammar."""
+        tools = body["tools"] if v["tools"] else None   # as sent: parameter schemas whole
+        choice = v["tool_choice"]
+        if choice is None:
+            choice = "auto" if tools else "none"
+        if isinstance(choice, dict):
+            req.tool_name = choice["function"]["name"]
+            choice = "named"
+        if choice != "none" and not tools:
+            raise bad(f"'tool_choice' {choice!r} needs 'tools'", "tool_choice")
+        if choice == "auto" and self.limits.tool_parser is None:
+            raise bad("'tool_choice' \"auto\" (the default with tools) needs the server to "
+                      "run with --enable-auto-tool-choice and --tool-call-parser; send "
+                      "'tool_choice' \"none\", \"required\" or a named function", "tool_choice",
+                      "unsupported")
+        schema = None
+        if choice == "required":
+            schema = required_schema(tools)
+        elif choice == "named":
+            named = [t for t in tools if t["function"]["name"] == req.tool_name]
+            if not named:
+                raise bad(f"'tool_choice' names {req.tool_name!r}, which is not in 'tools'",
+                          "tool_choice")
+            schema = parameters(named[0])   # the output is the call's arguments
+        if schema is not None:
+            if req.grammar is not None:
+                raise bad(f"'tool_choice' {choice!r} is enforced by structured outputs: it "
+                          f"cannot be combined with '{req.grammar.param}'", "tool_choice")
+            req.grammar = GrammarSpec("json", _schema_text(schema, "tools"), "tools")
+        req.tools, req.tool_choice = tools, choice
+
     def _check_text_len(self, chars: int, where: str) -> None:
         """Refuse, before tokenizing, text that cannot fit the context whatever it says."""
         bound = self.limits.max_prompt_chars
@@ -383,14 +445,29 @@ class RequestSchemas:
 
 
 def _message(m: dict[str, Any]) -> dict[str, Any]:
-    """A validated chat message as the chat template takes it (content parts joined)."""
+    """A validated chat message as the chat template takes it (content parts joined;
+    tool-call arguments as objects, as vLLM passes them: templates `tojson` them)."""
     content = m["content"]
     if isinstance(content, list):
         content = "".join(p["text"] for p in content)
     msg = {"role": m["role"], "content": content or ""}
     if m["name"] is not None:
         msg["name"] = m["name"]
+    if m["tool_call_id"] is not None:
+        msg["tool_call_id"] = m["tool_call_id"]
+    if m["tool_calls"]:
+        msg["tool_calls"] = [{"id": c["id"] or "", "type": "function", "function": {
+            "name": c["function"]["name"], "arguments": _arguments(c["function"]["arguments"])}}
+            for c in m["tool_calls"]]
     return msg
+
+
+def _arguments(text: str) -> Any:
+    try:
+        args = json.loads(text)
+    except ValueError:
+        return text
+    return args if isinstance(args, dict) else text
 
 
 def _check(table: Obj, body: Any) -> dict[str, Any]:
@@ -597,12 +674,17 @@ def completion_response(rid: str, created: int, model: str, text: str,
     }
 
 
-def chat_response(rid: str, created: int, model: str, text: str, finish_reason: str | None,
-                  prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+def chat_response(rid: str, created: int, model: str, text: str | None,
+                  finish_reason: str | None, prompt_tokens: int, completion_tokens: int,
+                  cached_tokens: int = 0,
+                  tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
     return {
         "id": rid, "object": "chat.completion", "created": created, "model": model,
         "choices": [{"index": 0,
-                     "message": {"role": "assistant", "content": text},
+                     "message": message,
                      "logprobs": None, "finish_reason": finish_reason}],
         "usage": usage(prompt_tokens, completion_tokens, cached_tokens),
     }
@@ -699,6 +781,11 @@ class ChunkEncoder:
     def content(self, text: str, finish_reason: str | None = None) -> bytes:
         fr = b"null" if finish_reason is None else b'"' + finish_reason.encode() + b'"'
         return self._head + _json_str(text) + self._mid + fr + self._tail
+
+    def delta(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
+        """A chat chunk with any delta (tool calls; not the per-token path)."""
+        return sse(self._obj([{"index": 0, "delta": delta, "logprobs": None,
+                               "finish_reason": finish_reason}]))
 
     def finish(self, finish_reason: str) -> bytes:
         """A last chunk that carries only the finish reason (no new text)."""

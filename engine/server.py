@@ -56,6 +56,7 @@ from zerod.engine.http_edge import EdgeLimits, EdgeRunner, bind_socket, edge_err
 from zerod.engine.interface import EngineLike
 from zerod.engine.openapi import openapi_document
 from zerod.engine.structured import GrammarError, GrammarSpec
+from zerod.engine.tools import new_call_id, outcome
 
 log = logging.getLogger("zerod.engine.server")
 
@@ -158,8 +159,12 @@ class OpenAIServer:
     def __init__(self, engine: EngineLike, *, served_model_names: list[str] | None = None,
                  api_key: str | None = None, drain_timeout: float = 30.0,
                  default_max_tokens: int | None = None,
-                 edge: EdgeLimits | None = None, cors: CorsPolicy | None = None) -> None:
+                 edge: EdgeLimits | None = None, cors: CorsPolicy | None = None,
+                 tool_parser: str | None = None) -> None:
+        """tool_parser: --tool-call-parser, given with --enable-auto-tool-choice (None:
+        tool_choice "auto" is refused)."""
         self.engine = engine
+        self.tool_parser = tool_parser
         self.cors = cors or CorsPolicy()
         self.default_max_tokens = default_max_tokens
         self.model_names = list(served_model_names or [engine.model_name])
@@ -172,7 +177,7 @@ class OpenAIServer:
         per_token = engine.tokenizer.max_chars_per_token
         self.schemas = P.RequestSchemas(P.Limits(
             self.max_model_len, self.vocab_size,
-            per_token * self.max_model_len if per_token else None))
+            per_token * self.max_model_len if per_token else None, tool_parser))
         self.tokenize_pool = ThreadPoolExecutor(TOKENIZE_THREADS,
                                                 thread_name_prefix="zerod-tokenize")
         self.created = P.now()
@@ -377,7 +382,7 @@ class OpenAIServer:
             def work() -> list[int]:
                 text = tok.apply_chat_template(req.messages,
                                                add_generation_prompt=req.add_generation_prompt,
-                                               **req.chat_template_kwargs)
+                                               tools=req.tools, **req.chat_template_kwargs)
                 if req.continue_final_message:  # as transformers: cut after the last content
                     last = req.messages[-1]["content"]
                     cut = text.rfind(last) if last else -1
@@ -444,6 +449,8 @@ class OpenAIServer:
                              ) from None
         self.inflight.add(st)
         try:
+            if req.stream and req.tool_choice != "none":
+                return await self._stream_tools(request, req, st, model, len(prompt_ids))
             if req.stream:
                 return await self._stream(request, req, st, model, len(prompt_ids))
             return await self._collect(req, st, model, len(prompt_ids))
@@ -481,9 +488,15 @@ class OpenAIServer:
             raise P.APIError(500, st.error or "the engine failed while generating this "
                              "request", code="engine_error")
         rid = P.new_id(req.kind)
-        make = P.chat_response if req.kind == "chat" else P.completion_response
-        return _json(make(rid, P.now(), model, "".join(texts), finish_reason, prompt_len,
-                          completion_tokens, cached_tokens))
+        if req.kind == "chat":
+            content, calls, finish_reason = outcome(req.tool_choice, req.tool_name,
+                                                    self.tool_parser, "".join(texts),
+                                                    finish_reason)
+            return _json(P.chat_response(rid, P.now(), model, content, finish_reason,
+                                         prompt_len, completion_tokens, cached_tokens,
+                                         [c.to_openai() for c in calls]))
+        return _json(P.completion_response(rid, P.now(), model, "".join(texts), finish_reason,
+                                           prompt_len, completion_tokens, cached_tokens))
 
     async def _stream(self, request: web.Request, req: P.CompletionRequest, st: _Req,
                       model: str, prompt_len: int) -> web.StreamResponse:
@@ -510,6 +523,64 @@ class OpenAIServer:
                     st.sink()
                 if not await done:
                     return resp  # the client is gone; _generate's finally aborts
+            await resp.write_eof()
+        except ConnectionError:
+            pass  # the client went away; the finally of _generate aborts the request
+        return resp
+
+    async def _stream_tools(self, request: web.Request, req: P.CompletionRequest, st: _Req,
+                            model: str, prompt_len: int) -> web.StreamResponse:
+        """A streamed chat request with tools, in OpenAI's tool-call delta shape. A named
+        function streams its arguments as they come (the output is the arguments); for
+        required / auto the calls are known only when the output is whole, so each call
+        comes in one delta at the end (the content before it, for auto, in one delta too)."""
+        enc = P.ChunkEncoder("chat", P.new_id("chat"), P.now(), model, req.include_usage)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        named = req.tool_choice == "named"
+        texts: list[str] = []
+        finish = error = None
+        completion_tokens = cached_tokens = 0
+        try:
+            await resp.write(enc.role())
+            if named:
+                await resp.write(enc.delta({"tool_calls": [{
+                    "index": 0, "id": new_call_id(), "type": "function",
+                    "function": {"name": req.tool_name, "arguments": ""}}]}))
+            while not st.finished:
+                for out in await _next_items(st, self.loop):
+                    if out is _ABORTED:
+                        st.finished, finish = True, "abort"
+                        break
+                    completion_tokens = out.completion_tokens
+                    if out.text and named:
+                        await resp.write(enc.delta({"tool_calls": [{
+                            "index": 0, "function": {"arguments": out.text}}]}))
+                    elif out.text:
+                        texts.append(out.text)
+                    if out.finished:
+                        st.finished, finish, error = True, out.finish_reason, out.error
+                        prompt_len = out.prompt_tokens or prompt_len
+                        cached_tokens = out.cached_tokens
+                        break
+            if finish == "error":
+                await resp.write(P.sse(P.error_body(
+                    error or "the engine failed while generating this request",
+                    "server_error", None, "engine_error")))
+            else:
+                if not named:
+                    content, calls, finish = outcome(req.tool_choice, None, self.tool_parser,
+                                                     "".join(texts), finish)
+                    if content:
+                        await resp.write(enc.delta({"content": content}))
+                    for i, c in enumerate(calls):
+                        await resp.write(enc.delta({"tool_calls": [{"index": i,
+                                                                    **c.to_openai()}]}))
+                await resp.write(enc.delta({}, finish))
+            if req.include_usage:
+                await resp.write(enc.usage(prompt_len, completion_tokens, cached_tokens))
+            await resp.write(P.DONE)
             await resp.write_eof()
         except ConnectionError:
             pass  # the client went away; the finally of _generate aborts the request
@@ -655,10 +726,11 @@ async def serve_async(engine: EngineLike, sock: socket.socket, *, served_model_n
                       edge: EdgeLimits | None = None, cors: CorsPolicy | None = None,
                       on_ready: Callable[[int], None] | None = None,
                       stop_event: asyncio.Event | None = None,
-                      handle_signals: bool = True) -> None:
+                      handle_signals: bool = True,
+                      tool_parser: str | None = None) -> None:
     server = OpenAIServer(engine, served_model_names=served_model_names, api_key=api_key,
                           drain_timeout=drain_timeout, default_max_tokens=default_max_tokens,
-                          edge=edge, cors=cors)
+                          edge=edge, cors=cors, tool_parser=tool_parser)
     loop = asyncio.get_running_loop()
     stop = stop_event or asyncio.Event()
     if handle_signals:

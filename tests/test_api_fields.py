@@ -12,6 +12,7 @@ from test_server_fake import FakeEngine, _post
 from zerod.engine.server import ServerThread
 
 MSGS = [{"role": "user", "content": "hi"}]
+TOOLS = [{"type": "function", "function": {"name": "f"}}]
 OK, NO = "served", "refused"
 
 # field -> (a non-default value, what the server does with it)
@@ -35,14 +36,15 @@ COMPLETION = {**COMMON, "prompt": ("hello", OK), "max_tokens": (3, OK), "echo": 
 CHAT = {**COMMON, "messages": (MSGS, OK), "max_tokens": (3, OK),
         "max_completion_tokens": (3, OK), "add_generation_prompt": (False, OK),
         "logprobs": (True, NO), "top_logprobs": (2, OK),
-        "tools": ([{"type": "function", "function": {"name": "f"}}], NO),
-        "tool_choice": ("required", NO), "parallel_tool_calls": (False, OK),
+        "tools": (TOOLS, OK), "tool_choice": ("required", OK), "parallel_tool_calls": (False, OK),
         "response_format": ({"type": "json_object"}, OK),
         "chat_template_kwargs": ({"enable_thinking": False}, OK),
         "documents": ([{"title": "t", "text": "x"}], OK),
         "continue_final_message": (True, OK), "chat_template": ("{{ x }}", NO)}
 # stream_options needs stream; continue_final_message needs a final assistant message
-NEEDS = {"stream_options": {"stream": True},
+# tools without tool_choice mean "auto", which this server (no --tool-call-parser) refuses
+NEEDS = {"stream_options": {"stream": True}, "tools": {"tool_choice": "none"},
+         "tool_choice": {"tools": TOOLS},
          "continue_final_message": {"messages": MSGS + [{"role": "assistant", "content": "a"}],
                                     "add_generation_prompt": False}}
 

@@ -302,7 +302,7 @@ BAD = [
         {"type": "image_url", "image_url": {"url": "x"}}]}]}, 400,
      "messages[0].content[0].type"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [{}]},
-     400, "tools"),
+     400, "tools[0].type"),  # a tool without its type
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 3}, 400, "n"),
     # every numeric field is bounded by what the engine can do (vocab 1000, context 256)
     ("/v1/completions", {"prompt": "x", "top_k": 2**63}, 400, "top_k"),
