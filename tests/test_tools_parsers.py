@@ -71,3 +71,13 @@ def test_outcome_per_tool_choice():
     call = ToolCall("time", "{}").to_openai()
     assert call["type"] == "function" and call["id"].startswith("chatcmpl-tool-")
     assert call["function"] == {"name": "time", "arguments": "{}"}
+
+
+def test_serve_auto_tool_choice_needs_a_parser():
+    from click.testing import CliRunner
+    from zerod.engine.cli import serve
+
+    r = CliRunner().invoke(serve, ["--model", "demo", "--enable-auto-tool-choice"])
+    assert r.exit_code == 2 and "--tool-call-parser" in r.output
+    r = CliRunner().invoke(serve, ["--model", "demo", "--tool-call-parser", "mistral"])
+    assert r.exit_code == 2 and "'mistral' is not one of 'hermes', 'llama3_json'" in r.output
