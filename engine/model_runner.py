@@ -265,12 +265,13 @@ class ModelRunner:
             # (200 streams: TTFT p99 170 -> 422 ms)
             prefill=self._stage_prefill(pk, batch.chunks, pad=not decodes) if batch.chunks else None,
             decode=self._stage_decode(pk, decodes) if decodes else None)
-        p, d = inputs.prefill, inputs.decode
-        p_g, d_g = self.masks.stage(ring_idx, [p.sample_reqs if p else [], decodes], pk.int64)
-        if p_g is not None:
-            p.grammar = p_g
-        if d_g is not None:
-            d.grammar = d_g
+        if batch.masked:   # structured outputs: the masks of the sampled rows that have one
+            p, d = inputs.prefill, inputs.decode
+            p_g, d_g = self.masks.stage(ring_idx, [p.sample_reqs if p else [], decodes], pk.int64)
+            if p_g is not None:
+                p.grammar = p_g
+            if d_g is not None:
+                d.grammar = d_g
         pk.ship()
         return inputs
 

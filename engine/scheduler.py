@@ -55,6 +55,7 @@ class Batch:
     """One step's work: prompt chunks and the requests that decode one token."""
     chunks: list[Chunk] = field(default_factory=list)
     decodes: list[Request] = field(default_factory=list)
+    masked: bool = False   # some request may have a structured-output grammar (the runner looks)
 
     def __len__(self) -> int:
         return len(self.chunks) + len(self.decodes)
@@ -66,10 +67,11 @@ class Batch:
         """Two batches with half the rows each (to find which row makes a step fail)."""
         mid = len(self) // 2
         c = len(self.chunks)
+        m = self.masked
         if mid <= c:
-            return Batch(self.chunks[:mid], []), Batch(self.chunks[mid:], self.decodes)
+            return Batch(self.chunks[:mid], [], m), Batch(self.chunks[mid:], self.decodes, m)
         k = mid - c
-        return Batch(self.chunks, self.decodes[:k]), Batch([], self.decodes[k:])
+        return Batch(self.chunks, self.decodes[:k], m), Batch([], self.decodes[k:], m)
 
 
 class Scheduler:
@@ -161,7 +163,8 @@ class Scheduler:
             budget -= n
         if self.masked:   # a masked row waits for the poller to fill its next mask (structured.py)
             return Batch(chunks, [r for r in self.decoding
-                                  if r.grammar is None or r.grammar.ready(r.num_scheduled)])
+                                  if r.grammar is None or r.grammar.ready(r.num_scheduled)],
+                         masked=True)
         return Batch(chunks, list(self.decoding))
 
     def _chunk_budget(self) -> int:

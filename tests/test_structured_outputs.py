@@ -176,3 +176,43 @@ def test_apply_bitmask_keeps_only_allowed_tokens():
     assert torch.isfinite(out[0]).nonzero().flatten().tolist() == [5]
     assert torch.isfinite(out[1]).all()          # row 1 has no grammar
     assert torch.isfinite(out[2]).nonzero().flatten().tolist() == [65]
+
+
+def test_a_masked_row_decodes_only_once_its_mask_is_filled():
+    """The scheduler leaves a masked row out of a step until the poller has taken its last
+    token (the step loop runs ahead of the poller); unmasked rows never wait."""
+    from zerod.engine.config import EngineConfig
+    from zerod.engine.hf_config import parse_model_config
+    from zerod.engine.kv_pool import KVPool
+    from zerod.engine.request import Request, SamplingParams
+    from zerod.engine.scheduler import Scheduler
+
+    class Grammar:           # GrammarState's readiness, without a matcher
+        accepted = 0
+
+        def ready(self, scheduled):
+            return self.accepted == scheduled
+
+    mc = parse_model_config({"architectures": ["LlamaForCausalLM"], "hidden_size": 8,
+                             "num_attention_heads": 1, "num_hidden_layers": 1,
+                             "intermediate_size": 8, "vocab_size": 32})
+    s = Scheduler(EngineConfig(block_size=4),
+                  KVPool(mc, 16, 4, torch.float32, torch.device("cpu")))
+    masked, free = (Request(f"r{i}", [5, 6], SamplingParams(max_tokens=8), lambda o: None, 8, i)
+                    for i in range(2))
+    masked.grammar = Grammar()
+    for r in (masked, free):
+        assert s.claim_wait_place()
+        s.add(r)
+    b = s.schedule()
+    assert [c.req for c in b.chunks] == [masked, free] and b.masked
+    s.update(b)                                 # the prefill sampled token 0 of each
+    b = s.schedule()
+    assert b.decodes == [free]                  # token 0 not yet seen by the poller
+    s.update(b)
+    masked.grammar.accepted = 1                 # the poller took it and filled the mask
+    b = s.schedule()
+    assert b.decodes == [masked, free] and all(h.masked for h in b.halves())
+    s.remove(masked)
+    s.remove(free)
+    assert s.masked == 0 and not s.schedule().masked
