@@ -198,11 +198,7 @@ def serve(model, served_model_name, tokenizer, dtype, load_format, max_model_len
           log_level):
     """Serve MODEL over an OpenAI-compatible HTTP API (/v1/completions,
     /v1/chat/completions, /v1/models, /health, /metrics)."""
-    from zerod.logs import setup_logging  # the daemon's format: one journal, one format
-
-    setup_logging(log_level)
-    from zerod.engine.http_edge import PortTaken, bind_socket
-
+    # flags first: an operator's typo fails before anything is set up
     if block_size & (block_size - 1):
         raise click.BadParameter("must be a power of two", param_hint="--block-size")
     if enable_auto_tool_choice and tool_call_parser is None:
@@ -216,6 +212,11 @@ def serve(model, served_model_name, tokenizer, dtype, load_format, max_model_len
             compile_chat_template(template)
         except (OSError, UnicodeDecodeError, EngineError) as exc:
             raise click.BadParameter(str(exc), param_hint="--chat-template") from None
+    from zerod.logs import setup_logging  # the daemon's format: one journal, one format
+
+    setup_logging(log_level)
+    from zerod.engine.http_edge import PortTaken, bind_socket
+
     names = list(served_model_name)
     try:
         config = EngineConfig(
