@@ -19,6 +19,7 @@ from pathlib import Path
 
 import click
 from zerod.engine.config import EngineConfig, EngineError
+from zerod.engine.tools import PARSERS
 
 # Each engine flag's default is EngineConfig's (one owner).
 _DEFAULT = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
@@ -178,6 +179,13 @@ def _check_model(ctx, param, value):
               help="CORS: request headers allowed (a JSON list).")
 @click.option("--allow-credentials", is_flag=True, default=False,
               help="CORS: allow credentials (cookies, Authorization).")
+@click.option("--chat-template", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="A Jinja chat template file served instead of the model's.")
+@click.option("--enable-auto-tool-choice", is_flag=True, default=False,
+              help='Serve tool_choice "auto" (the default with tools); needs --tool-call-parser.')
+@click.option("--tool-call-parser", type=click.Choice(PARSERS), default=None,
+              help="How tool calls are read from the output: hermes (Hermes, Qwen) or "
+                   "llama3_json (Llama 3.x).")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 def serve(model, served_model_name, tokenizer, dtype, load_format, max_model_len,
@@ -186,16 +194,29 @@ def serve(model, served_model_name, tokenizer, dtype, load_format, max_model_len
           gpu_memory_utilization, kv_pages,
           kv_cache_memory_bytes, block_size, device, enforce_eager, seed, host, port, api_key,
           drain_timeout, default_max_tokens, allowed_origins, allowed_methods, allowed_headers,
-          allow_credentials, log_level):
+          allow_credentials, chat_template, enable_auto_tool_choice, tool_call_parser,
+          log_level):
     """Serve MODEL over an OpenAI-compatible HTTP API (/v1/completions,
     /v1/chat/completions, /v1/models, /health, /metrics)."""
+    # flags first: an operator's typo fails before anything is set up
+    if block_size & (block_size - 1):
+        raise click.BadParameter("must be a power of two", param_hint="--block-size")
+    if enable_auto_tool_choice and tool_call_parser is None:
+        raise click.UsageError("--enable-auto-tool-choice needs --tool-call-parser")
+    template = None
+    if chat_template is not None:
+        from zerod.engine.tokenizer import compile_chat_template
+
+        try:  # before loading anything: a broken template fails now
+            template = Path(chat_template).read_text()
+            compile_chat_template(template)
+        except (OSError, UnicodeDecodeError, EngineError) as exc:
+            raise click.BadParameter(str(exc), param_hint="--chat-template") from None
     from zerod.logs import setup_logging  # the daemon's format: one journal, one format
 
     setup_logging(log_level)
     from zerod.engine.http_edge import PortTaken, bind_socket
 
-    if block_size & (block_size - 1):
-        raise click.BadParameter("must be a power of two", param_hint="--block-size")
     names = list(served_model_name)
     try:
         config = EngineConfig(
@@ -221,6 +242,8 @@ def serve(model, served_model_name, tokenizer, dtype, load_format, max_model_len
 
         click.echo(f"zerod serve: loading {model} ...", err=True)
         engine = Engine(config)
+        if template is not None:
+            engine.tokenizer.set_chat_template(template)
     except (EngineError, ValueError, OSError) as exc:
         click.echo(f"zerod serve: error: {exc}", err=True)
         sys.exit(1)
@@ -250,7 +273,9 @@ def serve(model, served_model_name, tokenizer, dtype, load_format, max_model_len
                                 served_model_names=names or None, api_key=api_key,
                                 drain_timeout=drain_timeout,
                                 default_max_tokens=default_max_tokens, cors=cors,
-                                on_ready=ready))
+                                on_ready=ready,
+                                tool_parser=tool_call_parser if enable_auto_tool_choice
+                                else None))
     except EngineError as exc:
         click.echo(f"zerod serve: error: {exc}", err=True)
         code = 1

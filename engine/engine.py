@@ -34,6 +34,7 @@ from .request import Request, RequestOutput, SamplingParams
 from .sampler import row_class
 from .scheduler import Batch, Scheduler
 from .sizing import plan_kv, serving_dtype, wanted_context
+from .structured import GrammarCompiler
 from .tokenizer import Tokenizer
 
 __all__ = ["Engine", "EngineConfig", "EngineError", "EngineStats", "RequestOutput",
@@ -99,10 +100,13 @@ class Engine:
         self._running_count = 0
         self.poller = OutputPoller(self.tokenizer, self.runner.ring, self.metrics,
                                    notify_stop=lambda r: self._inbox.put(("stopped", r)),
+                                   notify_mask=lambda: self._inbox.put(("wake", None)),
                                    on_stream_error=self._on_stream_error,
                                    on_step_time=self.scheduler.cost.observe)
         self._loop = threading.Thread(target=self._run, name="zerod-step", daemon=True)
         self._started = False
+        self._grammars: GrammarCompiler | None = None
+        self._grammars_lock = threading.Lock()
         self.ready_seconds = time.monotonic() - t0
         log.info("engine ready: %s on %s (%s), %d KV pages of %d tokens, max_model_len %d, graphs %s, %.1fs",
                  self.model_name, self.device, self.dtype, self.pool.total, cfg.block_size,
@@ -192,8 +196,19 @@ class Engine:
         req = Request(rid, list(prompt_ids), params, on_output, max_tokens, seed,
                       sample_class=row_class(params.temperature, params.top_k, params.top_p,
                                                    params.min_p), after=after)
+        if params.grammar is not None:   # each engine request walks the grammar on its own
+            req.grammar = self.grammar_compiler.new_state(params.grammar)
         self._inbox.put(("submit", req))
         return rid
+
+    @property
+    def grammar_compiler(self) -> GrammarCompiler:
+        """The structured-output compiler (built on first use: xgrammar reads the whole
+        vocabulary). Any thread; its compile() blocks, so the server calls it off its loop."""
+        with self._grammars_lock:
+            if self._grammars is None:
+                self._grammars = GrammarCompiler(self.tokenizer, self.vocab_size)
+            return self._grammars
 
     def abort(self, request_id: str) -> None:
         self._inbox.put(("abort", request_id))

@@ -33,6 +33,7 @@ from .penalties import MAX_LOGIT_BIAS, PenaltyTables, uses_penalty
 from .request import Request
 from .sampler import sample
 from .scheduler import Batch, Chunk
+from .grammar_mask import GrammarRows, MaskStaging, apply_bitmask
 
 log = logging.getLogger("zerod.engine")
 
@@ -166,6 +167,7 @@ class PrefillInputs:
     width: int                   # block-table columns the chunks need
     no_prefix: bool              # every chunk starts at position 0
     padded: int                  # > 0: a lone prompt padded to this many tokens (a CUDA graph)
+    grammar: GrammarRows | None = None  # the sampled rows with a structured-output mask
 
 
 @dataclass
@@ -191,6 +193,7 @@ class DecodeInputs:
     reqs: list[Request]          # grouped by sample class
     logit_rules: LogitRules
     logprob_rows: LogprobRows | None
+    grammar: GrammarRows | None = None  # the rows with a structured-output mask
 
 
 @dataclass
@@ -226,11 +229,13 @@ class ModelRunner:
         self.eos = torch.tensor(eos_ids or [0], dtype=torch.int64, device=dev)
         # host ring of sampled ids + pinned input staging, one per ring slot
         self.ring = HostRing(cfg.ring_depth, S, device)
+        self.masks = MaskStaging(cfg.ring_depth, S, mc.vocab_size, device)
         T = cfg.prefill_token_cap
         # words: uploads 2.5 per page + 8.5 per request + 451 per logit_bias; prefill 4 per
         # token + 4 per chunk (chunks <= tokens); decode 2 per request; penalty / bias rows
-        # 2 per sampled row; logprob rows 2 per sampled row; + alignment of each field
-        self.staging = Staging(3 * pool.num_pages + (15 + 2 + 2 + 451) * S + 8 * T + 128,
+        # 2 per sampled row; logprob rows 2 per sampled row; grammar rows 1 per sampled
+        # row; + alignment of each field
+        self.staging = Staging(3 * pool.num_pages + (15 + 2 + 2 + 1 + 451) * S + 8 * T + 128,
                                cfg.ring_depth, dev, self.cuda)
         # decode graph buffers
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
@@ -272,6 +277,13 @@ class ModelRunner:
             # (200 streams: TTFT p99 170 -> 422 ms)
             prefill=self._stage_prefill(pk, batch.chunks, pad=not decodes) if batch.chunks else None,
             decode=self._stage_decode(pk, decodes) if decodes else None)
+        if batch.masked:   # structured outputs: the masks of the sampled rows that have one
+            p, d = inputs.prefill, inputs.decode
+            p_g, d_g = self.masks.stage(ring_idx, [p.sample_reqs if p else [], decodes], pk.int64)
+            if p_g is not None:
+                p.grammar = p_g
+            if d_g is not None:
+                d.grammar = d_g
         pk.ship()
         return inputs
 
@@ -471,14 +483,15 @@ class ModelRunner:
                 return None, None
             logits = self.model.logits(hidden.index_select(0, p.sample_idx))
         final = self._logit_rules(logits, p.sample_slots, p.logit_rules, seq_lens=None)
-        return self._sample(final, p.sample_slots, torch.zeros_like(p.sample_slots), p.sample_reqs), logits
+        return self._sample(final, p.sample_slots, torch.zeros_like(p.sample_slots), p.sample_reqs,
+                            p.grammar), logits
 
     def _decode(self, d: DecodeInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """One token per decoding request, and the raw logits it was sampled from."""
         logits = self._decode_logits(len(d.reqs), d.slots, d.positions, d.reqs)
         gen = d.positions - self.prompt_len.index_select(0, d.slots) + 1
         final = self._logit_rules(logits, d.slots, d.logit_rules, seq_lens=d.positions + 1)
-        return self._sample(final, d.slots, gen, d.reqs), logits
+        return self._sample(final, d.slots, gen, d.reqs, d.grammar), logits
 
     def _logit_rules(self, logits: torch.Tensor, slots: torch.Tensor, rules: LogitRules,
                      seq_lens: torch.Tensor | None) -> torch.Tensor:
@@ -548,7 +561,9 @@ class ModelRunner:
         self.pad_prefill = bool(self.pgraphs)
 
     def _sample(self, logits: torch.Tensor, slots: torch.Tensor, gen: torch.Tensor,
-                reqs: list[Request]) -> torch.Tensor:
+                reqs: list[Request], grammar: GrammarRows | None = None) -> torch.Tensor:
+        if grammar is not None:   # structured outputs: before every other sampling rule
+            logits = apply_bitmask(logits, grammar.rows, grammar.masks)
         classes = [r.sample_class for r in reqs]      # reqs are sorted by class
         n_filter = classes.count(0)
         n_random = n_filter + classes.count(1)

@@ -27,6 +27,8 @@ from .api_schema import AnyOf, Array, Bool, Field, Int, Invalid, Num, Obj, Str
 from .logprobs import MAX_LOGPROBS, TokenLogprob
 from .penalties import MAX_LOGIT_BIAS
 from .request import PENALTY_RANGES, SamplingParams
+from .structured import MAX_CHOICE_OPTIONS, MAX_GRAMMAR_CHARS, GrammarSpec
+from .tools import parameters, required_schema
 
 # --------------------------------------------------------------------------- errors
 
@@ -109,6 +111,10 @@ class CompletionRequest:
     skip_special_tokens: bool = True
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     continue_final_message: bool = False
+    grammar: GrammarSpec | None = None  # structured outputs: compiled by the server
+    tools: list[dict[str, Any]] | None = None   # as sent (passed to the chat template)
+    tool_choice: str = "none"    # none | auto | required | named (tool_name)
+    tool_name: str | None = None
 
     @property
     def prompt_field(self) -> str:
@@ -137,6 +143,8 @@ class Limits:
     # Text longer than this cannot fit max_model_len tokens whatever it says (from the
     # tokenizer: see text_bound.py); None when the tokenizer gives no such bound.
     max_prompt_chars: int | None = None
+    # --tool-call-parser with --enable-auto-tool-choice: tool_choice "auto" is served
+    tool_parser: str | None = None
 
 
 # OpenAI request metadata that changes nothing about the answer: accepted and ignored.
@@ -148,6 +156,9 @@ HARMLESS_METADATA = (("user", Str()), ("metadata", Obj(values=Str())), ("store",
 # Engine requests one API request may make (prompts x n): each holds a slot and its KV.
 MAX_CHOICES = 128
 
+# Variables the request sets itself; chat_template_kwargs may not replace them.
+RESERVED_TEMPLATE_VARS = ("messages", "add_generation_prompt", "tools", "documents")
+MAX_TOOLS = 128
 # OpenAI's documented default for /v1/completions.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 # Nesting deeper than this is refused before validation walks it (no request needs > 5).
@@ -176,6 +187,10 @@ class RequestSchemas:
         token_id = Int(0, vocab - 1, hi_why=f"(the vocabulary has {vocab} tokens)")
         max_tokens = Int(1, mml, hi_why="(max_model_len)")
         doc_max = "Tokens to generate; null: what the context leaves."
+        schema_t = AnyOf((Str(1, MAX_GRAMMAR_CHARS), Obj(closed=False)),
+                         "a JSON schema (an object or its JSON text)")
+        grammar_t = Str(1, MAX_GRAMMAR_CHARS)
+        choice_t = Array(Str(1, 1024), 1, MAX_CHOICE_OPTIONS)
         common = (
             Field("model", Str(), doc="A served model name (GET /v1/models)."),
             Field("stream", Bool()),
@@ -209,12 +224,20 @@ class RequestSchemas:
             Field("skip_special_tokens", Bool(), doc="Default true."),
             Field("spaces_between_special_tokens", Bool(), only=True,
                   only_why="special tokens are always decoded as the tokenizer joins them"),
-            Field("structured_outputs", Obj(closed=False), refused=True,
-                  only_why="no structured outputs"),
-            *(Field(f"guided_{k}", Obj(closed=False), refused=True,
-                    only_why="no structured outputs")
-              for k in ("json", "regex", "choice", "grammar", "decoding_backend",
-                        "whitespace_pattern")),
+            Field("structured_outputs", Obj((
+                Field("json", schema_t, doc="A JSON schema the output follows."),
+                Field("json_object", Bool(), doc="true: any JSON object."),
+                Field("regex", grammar_t, doc="A regular expression the output matches."),
+                Field("choice", choice_t, doc="The output is one of these strings."),
+                Field("grammar", grammar_t, doc="An EBNF grammar (xgrammar's dialect)."),
+            )), doc="vLLM's structured outputs (xgrammar): at most one constraint."),
+            Field("guided_json", schema_t, doc="vLLM's older name of structured_outputs.json."),
+            Field("guided_regex", grammar_t, doc="Older name of structured_outputs.regex."),
+            Field("guided_choice", choice_t, doc="Older name of structured_outputs.choice."),
+            Field("guided_grammar", grammar_t, doc="Older name of structured_outputs.grammar."),
+            *(Field(f"guided_{k}", Str(), refused=True,
+                    only_why="the backend is always xgrammar, with its default whitespace")
+              for k in ("decoding_backend", "whitespace_pattern")),
             # harmless OpenAI metadata: accepted and ignored (docs/engine-server.md)
             *(Field(name, t, doc="OpenAI metadata: accepted, ignored.")
               for name, t in HARMLESS_METADATA),
@@ -248,10 +271,24 @@ class RequestSchemas:
                                    "a string or a list of content parts")),
             Field("name", Str()),
             Field("refusal", Str(), doc="An earlier refusal: ignored."),
-            Field("tool_calls", Array(Obj(closed=False)), only=[],
-                  only_why="no tool calling"),
-            Field("tool_call_id", Str(), refused=True, only_why="no tool calling"),
+            Field("tool_calls", Array(Obj((
+                Field("id", Str()), Field("type", Str(enum=("function",))),
+                Field("function", Obj((Field("name", Str(), required=True),
+                                       Field("arguments", Str(), required=True))),
+                      required=True))), max_items=MAX_TOOLS),
+                  doc="An assistant's earlier tool calls (passed to the chat template)."),
+            Field("tool_call_id", Str(), doc="The call a tool message answers."),
         ))
+        tool = Obj((
+            Field("type", Str(enum=("function",)), required=True),
+            Field("function", Obj((
+                Field("name", Str(1, 64), required=True), Field("description", Str()),
+                Field("parameters", Obj(closed=False)), Field("strict", Bool()))),
+                  required=True)))
+        tool_choice = AnyOf((Str(enum=("none", "auto", "required")), Obj((
+            Field("type", Str(enum=("function",)), required=True),
+            Field("function", Obj((Field("name", Str(), required=True),)), required=True)))),
+            "'none', 'auto', 'required' or {type: function, function: {name}}")
         self.chat = Obj(when=stream_rule, fields=common + (
             Field("messages", Array(message, 1, mml, "context_length_exceeded",
                                     _context_exceeded(mml, "messages are {n}, more than "
@@ -264,13 +301,20 @@ class RequestSchemas:
                   "logprobs, as vLLM's default)."),
             Field("top_logprobs", Int(0, MAX_LOGPROBS), doc="Top alternatives per token "
                   "(needs logprobs: true)."),
-            Field("tools", Array(Obj(closed=False)), only=[], only_why="no tool calling"),
-            Field("tool_choice", AnyOf((Str(), Obj(closed=False)), "a string or an object"),
-                  only="none", only_why="no tool calling"),
-            Field("parallel_tool_calls", Bool(), doc="Without tools: ignored."),
-            Field("response_format", Obj((Field(
-                "type", Str(), required=True, only="text",
-                only_why="only response_format type 'text'"),), closed=False)),
+            Field("tools", Array(tool, 0, MAX_TOOLS), doc="Functions the model may call "
+                  "(passed to the chat template)."),
+            Field("tool_choice", tool_choice, doc="Default: auto with tools (needs "
+                  "--enable-auto-tool-choice and --tool-call-parser), else none. required / "
+                  "a named function: enforced by structured outputs."),
+            Field("parallel_tool_calls", Bool(), doc="Accepted; required may call several."),
+            Field("response_format", Obj((
+                Field("type", Str(enum=("text", "json_object", "json_schema")), required=True),
+                Field("json_schema", Obj((
+                    Field("name", Str()), Field("description", Str()),
+                    Field("schema", Obj(closed=False)),
+                    Field("strict", Bool(), doc="Always enforced (xgrammar's strict mode).")
+                )), doc="With type json_schema."))),
+                doc="json_object / json_schema: the output follows it (xgrammar)."),
             Field("chat_template_kwargs", Obj(values=AnyOf(
                 (Str(), Num(), Bool(), Array(Str()), Obj(closed=False)), "a JSON value")),
                 doc="Extra variables for the chat template (e.g. enable_thinking)."),
@@ -324,7 +368,7 @@ class RequestSchemas:
         """Validate a decoded /v1/completions body."""
         v = _check(self.completion, body)
         req = CompletionRequest(kind="completion", model=v["model"])
-        _common(v, req, self.limits.vocab_size)
+        _common(v, req, self.limits.vocab_size, body)
         prompt = v["prompt"]
         prompts = prompt if isinstance(prompt, list) and isinstance(prompt[0], (str, list)) else [prompt]
         _check_choices(len(prompts) * req.n)
@@ -351,7 +395,7 @@ class RequestSchemas:
         """Validate a decoded /v1/chat/completions body."""
         v = _check(self.chat, body)
         req = CompletionRequest(kind="chat", model=v["model"])
-        _common(v, req, self.limits.vocab_size)
+        _common(v, req, self.limits.vocab_size, body)
         req.messages = [_message(m) for m in v["messages"]]
         _check_choices(req.n)
         if v["top_logprobs"] is not None and not v["logprobs"]:
@@ -364,6 +408,16 @@ class RequestSchemas:
         if v["add_generation_prompt"] is not None:
             req.add_generation_prompt = v["add_generation_prompt"]
         req.chat_template_kwargs = dict(v["chat_template_kwargs"] or {})
+        for k in RESERVED_TEMPLATE_VARS:
+            if k in req.chat_template_kwargs:
+                raise bad(f"'chat_template_kwargs.{k}' is set by the request itself, not "
+                          "through chat_template_kwargs", f"chat_template_kwargs.{k}")
+        self._tools(v, body, req)
+        if req.stream and req.tool_choice != "none" and req.logprobs is not None:
+            # a streamed required / auto choice sends its calls only when whole: its
+            # chunks do not line up with tokens
+            raise bad("'logprobs' with a streamed 'tool_choice' other than \"none\" is not "
+                      "supported by this server; send stream: false", "logprobs", "unsupported")
         if v["documents"] is not None:
             req.chat_template_kwargs["documents"] = v["documents"]
         if v["continue_final_message"]:
@@ -376,6 +430,38 @@ class RequestSchemas:
             req.continue_final_message = True
             req.add_generation_prompt = False
         return req
+
+    def _tools(self, v: dict[str, Any], body: dict[str, Any], req: CompletionRequest) -> None:
+        """tools and tool_choice: required / named become the request's grammar."""
+        tools = body["tools"] if v["tools"] else None   # as sent: parameter schemas whole
+        choice = v["tool_choice"]
+        if choice is None:
+            choice = "auto" if tools else "none"
+        if isinstance(choice, dict):
+            req.tool_name = choice["function"]["name"]
+            choice = "named"
+        if choice != "none" and not tools:
+            raise bad(f"'tool_choice' {choice!r} needs 'tools'", "tool_choice")
+        if choice == "auto" and self.limits.tool_parser is None:
+            raise bad("'tool_choice' \"auto\" (the default with tools) needs the server to "
+                      "run with --enable-auto-tool-choice and --tool-call-parser; send "
+                      "'tool_choice' \"none\", \"required\" or a named function", "tool_choice",
+                      "unsupported")
+        schema = None
+        if choice == "required":
+            schema = required_schema(tools)
+        elif choice == "named":
+            named = [t for t in tools if t["function"]["name"] == req.tool_name]
+            if not named:
+                raise bad(f"'tool_choice' names {req.tool_name!r}, which is not in 'tools'",
+                          "tool_choice")
+            schema = parameters(named[0])   # the output is the call's arguments
+        if schema is not None:
+            if req.grammar is not None:
+                raise bad(f"'tool_choice' {choice!r} is enforced by structured outputs: it "
+                          f"cannot be combined with '{req.grammar.param}'", "tool_choice")
+            req.grammar = GrammarSpec("json", _schema_text(schema, "tools"), "tools")
+        req.tools, req.tool_choice = tools, choice
 
     def _check_text_len(self, chars: int, where: str) -> None:
         """Refuse, before tokenizing, text that cannot fit the context whatever it says."""
@@ -393,14 +479,29 @@ def _check_choices(n: int) -> None:
 
 
 def _message(m: dict[str, Any]) -> dict[str, Any]:
-    """A validated chat message as the chat template takes it (content parts joined)."""
+    """A validated chat message as the chat template takes it (content parts joined;
+    tool-call arguments as objects, as vLLM passes them: templates `tojson` them)."""
     content = m["content"]
     if isinstance(content, list):
         content = "".join(p["text"] for p in content)
     msg = {"role": m["role"], "content": content or ""}
     if m["name"] is not None:
         msg["name"] = m["name"]
+    if m["tool_call_id"] is not None:
+        msg["tool_call_id"] = m["tool_call_id"]
+    if m["tool_calls"]:
+        msg["tool_calls"] = [{"id": c["id"] or "", "type": "function", "function": {
+            "name": c["function"]["name"], "arguments": _arguments(c["function"]["arguments"])}}
+            for c in m["tool_calls"]]
     return msg
+
+
+def _arguments(text: str) -> Any:
+    try:
+        args = json.loads(text)
+    except ValueError:
+        return text
+    return args if isinstance(args, dict) else text
 
 
 def _check(table: Obj, body: Any) -> dict[str, Any]:
@@ -410,8 +511,9 @@ def _check(table: Obj, body: Any) -> dict[str, Any]:
         raise bad(exc.message, exc.param, exc.code) from None
 
 
-def _common(v: dict[str, Any], req: CompletionRequest, vocab: int) -> None:
-    """Fields shared by both endpoints, from validated values (None: absent)."""
+def _common(v: dict[str, Any], req: CompletionRequest, vocab: int, body: dict[str, Any]) -> None:
+    """Fields shared by both endpoints, from validated values (None: absent); `body`
+    gives the JSON schemas as sent (validation keeps only the fields it declares)."""
     req.stream = bool(v["stream"])
     if v["n"] is not None:
         req.n = v["n"]
@@ -431,6 +533,69 @@ def _common(v: dict[str, Any], req: CompletionRequest, vocab: int) -> None:
         req.stop_token_ids = v["stop_token_ids"]
     if v["logit_bias"]:
         req.logit_bias = _logit_bias(v["logit_bias"], vocab)
+    req.grammar = _grammar(v, body)
+    if req.grammar is not None and (req.min_tokens or req.ignore_eos):
+        raise bad("'min_tokens' and 'ignore_eos' cannot be used with structured outputs "
+                  "(the grammar decides where the output ends)",
+                  "min_tokens" if req.min_tokens else "ignore_eos")
+
+
+JSON_OBJECT = '{"type": "object"}'   # response_format json_object: any JSON object
+
+
+def _schema_text(schema: Any, param: str) -> str:
+    """A JSON schema as JSON text (what xgrammar compiles), bounded in size."""
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except ValueError as exc:
+            raise bad(f"'{param}' is not valid JSON: {exc}", param) from None
+        if not isinstance(schema, dict):
+            raise bad(f"'{param}' must be a JSON schema object", param)
+    text = json.dumps(schema, ensure_ascii=False)
+    if len(text) > MAX_GRAMMAR_CHARS:
+        raise bad(f"'{param}' is longer than {MAX_GRAMMAR_CHARS} characters", param)
+    return text
+
+
+def _grammar(v: dict[str, Any], body: dict[str, Any]) -> GrammarSpec | None:
+    """The one structured-output constraint of the request, from any of its spellings
+    (response_format, structured_outputs, guided_*); more than one is a 400."""
+    found: list[tuple[str, GrammarSpec]] = []
+    so = v["structured_outputs"] or {}
+    rf = v.get("response_format")
+    raw_so = body.get("structured_outputs") or {}
+    for key, kind in (("json", "json"), ("regex", "regex"), ("choice", "choice"),
+                      ("grammar", "grammar")):
+        for param, x in ((f"structured_outputs.{key}", so.get(key)), (f"guided_{key}", v[f"guided_{key}"])):
+            if x is None:
+                continue
+            if kind == "json":   # the schema as sent (validation kept no members)
+                raw = raw_so["json"] if param.startswith("structured") else body["guided_json"]
+                found.append((param, GrammarSpec("json", _schema_text(raw, param))))
+            elif kind == "choice":
+                found.append((param, GrammarSpec("choice", json.dumps(x, ensure_ascii=False))))
+            else:
+                found.append((param, GrammarSpec(kind, x)))
+    if so.get("json_object"):
+        found.append(("structured_outputs.json_object", GrammarSpec("json", JSON_OBJECT)))
+    if rf is not None and rf["type"] == "json_object":
+        found.append(("response_format", GrammarSpec("json", JSON_OBJECT)))
+    elif rf is not None and rf["type"] == "json_schema":
+        js = rf["json_schema"]
+        if js is None or js["schema"] is None:
+            raise bad("'response_format.json_schema.schema' is required with type "
+                      "json_schema", "response_format.json_schema")
+        found.append(("response_format", GrammarSpec(
+            "json", _schema_text(body["response_format"]["json_schema"]["schema"],
+                                 "response_format.json_schema.schema"))))
+    if len(found) > 1:
+        raise bad(f"give one structured-output constraint, got {len(found)}: "
+                  f"{', '.join(p for p, _ in found)}", found[1][0])
+    if not found:
+        return None
+    param, spec = found[0]
+    return GrammarSpec(spec.kind, spec.value, param)
 
 
 def _logit_bias(bias: dict[str, float], vocab: int) -> dict[int, float]:
@@ -548,10 +713,14 @@ def completion_choice(index: int, text: str, finish_reason: str | None,
     return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
-def chat_choice(index: int, text: str, finish_reason: str | None,
-                logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"index": index, "message": {"role": "assistant", "content": text},
-            "logprobs": logprobs, "finish_reason": finish_reason}
+def chat_choice(index: int, text: str | None, finish_reason: str | None,
+                logprobs: dict[str, Any] | None = None,
+                tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    return {"index": index, "message": message, "logprobs": logprobs,
+            "finish_reason": finish_reason}
 
 
 def completion_response(rid: str, created: int, model: str, choices: list[dict[str, Any]],
@@ -685,6 +854,13 @@ class ChunkEncoder:
     def content(self, text: str, finish_reason: str | None = None) -> bytes:
         fr = b"null" if finish_reason is None else b'"' + finish_reason.encode() + b'"'
         return self._head + _json_str(text) + self._mid + fr + self._tail
+
+    def delta(self, delta: dict[str, Any], finish_reason: str | None = None,
+              index: int = 0) -> bytes:
+        """A chat chunk of choice `index` with any delta (tool calls; not the per-token
+        path)."""
+        return sse(self._obj([{"index": index, "delta": delta, "logprobs": None,
+                               "finish_reason": finish_reason}]))
 
     def finish(self, finish_reason: str) -> bytes:
         """A last chunk that carries only the finish reason (no new text)."""

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from .logprobs import MAX_LOGPROBS
 from .tokenizer import IncrementalDetokenizer
 
 if TYPE_CHECKING:
     from .prefix_cache import PageChain
+    from .structured import GrammarState
 
 
 # The penalties' ranges (vLLM's); the HTTP schema imports them (engine/protocol.py).
@@ -61,6 +62,8 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     logprobs: int | None = None          # top alternatives per output token (0: the chosen one only)
+    # a compiled xgrammar grammar (structured.GrammarCompiler.compile): outputs follow it
+    grammar: Any = None
 
     def __post_init__(self) -> None:
         self.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -149,6 +152,7 @@ class Request:
     max_tokens: int
     seed: int
     sample_class: int = 1         # sampler.row_class of the params: decode rows are grouped by it
+    grammar: GrammarState | None = None  # structured outputs: advanced by the poller
     arrival: float = field(default_factory=time.monotonic)
     after: str | None = None      # a sibling (n > 1): the request with its prompt, whose prefill it waits for
     # step-loop side

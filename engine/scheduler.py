@@ -11,7 +11,8 @@ The zero-layer rules:
   the step within target_itl_ms, never below min_prefill_chunk nor above
   max_num_batched_tokens; while nothing decodes it is max_prefill_tokens_idle (a long
   prompt goes in whole).
-- Every decoding request gets one token per step.
+- Every decoding request gets one token per step; one with a structured-output grammar
+  only once the poller has filled its next token's mask (structured.py).
 
 A request moves waiting -> prefilling -> decoding and leaves from any of them (done,
 stopped, aborted, failed). Admission asks the prefix cache first: the pages of the
@@ -54,6 +55,7 @@ class Batch:
     """One step's work: prompt chunks and the requests that decode one token."""
     chunks: list[Chunk] = field(default_factory=list)
     decodes: list[Request] = field(default_factory=list)
+    masked: bool = False   # some request may have a structured-output grammar (the runner looks)
 
     def __len__(self) -> int:
         return len(self.chunks) + len(self.decodes)
@@ -65,10 +67,11 @@ class Batch:
         """Two batches with half the rows each (to find which row makes a step fail)."""
         mid = len(self) // 2
         c = len(self.chunks)
+        m = self.masked
         if mid <= c:
-            return Batch(self.chunks[:mid], []), Batch(self.chunks[mid:], self.decodes)
+            return Batch(self.chunks[:mid], [], m), Batch(self.chunks[mid:], self.decodes, m)
         k = mid - c
-        return Batch(self.chunks, self.decodes[:k]), Batch([], self.decodes[k:])
+        return Batch(self.chunks, self.decodes[:k], m), Batch([], self.decodes[k:], m)
 
 
 class Scheduler:
@@ -82,6 +85,7 @@ class Scheduler:
         self.prefilling: list[Request] = []
         self.decoding: list[Request] = []
         self.by_id: dict[str, Request] = {}
+        self.masked = 0                   # requests here with a structured-output grammar
         self._free_slots = list(range(cfg.max_num_seqs - 1, -1, -1))
         # Requests submitted and not yet admitted, including those still on their way to
         # the wait line: what the wait-line bound (max_waiting) counts.
@@ -115,6 +119,7 @@ class Scheduler:
         self.waiting.append(r)
         self.waiting_tokens += r.prompt_len
         self.by_id[r.id] = r
+        self.masked += r.grammar is not None
 
     def remove(self, r: Request) -> None:
         """r leaves, from wherever it is; its pages and slot go back."""
@@ -129,7 +134,8 @@ class Scheduler:
         self._release(r)
 
     def _release(self, r: Request) -> None:
-        self.by_id.pop(r.id, None)
+        if self.by_id.pop(r.id, None) is not None:
+            self.masked -= r.grammar is not None
         if r.released:
             return
         r.released = True
@@ -155,6 +161,10 @@ class Scheduler:
             n = min(r.prompt_len - r.num_prefilled, budget)
             chunks.append(Chunk(r, r.num_prefilled, n))
             budget -= n
+        if self.masked:   # a masked row waits for the poller to fill its next mask (structured.py)
+            return Batch(chunks, [r for r in self.decoding
+                                  if r.grammar is None or r.grammar.ready(r.num_scheduled)],
+                         masked=True)
         return Batch(chunks, list(self.decoding))
 
     def _chunk_budget(self) -> int:

@@ -55,6 +55,8 @@ from zerod.engine.cors import CorsPolicy, request_id
 from zerod.engine.http_edge import EdgeLimits, EdgeRunner, bind_socket, edge_error
 from zerod.engine.interface import EngineLike
 from zerod.engine.openapi import openapi_document
+from zerod.engine.structured import GrammarError, GrammarSpec
+from zerod.engine.tools import new_call_id, outcome
 
 log = logging.getLogger("zerod.engine.server")
 
@@ -159,8 +161,12 @@ class OpenAIServer:
     def __init__(self, engine: EngineLike, *, served_model_names: list[str] | None = None,
                  api_key: str | None = None, drain_timeout: float = 30.0,
                  default_max_tokens: int | None = None,
-                 edge: EdgeLimits | None = None, cors: CorsPolicy | None = None) -> None:
+                 edge: EdgeLimits | None = None, cors: CorsPolicy | None = None,
+                 tool_parser: str | None = None) -> None:
+        """tool_parser: --tool-call-parser, given with --enable-auto-tool-choice (None:
+        tool_choice "auto" is refused)."""
         self.engine = engine
+        self.tool_parser = tool_parser
         self.cors = cors or CorsPolicy()
         self.default_max_tokens = default_max_tokens
         self.model_names = list(served_model_names or [engine.model_name])
@@ -173,7 +179,7 @@ class OpenAIServer:
         per_token = engine.tokenizer.max_chars_per_token
         self.schemas = P.RequestSchemas(P.Limits(
             self.max_model_len, self.vocab_size,
-            per_token * self.max_model_len if per_token else None))
+            per_token * self.max_model_len if per_token else None, tool_parser))
         self.tokenize_pool = ThreadPoolExecutor(TOKENIZE_THREADS,
                                                 thread_name_prefix="zerod-tokenize")
         self.created = P.now()
@@ -382,7 +388,7 @@ class OpenAIServer:
             def work() -> list[int]:
                 text = tok.apply_chat_template(req.messages,
                                                add_generation_prompt=req.add_generation_prompt,
-                                               **req.chat_template_kwargs)
+                                               tools=req.tools, **req.chat_template_kwargs)
                 if req.continue_final_message:  # as transformers: cut after the last content
                     last = req.messages[-1]["content"]
                     cut = text.rfind(last) if last else -1
@@ -412,6 +418,20 @@ class OpenAIServer:
         except Exception as exc:
             raise P.bad(f"could not tokenize the {where}: {exc}", where) from None
 
+    async def _compile_grammar(self, spec: GrammarSpec) -> Any:
+        """The compiled grammar of a structured-output request, compiled on the tokenize
+        pool (a large schema takes tens of ms; xgrammar caches what it compiled)."""
+        if not hasattr(self.engine, "grammar_compiler"):
+            raise P.bad(f"'{spec.param}' is not supported by this server: this engine has no "
+                        "structured outputs", spec.param, "unsupported")
+
+        def work() -> Any:
+            return self.engine.grammar_compiler.compile(spec)
+        try:
+            return await self.loop.run_in_executor(self.tokenize_pool, work)
+        except GrammarError as exc:
+            raise P.bad(f"'{spec.param}': {exc}", spec.param) from None
+
     async def _generate(self, request: web.Request, req: P.CompletionRequest
                         ) -> web.StreamResponse:
         model = self._model(req.model)
@@ -419,11 +439,17 @@ class OpenAIServer:
             else [await self._prompt_ids(req)]
         plan = _Choices(req, prompts, self.max_model_len, self.default_max_tokens,
                         self.engine.tokenizer)
+        if req.grammar is not None:   # compiled once; each engine request gets its own matcher
+            grammar = await self._compile_grammar(req.grammar)
+            for _, params, _ in plan.choices:
+                params.grammar = grammar
         st = _Req()
         st.rid = []
         self.inflight.add(st)
         try:
             self._submit(request, plan, st)
+            if req.stream and req.tool_choice != "none":
+                return await self._stream_tools(request, req, st, model, plan)
             if req.stream:
                 return await self._stream(request, req, st, model, plan)
             return await self._collect(req, st, model, plan)
@@ -502,7 +528,10 @@ class OpenAIServer:
             echo = plan.echo_text(i)
             if req.kind == "chat":
                 lp = P.chat_logprobs(lps[i], self._tok_str) if req.logprobs is not None else None
-                choices.append(P.chat_choice(i, text, done[i], lp))
+                content, calls, finish = outcome(req.tool_choice, req.tool_name, self.tool_parser,
+                                                 text, done[i])
+                choices.append(P.chat_choice(i, content, finish, lp,
+                                             [c.to_openai() for c in calls]))
             else:
                 lp = (P.completion_logprobs(lps[i], self._tok_str, len(echo))
                       if req.logprobs is not None else None)
@@ -543,6 +572,79 @@ class OpenAIServer:
         except ConnectionError:
             pass  # the client went away; the finally of _generate aborts the request
         return resp
+
+    async def _stream_tools(self, request: web.Request, req: P.CompletionRequest, st: _Req,
+                            model: str, plan: _Choices) -> web.StreamResponse:
+        """A streamed chat request with tools, in OpenAI's tool-call delta shape, each
+        choice's chunks under its own index. A named function streams its arguments as
+        they come (the output is the arguments); for required / auto a choice's calls are
+        known only when its output is whole, so each call comes in one delta at its end (the
+        content before it, for auto, in one delta too)."""
+        enc = P.ChunkEncoder("chat", P.new_id("chat"), P.now(), model, req.include_usage)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        named = req.tool_choice == "named"
+        n = len(plan.choices)
+        texts: list[list[str]] = [[] for _ in range(n)]
+        done: list[str | None] = [None] * n
+        tokens = [0] * n
+        cached = [0] * n
+        error = None
+        try:
+            for i in range(n):
+                await resp.write(enc.choice(i, "", None, role=True))
+                if named:
+                    await resp.write(enc.delta({"tool_calls": [{
+                        "index": 0, "id": new_call_id(), "type": "function",
+                        "function": {"name": req.tool_name, "arguments": ""}}]}, index=i))
+            while error is None and None in done:
+                for item in await _next_items(st, self.loop):
+                    if item is _ABORTED:
+                        for i in range(n):
+                            if done[i] is None:
+                                done[i] = "abort"
+                                await resp.write(self._tools_end(enc, req, i, texts[i], "abort"))
+                        break
+                    i, out = item if n > 1 else (0, item)
+                    tokens[i] = out.completion_tokens
+                    if out.text and named:
+                        await resp.write(enc.delta({"tool_calls": [{
+                            "index": 0, "function": {"arguments": out.text}}]}, index=i))
+                    elif out.text:
+                        texts[i].append(out.text)
+                    if out.finished and done[i] is None:
+                        done[i], cached[i] = out.finish_reason, out.cached_tokens
+                        if out.finish_reason == "error":
+                            error = out.error or "the engine failed while generating this request"
+                            break
+                        await resp.write(self._tools_end(enc, req, i, texts[i], out.finish_reason))
+            # an error ends the stream: _generate's finally aborts the choices still running
+            st.finished = None not in done
+            if error is not None:
+                await resp.write(P.sse(P.error_body(error, "server_error", None, "engine_error")))
+            if req.include_usage:
+                await resp.write(enc.usage(plan.prompt_tokens, sum(tokens), sum(cached)))
+            await resp.write(P.DONE)
+            await resp.write_eof()
+        except ConnectionError:
+            pass  # the client went away; the finally of _generate aborts the request
+        return resp
+
+    def _tools_end(self, enc: P.ChunkEncoder, req: P.CompletionRequest, index: int,
+                   texts: list[str], finish: str | None) -> bytes:
+        """The last chunks of one choice of a streamed tool request: for required / auto
+        its content and calls (parsed from the whole output), then its finish reason."""
+        parts = []
+        if req.tool_choice != "named":
+            content, calls, finish = outcome(req.tool_choice, None, self.tool_parser,
+                                             "".join(texts), finish)
+            if content:
+                parts.append(enc.delta({"content": content}, index=index))
+            parts += [enc.delta({"tool_calls": [{"index": k, **c.to_openai()}]}, index=index)
+                      for k, c in enumerate(calls)]
+        parts.append(enc.delta({}, finish, index=index))
+        return b"".join(parts)
 
     # ----------------------------------------------------------------- drain
 
@@ -783,10 +885,11 @@ async def serve_async(engine: EngineLike, sock: socket.socket, *, served_model_n
                       edge: EdgeLimits | None = None, cors: CorsPolicy | None = None,
                       on_ready: Callable[[int], None] | None = None,
                       stop_event: asyncio.Event | None = None,
-                      handle_signals: bool = True) -> None:
+                      handle_signals: bool = True,
+                      tool_parser: str | None = None) -> None:
     server = OpenAIServer(engine, served_model_names=served_model_names, api_key=api_key,
                           drain_timeout=drain_timeout, default_max_tokens=default_max_tokens,
-                          edge=edge, cors=cors)
+                          edge=edge, cors=cors, tool_parser=tool_parser)
     loop = asyncio.get_running_loop()
     stop = stop_event or asyncio.Event()
     if handle_signals:

@@ -70,38 +70,88 @@ class Tokenizer:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
     # ------------------------------------------------------------------ chat template
+    def set_chat_template(self, text: str) -> None:
+        """Serve this template instead of the model's (`--chat-template`); compiled now, so
+        a broken one fails at start (EngineError)."""
+        self.chat_template = text
+        self._compiled = compile_chat_template(text)
+
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                            **kwargs: Any) -> str:
+                            tools: list[dict[str, Any]] | None = None,
+                            documents: list[dict[str, Any]] | None = None, **kwargs: Any) -> str:
         """The rendered prompt text; encode it with add_special_tokens=False."""
         if self.chat_template is None:
             raise EngineError("this model has no chat template (tokenizer_config.json has no chat_template)")
         if self._compiled is None:
-            from jinja2.exceptions import TemplateError
-            from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-            def raise_exception(message):
-                raise TemplateError(message)
-
-            def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-                return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent,
-                                  separators=separators, sort_keys=sort_keys)
-
-            def strftime_now(fmt):
-                return datetime.now().strftime(fmt)
-
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                                extensions=["jinja2.ext.loopcontrols"])
-            env.filters["tojson"] = tojson
-            env.globals["raise_exception"] = raise_exception
-            env.globals["strftime_now"] = strftime_now
-            try:
-                self._compiled = env.from_string(self.chat_template)
-            except Exception as exc:  # noqa: BLE001
-                raise EngineError(f"chat template does not compile: {exc}") from None
+            self._compiled = compile_chat_template(self.chat_template)
         ctx = dict(bos_token=self.bos_token or "", eos_token=self.eos_token or "",
-                   pad_token=self.pad_token or "", tools=None, documents=None)
+                   pad_token=self.pad_token or "")
         ctx.update(kwargs)
-        return self._compiled.render(messages=messages, add_generation_prompt=add_generation_prompt, **ctx)
+        return self._compiled.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                     tools=tools, documents=documents, **ctx)
+
+
+def compile_chat_template(text: str):
+    """A chat template compiled as transformers compiles it (its apply_chat_template): a
+    sandboxed environment with trim_blocks / lstrip_blocks, loop controls, the
+    `{% generation %}` tag (renders its body), `raise_exception`, `strftime_now`, a
+    `tojson` that does not escape HTML, and `dict` / `namespace` that refuse dunder names."""
+    import jinja2
+    from jinja2.exceptions import SecurityError, TemplateError
+    from jinja2.ext import Extension
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class GenerationTag(Extension):
+        """`{% generation %}...{% endgeneration %}` marks the assistant's part for training
+        masks; rendering a prompt keeps the body as it is."""
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(["name:endgeneration"], drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+        def _body(self, caller):
+            return caller()
+
+    def raise_exception(message):
+        raise TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                          sort_keys=sort_keys)
+
+    def strftime_now(fmt):
+        return datetime.now().strftime(fmt)
+
+    def check_name(name):
+        if isinstance(name, str) and name.startswith("_"):
+            raise SecurityError(f"chat templates cannot store underscore-prefixed attributes "
+                                f"on a namespace, got {name!r}")
+
+    class Namespace(jinja2.utils.Namespace):
+        def __init__(*args, **kwargs):
+            self, args = args[0], args[1:]
+            attrs = dict(*args, **kwargs)
+            for name in attrs:
+                check_name(name)
+            jinja2.utils.Namespace.__init__(self, attrs)
+
+        def __setitem__(self, name, value):
+            check_name(name)
+            jinja2.utils.Namespace.__setitem__(self, name, value)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[GenerationTag, "jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    env.globals["dict"] = lambda *a, **k: dict(*a, **k)
+    env.globals["namespace"] = Namespace
+    try:
+        return env.from_string(text)
+    except Exception as exc:  # noqa: BLE001
+        raise EngineError(f"chat template does not compile: {exc}") from None
 
 
 class IncrementalDetokenizer:

@@ -12,6 +12,7 @@ from test_server_fake import FakeEngine, _post
 from zerod.engine.server import ServerThread
 
 MSGS = [{"role": "user", "content": "hi"}]
+TOOLS = [{"type": "function", "function": {"name": "f"}}]
 OK, NO = "served", "refused"
 
 # field -> (a non-default value, what the server does with it)
@@ -23,9 +24,9 @@ COMMON = {
     "frequency_penalty": (0.5, OK), "repetition_penalty": (1.2, OK),
     "logit_bias": ({"5": 10}, OK), "min_p": (0.1, OK), "include_stop_str_in_output": (True, OK),
     "skip_special_tokens": (False, OK), "spaces_between_special_tokens": (False, NO),
-    "structured_outputs": ({"json": {"type": "object"}}, NO),
-    "guided_json": ({"type": "object"}, NO), "guided_regex": ("a+", NO),
-    "guided_choice": (["a", "b"], NO), "guided_grammar": ("root ::= 'a'", NO),
+    "structured_outputs": ({"json": {"type": "object"}}, OK),
+    "guided_json": ({"type": "object"}, OK), "guided_regex": ("a+", OK),
+    "guided_choice": (["a", "b"], OK), "guided_grammar": ("root ::= 'a'", OK),
     "guided_decoding_backend": ("xgrammar", NO), "guided_whitespace_pattern": (" ", NO),
     "user": ("me", OK), "metadata": ({"k": "v"}, OK), "store": (False, OK),
     "service_tier": ("auto", OK), "prompt_cache_key": ("k", OK), "safety_identifier": ("s", OK),
@@ -35,21 +36,31 @@ COMPLETION = {**COMMON, "prompt": ("hello", OK), "max_tokens": (3, OK), "echo": 
 CHAT = {**COMMON, "messages": (MSGS, OK), "max_tokens": (3, OK),
         "max_completion_tokens": (3, OK), "add_generation_prompt": (False, OK),
         "logprobs": (True, OK), "top_logprobs": (2, OK),
-        "tools": ([{"type": "function", "function": {"name": "f"}}], NO),
-        "tool_choice": ("required", NO), "parallel_tool_calls": (False, OK),
-        "response_format": ({"type": "json_object"}, NO),
+        "tools": (TOOLS, OK), "tool_choice": ("required", OK), "parallel_tool_calls": (False, OK),
+        "response_format": ({"type": "json_object"}, OK),
         "chat_template_kwargs": ({"enable_thinking": False}, OK),
         "documents": ([{"title": "t", "text": "x"}], OK),
         "continue_final_message": (True, OK), "chat_template": ("{{ x }}", NO)}
-# stream_options needs stream, top_logprobs logprobs; continue_final_message needs a final assistant message
+# stream_options needs stream, top_logprobs logprobs; continue_final_message needs a final
+# assistant message; tools without tool_choice mean "auto", which this server (no
+# --tool-call-parser) refuses
 NEEDS = {"stream_options": {"stream": True}, "top_logprobs": {"logprobs": True},
+         "tools": {"tool_choice": "none"}, "tool_choice": {"tools": TOOLS},
          "continue_final_message": {"messages": MSGS + [{"role": "assistant", "content": "a"}],
                                     "add_generation_prompt": False}}
+
+
+class _Compiler:
+    """Accepts every grammar (the fake engine ignores it)."""
+
+    def compile(self, spec):
+        return spec
 
 
 @pytest.fixture(scope="module")
 def fake():
     eng = FakeEngine()
+    eng.grammar_compiler = _Compiler()   # the walk checks the protocol; grammars: test_structured_*
     srv = ServerThread(eng).start()
     yield eng, srv
     srv.stop()

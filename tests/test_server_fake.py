@@ -303,7 +303,7 @@ BAD = [
         {"type": "image_url", "image_url": {"url": "x"}}]}]}, 400,
      "messages[0].content[0].type"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": [{}]},
-     400, "tools"),
+     400, "tools[0].type"),  # a tool without its type
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 129}, 400, "n"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
      400, "top_logprobs"),

@@ -1,0 +1,248 @@
+"""Structured outputs (xgrammar) on the real engine: the demo model has random weights, so
+every valid output below is the token mask's doing. Driven by the official `openai` client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+
+import pytest
+import torch
+
+openai = pytest.importorskip("openai")
+pytest.importorskip("xgrammar")
+jsonschema = pytest.importorskip("jsonschema")
+
+from zerod.engine.grammar_mask import apply_bitmask
+from zerod.engine.protocol import Limits, RequestSchemas
+from zerod.engine.server import ServerThread
+
+MSGS = [{"role": "user", "content": "hi"}]
+# a schema whose outputs end early (bounded strings, enums, small integers)
+PERSON = {"type": "object", "additionalProperties": False,
+          "required": ["name", "ok", "age", "color", "tags"],
+          "properties": {"name": {"type": "string", "maxLength": 6},
+                         "ok": {"type": "boolean"},
+                         "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                         "color": {"enum": ["red", "green", "blue"]},
+                         "tags": {"type": "array", "items": {"enum": ["a", "b"]},
+                                  "maxItems": 3}}}
+
+
+@pytest.fixture(scope="module")
+def live():
+    from zerod.engine.engine import Engine, EngineConfig
+
+    eng = Engine(EngineConfig(model="demo", device="cpu", max_model_len=512, kv_pages=1024,
+                              max_num_seqs=64, seed=0))
+    eng.start()
+    srv = ServerThread(eng).start()
+    yield eng, srv
+    srv.stop()
+    eng.shutdown(0)
+
+
+def _client(srv) -> openai.OpenAI:
+    return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+
+
+def test_json_schema_outputs_are_all_valid(live):
+    _, srv = live
+    c = _client(srv)
+    for seed in range(12):
+        r = c.chat.completions.create(
+            model="demo", messages=MSGS, max_tokens=300, temperature=1.0, seed=seed,
+            response_format={"type": "json_schema",
+                             "json_schema": {"name": "person", "schema": PERSON, "strict": True}})
+        ch = r.choices[0]
+        assert ch.finish_reason == "stop", ch
+        jsonschema.validate(json.loads(ch.message.content), PERSON)
+
+
+def test_json_object_is_an_object(live):
+    _, srv = live
+    r = _client(srv).chat.completions.create(model="demo", messages=MSGS, max_tokens=200,
+                                             response_format={"type": "json_object"}, seed=3)
+    assert r.choices[0].finish_reason == "stop"
+    assert isinstance(json.loads(r.choices[0].message.content), dict)
+
+
+@pytest.mark.parametrize("field", ["structured_outputs", "guided"])
+def test_regex_choice_grammar_on_completions(live, field):
+    _, srv = live
+    c = _client(srv)
+
+    def run(kind, value, seed):
+        extra = {"structured_outputs": {kind: value}} if field == "structured_outputs" \
+            else {f"guided_{kind}": value}
+        r = c.completions.create(model="demo", prompt="The", max_tokens=300, seed=seed,
+                                 extra_body=extra)
+        assert r.choices[0].finish_reason == "stop", r
+        return r.choices[0].text
+
+    for seed in range(4):
+        assert re.fullmatch(r"[a-c]{2}-\d{1,3}", run("regex", r"[a-c]{2}-\d{1,3}", seed))
+        assert run("choice", ["yes", "no", "maybe (later)"], seed) in \
+            ("yes", "no", "maybe (later)")
+        assert re.fullmatch(r"(ab){1,3}!", run("grammar", 'root ::= ("ab"){1,3} "!"', seed))
+        out = run("json", PERSON, seed)
+        jsonschema.validate(json.loads(out), PERSON)
+
+
+def test_streamed_json_schema_is_valid(live):
+    _, srv = live
+    stream = _client(srv).chat.completions.create(
+        model="demo", messages=MSGS, max_tokens=300, stream=True, seed=11,
+        extra_body={"guided_json": json.dumps(PERSON)})
+    text, reasons = "", []
+    for chunk in stream:
+        if chunk.choices:
+            text += chunk.choices[0].delta.content or ""
+            reasons.append(chunk.choices[0].finish_reason)
+    assert reasons[-1] == "stop"
+    jsonschema.validate(json.loads(text), PERSON)
+
+
+
+def test_every_choice_and_prompt_follows_the_grammar(live):
+    """One grammar, six engine requests (2 prompts x n=3, siblings sharing the prompt's
+    pages): each walks the grammar on its own; logprobs come with the masked tokens."""
+    _, srv = live
+    r = _client(srv).completions.create(model="demo", prompt=["The", "A long prompt"], n=3,
+                                        max_tokens=300, seed=4, logprobs=2,
+                                        extra_body={"guided_regex": r"[a-c]{2}-\d{1,3}"})
+    assert [ch.index for ch in r.choices] == list(range(6))
+    for ch in r.choices:
+        assert ch.finish_reason == "stop" and re.fullmatch(r"[a-c]{2}-\d{1,3}", ch.text), ch
+        assert "".join(ch.logprobs.tokens).startswith(ch.text)   # then the stop token's
+    assert len({ch.text for ch in r.choices}) > 1   # independent samples, not one copied
+
+
+def test_streamed_json_schema_with_n(live):
+    _, srv = live
+    texts, reasons = {}, {}
+    for chunk in _client(srv).chat.completions.create(
+            model="demo", messages=MSGS, max_tokens=300, stream=True, seed=12, n=2,
+            logprobs=True, response_format={"type": "json_schema", "json_schema": {
+                "name": "person", "schema": PERSON}}):
+        ch = chunk.choices[0]
+        texts[ch.index] = texts.get(ch.index, "") + (ch.delta.content or "")
+        if ch.finish_reason:
+            reasons[ch.index] = ch.finish_reason
+    assert reasons == {0: "stop", 1: "stop"}
+    for text in texts.values():
+        jsonschema.validate(json.loads(text), PERSON)
+
+async def test_masked_and_free_streams_together(live):
+    """Masked rows wait for their masks; the free rows beside them are not held up and
+    every masked output is still valid."""
+    _, srv = live
+    c = openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+
+    async def masked(i):
+        r = await c.chat.completions.create(
+            model="demo", messages=MSGS, max_tokens=300, seed=100 + i,
+            extra_body={"structured_outputs": {"json": PERSON}})
+        jsonschema.validate(json.loads(r.choices[0].message.content), PERSON)
+
+    async def free(i):
+        r = await c.completions.create(model="demo", prompt="Hello", max_tokens=30,
+                                       seed=i, extra_body={"ignore_eos": True})
+        assert r.usage.completion_tokens == 30
+
+    await asyncio.gather(*(masked(i) for i in range(16)), *(free(i) for i in range(16)))
+    await c.close()
+
+
+def test_grammar_errors_are_400s_naming_the_field(live):
+    _, srv = live
+    c = _client(srv)
+    cases = [
+        ({"structured_outputs": {"regex": "a(b"}}, "structured_outputs.regex"),
+        ({"guided_grammar": "root ::= undefined_rule"}, "guided_grammar"),
+        ({"guided_json": "{not json"}, "guided_json"),
+        ({"guided_regex": "a+", "guided_choice": ["x"]}, "guided_choice"),
+        ({"guided_regex": "a+", "min_tokens": 2}, "min_tokens"),
+        ({"structured_outputs": {"json": PERSON, "whitespace": "x"}},
+         "structured_outputs.whitespace"),
+    ]
+    for extra, param in cases:
+        with pytest.raises(openai.BadRequestError) as ei:
+            c.completions.create(model="demo", prompt="a", max_tokens=5, extra_body=extra)
+        assert ei.value.body["param"] == param, (extra, ei.value.body)
+    with pytest.raises(openai.BadRequestError) as ei:
+        c.chat.completions.create(model="demo", messages=MSGS, max_tokens=5,
+                                  response_format={"type": "json_schema",
+                                                   "json_schema": {"name": "x"}})
+    assert ei.value.body["param"] == "response_format.json_schema"
+    # still serving
+    r = c.completions.create(model="demo", prompt="a", max_tokens=3)
+    assert r.choices[0].finish_reason == "length"
+
+
+def test_every_spelling_parses_to_one_grammar():
+    s = RequestSchemas(Limits(256, 1000))
+    for body, kind in (
+            ({"response_format": {"type": "json_object"}}, "json"),
+            ({"response_format": {"type": "json_schema", "json_schema": {"schema": PERSON}}},
+             "json"),
+            ({"structured_outputs": {"json_object": True}}, "json"),
+            ({"structured_outputs": {"choice": ["a"]}}, "choice"),
+            ({"guided_regex": "x"}, "regex"), ({"guided_grammar": "root ::= \"a\""}, "grammar")):
+        req = s.parse_chat({"messages": MSGS, **body})
+        assert req.grammar.kind == kind, body
+    assert s.parse_chat({"messages": MSGS, "response_format": {"type": "text"}}).grammar is None
+    spec = s.parse_chat({"messages": MSGS, "guided_json": PERSON}).grammar
+    assert json.loads(spec.value) == PERSON and spec.param == "guided_json"
+
+
+def test_apply_bitmask_keeps_only_allowed_tokens():
+    logits = torch.zeros(3, 70)
+    masks = torch.zeros(2, 3, dtype=torch.int32)
+    masks[0, 0] = 1 << 5             # row 0: token 5 only
+    masks[1, 2] = 1 << 1             # row 2: token 65 only
+    out = apply_bitmask(logits, torch.tensor([0, 2]), masks)
+    assert torch.isfinite(out[0]).nonzero().flatten().tolist() == [5]
+    assert torch.isfinite(out[1]).all()          # row 1 has no grammar
+    assert torch.isfinite(out[2]).nonzero().flatten().tolist() == [65]
+
+
+def test_a_masked_row_decodes_only_once_its_mask_is_filled():
+    """The scheduler leaves a masked row out of a step until the poller has taken its last
+    token (the step loop runs ahead of the poller); unmasked rows never wait."""
+    from zerod.engine.config import EngineConfig
+    from zerod.engine.hf_config import parse_model_config
+    from zerod.engine.kv_pool import KVPool
+    from zerod.engine.request import Request, SamplingParams
+    from zerod.engine.scheduler import Scheduler
+
+    class Grammar:           # GrammarState's readiness, without a matcher
+        accepted = 0
+
+        def ready(self, scheduled):
+            return self.accepted == scheduled
+
+    mc = parse_model_config({"architectures": ["LlamaForCausalLM"], "hidden_size": 8,
+                             "num_attention_heads": 1, "num_hidden_layers": 1,
+                             "intermediate_size": 8, "vocab_size": 32})
+    s = Scheduler(EngineConfig(block_size=4),
+                  KVPool(mc, 16, 4, torch.float32, torch.device("cpu")))
+    masked, free = (Request(f"r{i}", [5, 6], SamplingParams(max_tokens=8), lambda o: None, 8, i)
+                    for i in range(2))
+    masked.grammar = Grammar()
+    for r in (masked, free):
+        assert s.claim_wait_place()
+        s.add(r)
+    b = s.schedule()
+    assert [c.req for c in b.chunks] == [masked, free] and b.masked
+    s.update(b)                                 # the prefill sampled token 0 of each
+    b = s.schedule()
+    assert b.decodes == [free]                  # token 0 not yet seen by the poller
+    s.update(b)
+    masked.grammar.accepted = 1                 # the poller took it and filled the mask
+    b = s.schedule()
+    assert b.decodes == [masked, free] and all(h.masked for h in b.halves())
+    s.remove(masked)
+    s.remove(free)
+    assert s.masked == 0 and not s.schedule().masked
