@@ -16,6 +16,7 @@ SUPPORTED = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
 }
 
 _DTYPE = {
@@ -55,6 +56,7 @@ class ModelConfig:
     bos_token_id: int | None
     eos_token_ids: list[int] = field(default_factory=list)
     sliding_window: int | None = None
+    qk_norm: bool = False                 # Qwen3: RMSNorm over each q and k head before RoPE
 
     @property
     def q_size(self) -> int:
@@ -83,6 +85,11 @@ def parse_model_config(raw: dict[str, Any], where: str = "config.json") -> Model
             f"zerod's engine runs {', '.join(sorted(SUPPORTED))}"
         )
     family = SUPPORTED[arch]
+    qc = raw.get("quantization_config")
+    if qc:
+        method = qc.get("quant_method", "(method not named)") if isinstance(qc, dict) else qc
+        raise EngineError(f"{where}: quantized checkpoints ({method!r}) are not supported; "
+                          f"zerod's engine runs bfloat16, float16 or float32 weights")
     try:
         hidden = int(raw["hidden_size"])
         heads = int(raw["num_attention_heads"])
@@ -123,7 +130,7 @@ def parse_model_config(raw: dict[str, Any], where: str = "config.json") -> Model
     sw = None
     if family == "mistral":
         sw = raw.get("sliding_window")
-    elif family == "qwen2" and raw.get("use_sliding_window"):
+    elif family in ("qwen2", "qwen3") and raw.get("use_sliding_window"):
         sw = raw.get("sliding_window")
     return ModelConfig(
         architecture=arch,
@@ -147,6 +154,7 @@ def parse_model_config(raw: dict[str, Any], where: str = "config.json") -> Model
         bos_token_id=raw.get("bos_token_id") if isinstance(raw.get("bos_token_id"), int) else None,
         eos_token_ids=_ids(raw.get("eos_token_id")),
         sliding_window=int(sw) if sw else None,
+        qk_norm=family == "qwen3",
     )
 
 

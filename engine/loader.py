@@ -65,6 +65,9 @@ def _targets(model: LlamaModel, mc: ModelConfig) -> dict[str, tuple[torch.Tensor
         t[p + "self_attn.o_proj.weight"] = (L.o, 0, mc.hidden_size)
         if L.o_bias is not None:
             t[p + "self_attn.o_proj.bias"] = (L.o_bias, 0, mc.hidden_size)
+        if L.q_norm is not None:
+            t[p + "self_attn.q_norm.weight"] = (L.q_norm, 0, mc.head_dim)
+            t[p + "self_attn.k_norm.weight"] = (L.k_norm, 0, mc.head_dim)
         t[p + "mlp.gate_proj.weight"] = (L.gate_up, 0, i)
         t[p + "mlp.up_proj.weight"] = (L.gate_up, i, i)
         t[p + "mlp.down_proj.weight"] = (L.down, 0, mc.hidden_size)

@@ -1,4 +1,4 @@
-"""Llama-family decoder (Llama 2/3, Mistral, Qwen2) over flat token batches.
+"""Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3) over flat token batches.
 
 Weights are fused at load time: q/k/v into one `qkv` matrix, gate/up into `gate_up`.
 The forward takes a flat batch of tokens ([T]) with their positions and the attention
@@ -41,6 +41,8 @@ class Layer(nn.Module):
         self.qkv_bias = _p(q + 2 * kv, dtype=dtype, device=device) if mc.qkv_bias else None
         self.o = _p(h, q, dtype=dtype, device=device)
         self.o_bias = _p(h, dtype=dtype, device=device) if mc.o_bias else None
+        self.q_norm = _p(mc.head_dim, dtype=dtype, device=device) if mc.qk_norm else None
+        self.k_norm = _p(mc.head_dim, dtype=dtype, device=device) if mc.qk_norm else None
         self.gate_up = _p(2 * i, h, dtype=dtype, device=device)
         self.down = _p(h, i, dtype=dtype, device=device)
         if mc.mlp_bias:
@@ -75,6 +77,9 @@ class LlamaModel(nn.Module):
         q = q.reshape(t, mc.num_heads, mc.head_dim)
         k = k.reshape(t, mc.num_kv_heads, mc.head_dim)
         v = v.reshape(t, mc.num_kv_heads, mc.head_dim)
+        if L.q_norm is not None:
+            q = ops.rms_norm(q, L.q_norm, mc.rms_norm_eps)
+            k = ops.rms_norm(k, L.k_norm, mc.rms_norm_eps)
         mops = self.ops
         q, k = mops.apply_rope(q, k, positions, self.cos_sin)
         k_cache, v_cache = kv[0], kv[1]

@@ -83,6 +83,15 @@ def test_unsupported_architecture_refused(ckpt, tmp_path):
         Engine(EngineConfig(model=str(d)))
 
 
+def test_quantized_checkpoint_refused_naming_the_method(ckpt, tmp_path):
+    d = _copy(ckpt, tmp_path / "awq")
+    c = json.loads((d / "config.json").read_text())
+    c["quantization_config"] = {"quant_method": "awq", "bits": 4}
+    (d / "config.json").write_text(json.dumps(c))
+    with pytest.raises(EngineError, match="quantized checkpoints \\('awq'\\)"):
+        Engine(EngineConfig(model=str(d)))
+
+
 def test_unsupported_rope_scaling_refused(ckpt, tmp_path):
     d = _copy(ckpt, tmp_path / "yarn")
     c = json.loads((d / "config.json").read_text())
