@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -11,6 +10,7 @@ from typing import Any
 import torch
 
 from .config import EngineError
+from .rope import cos_sin_cache, parse_scaling  # noqa: F401 - the runner imports cos_sin_cache from here
 
 SUPPORTED = {
     "LlamaForCausalLM": "llama",
@@ -113,17 +113,11 @@ def parse_model_config(raw: dict[str, Any], where: str = "config.json") -> Model
     # transformers >= 5 writes rope_parameters; older configs rope_theta + rope_scaling.
     rp = raw.get("rope_parameters") or {}
     theta = float(raw.get("rope_theta") or rp.get("rope_theta") or 10000.0)
-    scaling = raw.get("rope_scaling")
-    if scaling is None and rp and rp.get("rope_type", "default") != "default":
-        scaling = dict(rp)
-    if scaling is not None:
-        rtype = scaling.get("rope_type") or scaling.get("type") or "default"
-        if rtype not in ("default", "llama3", "linear"):
-            raise EngineError(f"{where}: rope scaling {rtype!r} is not supported (llama3, linear)")
-        if rtype == "default":
-            scaling = None
-        else:
-            scaling = dict(scaling, rope_type=rtype)
+    max_pos = int(raw.get("max_position_embeddings") or 4096)
+    scaling = parse_scaling(raw, head_dim, max_pos, where)
+    partial = raw.get("partial_rotary_factor", rp.get("partial_rotary_factor", 1.0))
+    if partial not in (None, 1, 1.0):
+        raise EngineError(f"{where}: partial_rotary_factor {partial} is not supported (RoPE over the whole head)")
 
     qkv_bias = family == "qwen2" or bool(raw.get("attention_bias", False))
     o_bias = family != "qwen2" and bool(raw.get("attention_bias", False))
@@ -145,7 +139,7 @@ def parse_model_config(raw: dict[str, Any], where: str = "config.json") -> Model
         rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
         rope_theta=theta,
         rope_scaling=scaling,
-        max_position_embeddings=int(raw.get("max_position_embeddings") or 4096),
+        max_position_embeddings=max_pos,
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
         qkv_bias=qkv_bias,
         o_bias=o_bias,
@@ -179,34 +173,3 @@ def load_model_config(model_dir: Path) -> ModelConfig:
         except (OSError, ValueError):
             pass
     return mc
-
-
-def rope_inv_freq(mc: ModelConfig) -> torch.Tensor:
-    """inv_freq as HF computes it (float32), with Llama-3 / linear scaling applied."""
-    d = mc.head_dim
-    inv = 1.0 / (mc.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
-    s = mc.rope_scaling
-    if not s:
-        return inv
-    if s["rope_type"] == "linear":
-        return inv / float(s["factor"])
-    factor = float(s["factor"])
-    low = float(s.get("low_freq_factor", 1.0))
-    high = float(s.get("high_freq_factor", 4.0))
-    old_len = float(s.get("original_max_position_embeddings", 8192))
-    low_wl = old_len / low
-    high_wl = old_len / high
-    wavelen = 2 * math.pi / inv
-    inv_l = torch.where(wavelen > low_wl, inv / factor, inv)
-    smooth = (old_len / wavelen - low) / (high - low)
-    smoothed = (1 - smooth) * inv_l / factor + smooth * inv_l
-    is_medium = ~(wavelen < high_wl) * ~(wavelen > low_wl)
-    return torch.where(is_medium, smoothed, inv_l)
-
-
-def cos_sin_cache(mc: ModelConfig, max_pos: int, dtype: torch.dtype, device) -> torch.Tensor:
-    """[max_pos, head_dim]: cos in the first half, sin in the second (HF values, cast to dtype)."""
-    inv = rope_inv_freq(mc)
-    t = torch.arange(max_pos, dtype=torch.float32)
-    freqs = torch.outer(t, inv)
-    return torch.cat([freqs.cos(), freqs.sin()], dim=-1).to(dtype).to(device)

@@ -93,11 +93,11 @@ def test_quantized_checkpoint_refused_naming_the_method(ckpt, tmp_path):
 
 
 def test_unsupported_rope_scaling_refused(ckpt, tmp_path):
-    d = _copy(ckpt, tmp_path / "yarn")
+    d = _copy(ckpt, tmp_path / "mrope")
     c = json.loads((d / "config.json").read_text())
-    c["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0}
+    c["rope_scaling"] = {"rope_type": "mrope", "mrope_section": [16, 24, 24]}
     (d / "config.json").write_text(json.dumps(c))
-    with pytest.raises(EngineError, match="yarn"):
+    with pytest.raises(EngineError, match="'mrope' is not supported"):
         Engine(EngineConfig(model=str(d)))
 
 
