@@ -17,6 +17,7 @@ SUPPORTED = {
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Phi3ForCausalLM": "phi3",          # Phi-3 and Phi-4: fused qkv_proj / gate_up_proj tensors
 }
 
 _DTYPE = {
@@ -122,7 +123,7 @@ def parse_model_config(raw: dict[str, Any], where: str = "config.json") -> Model
     qkv_bias = family == "qwen2" or bool(raw.get("attention_bias", False))
     o_bias = family != "qwen2" and bool(raw.get("attention_bias", False))
     sw = None
-    if family == "mistral":
+    if family in ("mistral", "phi3"):
         sw = raw.get("sliding_window")
     elif family in ("qwen2", "qwen3") and raw.get("use_sliding_window"):
         sw = raw.get("sliding_window")

@@ -58,7 +58,10 @@ def _targets(model: LlamaModel, mc: ModelConfig) -> dict[str, tuple[torch.Tensor
         p = f"model.layers.{n}."
         t[p + "input_layernorm.weight"] = (L.input_norm, 0, mc.hidden_size)
         t[p + "post_attention_layernorm.weight"] = (L.post_norm, 0, mc.hidden_size)
-        for name, off, rows in (("q_proj", 0, q), ("k_proj", q, kv), ("v_proj", q + kv, kv)):
+        fused = mc.family == "phi3"   # checkpoints that store qkv and gate_up already fused
+        qkv_parts = (("qkv_proj", 0, q + 2 * kv),) if fused else (
+            ("q_proj", 0, q), ("k_proj", q, kv), ("v_proj", q + kv, kv))
+        for name, off, rows in qkv_parts:
             t[p + f"self_attn.{name}.weight"] = (L.qkv, off, rows)
             if L.qkv_bias is not None:
                 t[p + f"self_attn.{name}.bias"] = (L.qkv_bias, off, rows)
@@ -68,8 +71,11 @@ def _targets(model: LlamaModel, mc: ModelConfig) -> dict[str, tuple[torch.Tensor
         if L.q_norm is not None:
             t[p + "self_attn.q_norm.weight"] = (L.q_norm, 0, mc.head_dim)
             t[p + "self_attn.k_norm.weight"] = (L.k_norm, 0, mc.head_dim)
-        t[p + "mlp.gate_proj.weight"] = (L.gate_up, 0, i)
-        t[p + "mlp.up_proj.weight"] = (L.gate_up, i, i)
+        if fused:
+            t[p + "mlp.gate_up_proj.weight"] = (L.gate_up, 0, 2 * i)
+        else:
+            t[p + "mlp.gate_proj.weight"] = (L.gate_up, 0, i)
+            t[p + "mlp.up_proj.weight"] = (L.gate_up, i, i)
         t[p + "mlp.down_proj.weight"] = (L.down, 0, mc.hidden_size)
         if L.gate_up_bias is not None:
             t[p + "mlp.gate_proj.bias"] = (L.gate_up_bias, 0, i)

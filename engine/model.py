@@ -1,4 +1,4 @@
-"""Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3) over flat token batches.
+"""Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3, Phi-3/Phi-4) over flat token batches.
 
 Weights are fused at load time: q/k/v into one `qkv` matrix, gate/up into `gate_up`.
 The forward takes a flat batch of tokens ([T]) with their positions and the attention

@@ -26,6 +26,7 @@ ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope")
 # The keys each type needs in the scaling dict (besides rope_type).
 _REQUIRED = {"linear": ("factor",), "dynamic": ("factor",), "yarn": ("factor",),
              "llama3": ("factor",), "longrope": ("long_factor", "short_factor")}
+_ALIASES = {"su": "longrope"}  # early Phi-3 configs
 _NEEDS_ORIGINAL_LEN = ("yarn", "llama3", "longrope")
 
 
@@ -43,6 +44,7 @@ def parse_scaling(raw: dict[str, Any], head_dim: int, max_position_embeddings: i
     if not isinstance(scaling, dict):
         raise EngineError(f"{where}: rope_scaling must be an object, not {scaling!r}")
     rtype = scaling.get("rope_type") or scaling.get("type") or "default"
+    rtype = _ALIASES.get(rtype, rtype)
     if rtype not in ROPE_TYPES:
         raise EngineError(f"{where}: rope scaling {rtype!r} is not supported "
                           f"({', '.join(ROPE_TYPES)})")
