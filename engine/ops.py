@@ -133,24 +133,35 @@ def _gather(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      block_tables: torch.Tensor, context_lens: torch.Tensor,
-                     scale: float) -> torch.Tensor:
+                     scale: float, *, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
+    """window > 0: each query sees its last `window` keys (itself included);
+    softcap > 0: scores become softcap * tanh(score / softcap) before the softmax."""
     kern = _kernel("decode_attention", q)
     if kern is not None:
-        return kern(q, k_cache, v_cache, block_tables, context_lens, scale)
-    return decode_attention_reference(q, k_cache, v_cache, block_tables, context_lens, scale)
+        return kern(q, k_cache, v_cache, block_tables, context_lens, scale, window=window, softcap=softcap)
+    return decode_attention_reference(q, k_cache, v_cache, block_tables, context_lens, scale,
+                                      window=window, softcap=softcap)
+
+
+def _softcap(s: torch.Tensor, softcap: float) -> torch.Tensor:
+    return torch.tanh(s / softcap) * softcap if softcap else s
 
 
 def decode_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                block_tables: torch.Tensor, context_lens: torch.Tensor,
-                               scale: float) -> torch.Tensor:
+                               scale: float, *, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
     b, hq, d = q.shape
     hk = k_cache.shape[2]
     k = _gather(k_cache, block_tables)  # [B, L, Hk, D]
     v = _gather(v_cache, block_tables)
     L = k.shape[1]
-    valid = torch.arange(L, device=q.device).unsqueeze(0) < context_lens.unsqueeze(1).long()  # [B, L]
+    pos = torch.arange(L, device=q.device).unsqueeze(0)
+    ctx = context_lens.unsqueeze(1).long()
+    valid = pos < ctx  # [B, L]
+    if window:
+        valid &= pos >= ctx - window
     qg = q.view(b, hk, hq // hk, d).float()
-    s = torch.einsum("bhgd,blhd->bhgl", qg, k.float()) * scale
+    s = _softcap(torch.einsum("bhgd,blhd->bhgl", qg, k.float()) * scale, softcap)
     s = s.masked_fill(~valid[:, None, None, :], float("-inf"))
     p = torch.softmax(s, dim=-1)
     o = torch.einsum("bhgl,blhd->bhgd", p, v.float())
@@ -159,16 +170,21 @@ def decode_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
 
 def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                       block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                      context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+                      context_lens: torch.Tensor, scale: float, *, window: int = 0,
+                      softcap: float = 0.0) -> torch.Tensor:
+    """window and softcap as in decode_attention."""
     kern = _kernel("prefill_attention", q)
     if kern is not None:
-        return kern(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale)
-    return prefill_attention_reference(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale)
+        return kern(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
+                    window=window, softcap=softcap)
+    return prefill_attention_reference(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
+                                       window=window, softcap=softcap)
 
 
 def prefill_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                 block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                                context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+                                context_lens: torch.Tensor, scale: float, *, window: int = 0,
+                                softcap: float = 0.0) -> torch.Tensor:
     t, hq, d = q.shape
     hk = k_cache.shape[2]
     g = hq // hk
@@ -192,8 +208,15 @@ def prefill_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache:
         qpos = torch.arange(c - n, c, device=q.device).unsqueeze(1)
         kpos = torch.arange(c, device=q.device).unsqueeze(0)
         mask = kpos <= qpos  # [N, C]
-        o = F.scaled_dot_product_attention(qb, kb.expand(hk, g, c, d), vb.expand(hk, g, c, d),
-                                           attn_mask=mask, scale=scale)
+        if window:
+            mask &= kpos > qpos - window
+        kb, vb = kb.expand(hk, g, c, d), vb.expand(hk, g, c, d)
+        if softcap:  # SDPA has no soft-cap: the scores by hand, in float32
+            s = _softcap(torch.einsum("hgnd,hgcd->hgnc", qb.float(), kb.float()) * scale, softcap)
+            p = torch.softmax(s.masked_fill(~mask, float("-inf")), dim=-1)
+            o = torch.einsum("hgnc,hgcd->hgnd", p, vb.float()).to(q.dtype)
+        else:
+            o = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, scale=scale)
         out[s0:s1] = o.permute(2, 0, 1, 3).reshape(n, hq, d)
     return out
 

@@ -173,8 +173,10 @@ def check_decode(fn, ref, ctx_lens, hq, hk, d, page_size, dtype, device, gen, wi
     q = _randn(B, hq, d, dtype=dtype, device=device, gen=gen)
     scale = d ** -0.5
     _poison(device)
-    out = fn(q, kc, vc, bt, cl, scale, **kw)
-    r = ref["decode_attention"](*_f32(q, kc, vc), bt, cl, scale)
+    attn = {k: kw.pop(k) for k in ("window", "softcap") if k in kw}   # the op's own arguments
+    out = fn(q, kc, vc, bt, cl, scale, **attn, **kw)
+    r = ref["decode_attention"](*_f32(q, kc, vc), bt, cl, scale, **attn)
+    kw.update(attn)
     rel, mx, fin = _rel(out, r)
     lens = ctx_lens if len(ctx_lens) <= 4 else f"{min(ctx_lens)}..{max(ctx_lens)}"
     extra = " ".join(f"{k}={v}" for k, v in kw.items())
@@ -190,12 +192,14 @@ def check_prefill(fn, ref, q_lens, ctx_lens, hq, hk, d, page_size, dtype, device
     q = _randn(T, hq, d, dtype=dtype, device=device, gen=gen)
     scale = d ** -0.5
     _poison(device)
-    out = fn(q, kc, vc, bt, cu, cl, scale, **kw)
-    r = ref["prefill_attention"](*_f32(q, kc, vc), bt, cu, cl, scale)
+    attn = {k: kw.pop(k) for k in ("window", "softcap") if k in kw}   # the op's own arguments
+    out = fn(q, kc, vc, bt, cu, cl, scale, **attn, **kw)
+    r = ref["prefill_attention"](*_f32(q, kc, vc), bt, cu, cl, scale, **attn)
     rel, mx, fin = _rel(out, r)
     ql = q_lens if len(q_lens) <= 4 else f"{min(q_lens)}..{max(q_lens)}"
     cl_ = ctx_lens if len(ctx_lens) <= 4 else f"{min(ctx_lens)}..{max(ctx_lens)}"
-    return CaseResult("prefill_attention", f"q={ql} ctx={cl_} Hq={hq} Hk={hk} D={d}",
+    extra = " ".join(f"{k}={v}" for k, v in {**attn, **kw}.items())
+    return CaseResult("prefill_attention", f"q={ql} ctx={cl_} Hq={hq} Hk={hk} D={d} {extra}".strip(),
                       rel, mx, fin, _tol(dtype))
 
 
@@ -233,6 +237,10 @@ def all_cases(device: torch.device, big: bool) -> list[tuple[str, Callable]]:
         ([300, 5, 129], 14, 2, 64, 16, {"num_splits": 8}),  # group 7 (Qwen2-like), tiny splits
         ([100, 64], 8, 8, 64, 8, {}),                       # no GQA, page 8
         ([513], 32, 8, 128, 16, {"num_splits": 2, "block_n": 32}),
+        # sliding window (Mistral, Gemma local layers) and soft-capping (Gemma 2)
+        ([1, 17, 200, 513], 32, 8, 128, 16, {"window": 64}),
+        ([300, 5, 129], 14, 2, 64, 16, {"num_splits": 8, "window": 100, "softcap": 1.5}),
+        ([40, 3], 8, 8, 64, 8, {"softcap": 1.5}),
     ]
     if big:
         g0 = torch.Generator().manual_seed(1)
@@ -254,15 +262,18 @@ def all_cases(device: torch.device, big: bool) -> list[tuple[str, Callable]]:
         ([5, 64, 130], [5, 100, 300], 32, 8, 128, 16),   # cached prefixes, ragged
         ([3, 0, 20], [3, 9, 52], 14, 2, 64, 16),         # a sequence with no new tokens
         ([1, 1], [77, 1], 8, 8, 64, 8),
+        ([37, 130], [37, 300], 32, 8, 128, 16, {"window": 50}),   # window inside a cached prefix
+        ([5, 64, 1], [5, 100, 9], 14, 2, 64, 16, {"window": 7, "softcap": 1.5}),
+        ([70], [70], 8, 8, 64, 8, {"softcap": 1.5}),
     ]
     if big:
         pre += [
             ([2048], [8192], 32, 8, 128, 16),            # a chunk after a 6K cached prefix
             ([1000, 24, 700], [1000, 24, 1500], 32, 8, 128, 16),
         ]
-    for ql, cl, hq, hk, d, ps in pre:
-        add("prefill_attention", lambda K, R, g, ql=ql, cl=cl, hq=hq, hk=hk, d=d, ps=ps:
-            check_prefill(K["prefill_attention"], R, ql, cl, hq, hk, d, ps, adt, dev, g))
+    for ql, cl, hq, hk, d, ps, *kw in pre:
+        add("prefill_attention", lambda K, R, g, ql=ql, cl=cl, hq=hq, hk=hk, d=d, ps=ps, kw=kw:
+            check_prefill(K["prefill_attention"], R, ql, cl, hq, hk, d, ps, adt, dev, g, **dict(*kw)))
     return c
 
 

@@ -16,6 +16,10 @@ single 16K sequence still spreads over the whole GPU.
 Stage 2, grid (B, Hq): merges the splits with their log-sum-exp. With
 NUM_SPLITS == 1 stage 1 writes the output itself and stage 2 is skipped.
 
+Sliding window (WINDOW > 0, Mistral / Gemma local layers): the splits cover only the
+last WINDOW tokens. Soft-capping (SOFTCAP, Gemma 2): scores become cap * tanh(s / cap)
+before the softmax. Both are constexpr, so the plain Llama path compiles as before.
+
 No host synchronisation, no data-dependent allocation: graph-capturable.
 """
 
@@ -31,9 +35,15 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _tanh(x):
+    # 1 - 2 / (e^2x + 1): exact at both saturations, no libdevice needed
+    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
+
+
+@triton.jit
 def _decode_split_kernel(
     q_ptr, kc_ptr, vc_ptr, bt_ptr, cl_ptr, out_ptr, mid_o_ptr, mid_lse_ptr,
-    qk_scale,
+    qk_scale, cap_in, cap_out,
     stride_qb, stride_qh,
     stride_cp, stride_cs, stride_ch,
     stride_btb,
@@ -42,14 +52,19 @@ def _decode_split_kernel(
     PAGE_SIZE: tl.constexpr,
     GROUP: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr,
     BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
     s = tl.program_id(2)
 
     ctx = tl.load(cl_ptr + b)
-    split_len = tl.cdiv(tl.cdiv(ctx, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    start = s * split_len
+    if WINDOW > 0:
+        lo = tl.maximum(ctx - WINDOW, 0)
+    else:
+        lo = ctx * 0
+    split_len = tl.cdiv(tl.cdiv(ctx - lo, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = lo + s * split_len
     end = tl.minimum(start + split_len, ctx)
 
     h = tl.arange(0, BLOCK_H)
@@ -71,7 +86,10 @@ def _decode_split_kernel(
         page = tl.load(bt_row + offs // PAGE_SIZE, mask=nmask, other=0).to(tl.int64)
         row = page * stride_cp + (offs % PAGE_SIZE) * stride_cs + head_off
         k = tl.load(kc_ptr + row[:, None] + d[None, :], mask=nmask[:, None], other=0.0)
-        qk = tl.dot(q, tl.trans(k)) * qk_scale
+        if SOFTCAP:
+            qk = _tanh(tl.dot(q, tl.trans(k)) * cap_in) * cap_out
+        else:
+            qk = tl.dot(q, tl.trans(k)) * qk_scale
         qk = tl.where(nmask[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         alpha = tl.exp2(m_i - m_new)
@@ -141,6 +159,13 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_tokens: int, sm_count: 
     return 1 if s <= 1 else triton.next_power_of_2(s)
 
 
+def _softcap_factors(scale: float, softcap: float) -> tuple[float, float]:
+    """(cap_in, cap_out): score = tanh(qk * cap_in) * cap_out, in the exp2 domain."""
+    if not softcap:
+        return 1.0, 1.0
+    return float(scale) / softcap, softcap * _LOG2E
+
+
 DEFAULT_BLOCK_N = 64
 DEFAULT_NUM_WARPS = 4
 DEFAULT_NUM_STAGES = 2
@@ -148,7 +173,7 @@ DEFAULT_NUM_STAGES = 2
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
-                     *, num_splits: int | None = None, block_n: int | None = None,
+                     *, window: int = 0, softcap: float = 0.0, num_splits: int | None = None, block_n: int | None = None,
                      num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
     B, Hq, D = q.shape
     _, page_size, Hk, Dk = k_cache.shape
@@ -164,7 +189,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     block_n = block_n or DEFAULT_BLOCK_N
     if num_splits is None:
         dev = q.device.index if q.device.type == "cuda" else 0
-        num_splits = choose_num_splits(B, Hk, block_tables.shape[1] * page_size,
+        span = block_tables.shape[1] * page_size
+        num_splits = choose_num_splits(B, Hk, min(span, window) if window else span,
                                        _sm_count(dev if dev is not None else 0))
     block_h = max(16, triton.next_power_of_2(group))
     if num_splits > 1:
@@ -174,14 +200,14 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         mid_o = mid_lse = out  # unused
     _decode_split_kernel[(B, Hk, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens, out, mid_o, mid_lse,
-        float(scale) * _LOG2E,
+        float(scale) * _LOG2E, *_softcap_factors(scale, softcap),
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0),
         out.stride(0), out.stride(1),
         Hq,
         PAGE_SIZE=page_size, GROUP=group, BLOCK_H=block_h, D=D,
-        BLOCK_N=block_n, NUM_SPLITS=num_splits,
+        BLOCK_N=block_n, NUM_SPLITS=num_splits, WINDOW=int(window), SOFTCAP=bool(softcap),
         num_warps=num_warps or DEFAULT_NUM_WARPS,
         num_stages=num_stages or DEFAULT_NUM_STAGES,
     )

@@ -12,6 +12,10 @@ cu_seqlens_q in block units (block index of sequence b starts at
 cu[b] // BLOCK_M + b, which is strictly increasing) and leaves early when its
 block is past the sequence's end. Key tiles wholly before the block's first
 query need no mask; the diagonal tiles are masked.
+
+Sliding window (WINDOW > 0): only the tiles holding keys within WINDOW of the block's
+queries are read, all of them masked. Soft-capping (SOFTCAP): cap * tanh(s / cap) on
+each score. Both constexpr: the plain path compiles as before.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from .decode_attention import _softcap_factors, _tanh
 
 _LOG2E = 1.4426950408889634
 
@@ -40,9 +46,9 @@ def _find_seq(cu_ptr, pid, B, BLOCK_M: tl.constexpr):
 
 @triton.jit
 def _attn_tile(acc, m_i, l_i, q, kc_ptr, vc_ptr, bt_row, head_off, n0, q_pos, kv_end,
-               qk_scale, stride_cp, stride_cs,
+               qk_scale, cap_in, cap_out, stride_cp, stride_cs,
                PAGE_SIZE: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
-               MASKED: tl.constexpr):
+               MASKED: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr):
     offs = n0 + tl.arange(0, BLOCK_N)
     d = tl.arange(0, D)
     if MASKED:
@@ -56,13 +62,23 @@ def _attn_tile(acc, m_i, l_i, q, kc_ptr, vc_ptr, bt_row, head_off, n0, q_pos, kv
     else:
         k = tl.load(kc_ptr + row[:, None] + d[None, :])
     qk = tl.dot(q, tl.trans(k))
+    if SOFTCAP:
+        qk = _tanh(qk * cap_in) * cap_out
     if MASKED:
         keep = (offs[None, :] <= q_pos[:, None]) & nmask[None, :]
+        if WINDOW > 0:
+            keep = keep & (offs[None, :] > q_pos[:, None] - WINDOW)
         qk = tl.where(keep, qk, float("-inf"))
     # the softmax scale (times log2 e) is folded into one FMA per score: exp2(qk*s - m)
     m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(qk * qk_scale - m_new[:, None])
+    if WINDOW > 0:
+        # a row whose window starts past this tile has seen no key yet (m = -inf):
+        # shift by 0 so its alpha and p are 0, not NaN
+        m_shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_shift = m_new
+    alpha = tl.exp2(m_i - m_shift)
+    p = tl.exp2(qk * qk_scale - m_shift[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     if MASKED:
         v = tl.load(vc_ptr + row[:, None] + d[None, :], mask=nmask[:, None], other=0.0)
@@ -75,11 +91,12 @@ def _attn_tile(acc, m_i, l_i, q, kc_ptr, vc_ptr, bt_row, head_off, n0, q_pos, kv
 @triton.jit
 def _prefill_kernel(
     q_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, cl_ptr, o_ptr,
-    qk_scale, B,
+    qk_scale, cap_in, cap_out, B,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_cp, stride_cs, stride_ch, stride_btb,
     PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
 ):
     pid = tl.program_id(0)
     h = tl.program_id(1)
@@ -107,15 +124,19 @@ def _prefill_kernel(
 
     first_pos = prefix + blk * BLOCK_M
     kv_end = prefix + tl.minimum((blk + 1) * BLOCK_M, q_len)
-    full_end = (first_pos // BLOCK_N) * BLOCK_N
-    for n0 in range(0, full_end, BLOCK_N):
-        acc, m_i, l_i = _attn_tile(acc, m_i, l_i, q, kc_ptr, vc_ptr, bt_row, head_off, n0,
-                                   q_pos, kv_end, qk_scale, stride_cp, stride_cs,
-                                   PAGE_SIZE, D, BLOCK_N, False)
+    if WINDOW > 0:
+        # the block's first query sees keys from first_pos - WINDOW + 1 on
+        full_end = (tl.maximum(first_pos - WINDOW + 1, 0) // BLOCK_N) * BLOCK_N
+    else:
+        full_end = (first_pos // BLOCK_N) * BLOCK_N
+        for n0 in range(0, full_end, BLOCK_N):
+            acc, m_i, l_i = _attn_tile(acc, m_i, l_i, q, kc_ptr, vc_ptr, bt_row, head_off, n0,
+                                       q_pos, kv_end, qk_scale, cap_in, cap_out, stride_cp, stride_cs,
+                                       PAGE_SIZE, D, BLOCK_N, False, WINDOW, SOFTCAP)
     for n0 in range(full_end, kv_end, BLOCK_N):
         acc, m_i, l_i = _attn_tile(acc, m_i, l_i, q, kc_ptr, vc_ptr, bt_row, head_off, n0,
-                                   q_pos, kv_end, qk_scale, stride_cp, stride_cs,
-                                   PAGE_SIZE, D, BLOCK_N, True)
+                                   q_pos, kv_end, qk_scale, cap_in, cap_out, stride_cp, stride_cs,
+                                   PAGE_SIZE, D, BLOCK_N, True, WINDOW, SOFTCAP)
     o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
     tl.store(o_ptr + tok[:, None] * stride_ot + h * stride_oh + d[None, :],
              o.to(o_ptr.dtype.element_ty), mask=mmask[:, None])
@@ -133,7 +154,7 @@ DEFAULT_NUM_STAGES = 3
 def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                       block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor,
                       context_lens: torch.Tensor, scale: float,
-                      *, block_m: int | None = None, block_n: int | None = None,
+                      *, window: int = 0, softcap: float = 0.0, block_m: int | None = None, block_n: int | None = None,
                       num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
     T, Hq, D = q.shape
     _, page_size, Hk, Dk = k_cache.shape
@@ -151,10 +172,11 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     grid = (T // block_m + B, Hq)
     _prefill_kernel[grid](
         q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out,
-        float(scale) * _LOG2E, B,
+        1.0 if softcap else float(scale) * _LOG2E, *_softcap_factors(scale, softcap), B,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         PAGE_SIZE=page_size, GROUP=Hq // Hk, D=D, BLOCK_M=block_m, BLOCK_N=block_n,
+        WINDOW=int(window), SOFTCAP=bool(softcap),
         num_warps=num_warps or DEFAULT_NUM_WARPS, num_stages=num_stages or DEFAULT_NUM_STAGES,
     )
     return out

@@ -60,8 +60,13 @@ def _gather(cache, block_table, n):
     return cache[pages].reshape(-1, *cache.shape[2:])[:n]
 
 
-def decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale):
-    """One query token per sequence; loops over sequences (clear, not fast)."""
+def _softcap(s, softcap):
+    return torch.tanh(s / softcap) * softcap if softcap else s
+
+
+def decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, *, window=0, softcap=0.0):
+    """One query token per sequence; loops over sequences (clear, not fast). window > 0:
+    the last `window` keys only; softcap > 0: scores become softcap * tanh(s / softcap)."""
     B, Hq, D = q.shape
     Hk = k_cache.shape[2]
     g = Hq // Hk
@@ -70,7 +75,9 @@ def decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale):
         n = int(context_lens[b])
         k = _gather(k_cache, block_tables[b], n).float().repeat_interleave(g, dim=1)
         v = _gather(v_cache, block_tables[b], n).float().repeat_interleave(g, dim=1)
-        s = torch.einsum("hd,nhd->hn", q[b].float(), k) * scale
+        s = _softcap(torch.einsum("hd,nhd->hn", q[b].float(), k) * scale, softcap)
+        if window:
+            s[:, : max(n - window, 0)] = float("-inf")
         p = torch.softmax(s, dim=-1)
         out[b] = torch.einsum("hn,nhd->hd", p, v).to(q.dtype)
     return out
@@ -97,8 +104,10 @@ def decode_attention_batched(q, k_cache, v_cache, block_tables, context_lens, sc
     return o.reshape(B, Hq, D)
 
 
-def prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale):
-    """Causal; the chunk of sequence b is its last q_len tokens (a cached prefix may precede)."""
+def prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale, *,
+                      window=0, softcap=0.0):
+    """Causal; the chunk of sequence b is its last q_len tokens (a cached prefix may precede).
+    window and softcap as in decode_attention."""
     T, Hq, D = q.shape
     Hk = k_cache.shape[2]
     g = Hq // Hk
@@ -112,10 +121,13 @@ def prefill_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_l
         n = int(context_lens[b])
         k = _gather(k_cache, block_tables[b], n).float().repeat_interleave(g, dim=1)
         v = _gather(v_cache, block_tables[b], n).float().repeat_interleave(g, dim=1)
-        s = torch.einsum("qhd,nhd->hqn", q[s0:s1].float(), k) * scale
+        s = _softcap(torch.einsum("qhd,nhd->hqn", q[s0:s1].float(), k) * scale, softcap)
         qpos = torch.arange(n - ql, n, device=q.device)
         kpos = torch.arange(n, device=q.device)
-        s.masked_fill_((kpos[None, :] > qpos[:, None])[None], float("-inf"))
+        hide = kpos[None, :] > qpos[:, None]
+        if window:
+            hide |= kpos[None, :] <= qpos[:, None] - window
+        s.masked_fill_(hide[None], float("-inf"))
         p = torch.softmax(s, dim=-1)
         out[s0:s1] = torch.einsum("hqn,nhd->qhd", p, v).to(q.dtype)
     return out
