@@ -18,7 +18,11 @@ SUPPORTED = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Phi3ForCausalLM": "phi3",          # Phi-3 and Phi-4: fused qkv_proj / gate_up_proj tensors
+    "Gemma2ForCausalLM": "gemma2",
+    "Gemma3ForCausalLM": "gemma3",      # the text-only checkpoints (Gemma 3 1B, text towers saved alone)
 }
+GEMMA = ("gemma2", "gemma3")
+_ACTS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
 
 _DTYPE = {
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -57,7 +61,15 @@ class ModelConfig:
     bos_token_id: int | None
     eos_token_ids: list[int] = field(default_factory=list)
     sliding_window: int | None = None
-    qk_norm: bool = False                 # Qwen3: RMSNorm over each q and k head before RoPE
+    qk_norm: bool = False                 # Qwen3, Gemma 3: RMSNorm over each q and k head before RoPE
+    hidden_act: str = "silu"              # silu | gelu_tanh (the gate's activation)
+    attn_scale: float | None = None       # None: head_dim ** -0.5 (Gemma: query_pre_attn_scalar ** -0.5)
+    attn_softcap: float = 0.0             # Gemma 2: scores -> cap * tanh(score / cap); 0 = off
+    final_softcap: float = 0.0            # Gemma 2: the same on the logits
+    layer_windows: list[int] | None = None  # Gemma: per layer, the sliding window (0 = global attention)
+    local_rope_theta: float | None = None   # Gemma 3: the sliding layers' own RoPE base (no scaling)
+    gemma_norms: bool = False             # weights stored as w - 1; norms after attention and MLP too;
+                                          # embeddings scaled by sqrt(hidden_size)
 
     @property
     def q_size(self) -> int:
@@ -107,12 +119,22 @@ def parse_model_config(raw: dict[str, Any], where: str = "config.json") -> Model
         raise EngineError(f"{where}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
     if head_dim % 2:
         raise EngineError(f"{where}: head_dim {head_dim} must be even for RoPE")
-    act = raw.get("hidden_act", "silu")
-    if act not in ("silu", "swish"):
-        raise EngineError(f"{where}: hidden_act {act!r} is not supported (silu only)")
+    act = raw.get("hidden_activation") or raw.get("hidden_act") or "silu"
+    if family in GEMMA and act == "gelu":
+        act = "gelu_pytorch_tanh"    # transformers runs Gemma's "gelu" as the tanh approximation
+    if act not in _ACTS:
+        raise EngineError(f"{where}: hidden activation {act!r} is not supported ({', '.join(_ACTS)})")
 
-    # transformers >= 5 writes rope_parameters; older configs rope_theta + rope_scaling.
+    # transformers >= 5 writes rope_parameters (Gemma 3: one per layer type);
+    # older configs rope_theta + rope_scaling (+ rope_local_base_freq).
     rp = raw.get("rope_parameters") or {}
+    local_theta = None
+    if "full_attention" in rp:
+        local_theta = float((rp.get("sliding_attention") or {}).get("rope_theta") or 10000.0)
+        rp = rp["full_attention"] or {}
+        raw = dict(raw, rope_parameters=rp)
+    elif family == "gemma3":
+        local_theta = float(raw.get("rope_local_base_freq") or 10000.0)
     theta = float(raw.get("rope_theta") or rp.get("rope_theta") or 10000.0)
     max_pos = int(raw.get("max_position_embeddings") or 4096)
     scaling = parse_scaling(raw, head_dim, max_pos, where)
@@ -122,6 +144,7 @@ def parse_model_config(raw: dict[str, Any], where: str = "config.json") -> Model
 
     qkv_bias = family == "qwen2" or bool(raw.get("attention_bias", False))
     o_bias = family != "qwen2" and bool(raw.get("attention_bias", False))
+    gemma = _gemma_fields(raw, family, layers, where) if family in GEMMA else {}
     sw = None
     if family in ("mistral", "phi3"):
         sw = raw.get("sliding_window")
@@ -149,7 +172,32 @@ def parse_model_config(raw: dict[str, Any], where: str = "config.json") -> Model
         bos_token_id=raw.get("bos_token_id") if isinstance(raw.get("bos_token_id"), int) else None,
         eos_token_ids=_ids(raw.get("eos_token_id")),
         sliding_window=int(sw) if sw else None,
-        qk_norm=family == "qwen3",
+        qk_norm=family in ("qwen3", "gemma3"),
+        hidden_act=_ACTS[act],
+        local_rope_theta=local_theta,
+        **gemma,
+    )
+
+
+def _gemma_fields(raw: dict[str, Any], family: str, layers: int, where: str) -> dict[str, Any]:
+    """Gemma 2 / 3: sliding and global layers, soft-caps, the attention scale."""
+    window = raw.get("sliding_window")
+    types = raw.get("layer_types")
+    if types is None:  # configs written before layer_types: the families' fixed patterns
+        pattern = 2 if family == "gemma2" else int(raw.get("sliding_window_pattern") or 6)
+        types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(layers)]
+    if len(types) != layers or not set(types) <= {"sliding_attention", "full_attention"}:
+        raise EngineError(f"{where}: layer_types must name sliding_attention or full_attention "
+                          f"for each of the {layers} layers")
+    if "sliding_attention" in types and not (isinstance(window, int) and window > 0):
+        raise EngineError(f"{where}: sliding layers need a positive sliding_window, not {window!r}")
+    scalar = raw.get("query_pre_attn_scalar")
+    return dict(
+        layer_windows=[window if t == "sliding_attention" else 0 for t in types],
+        attn_scale=float(scalar) ** -0.5 if scalar else None,
+        attn_softcap=float(raw.get("attn_logit_softcapping") or 0.0),
+        final_softcap=float(raw.get("final_logit_softcapping") or 0.0),
+        gemma_norms=True,
     )
 
 

@@ -18,6 +18,7 @@ from .hf_config import ModelConfig
 from .model import LlamaModel
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+_NORM = re.compile(r"(norm|layernorm)\.weight$")
 _IGNORED = re.compile(r"(rotary_emb\.inv_freq|\.rotary_emb\.)")
 
 
@@ -57,7 +58,12 @@ def _targets(model: LlamaModel, mc: ModelConfig) -> dict[str, tuple[torch.Tensor
     for n, L in enumerate(model.layers):
         p = f"model.layers.{n}."
         t[p + "input_layernorm.weight"] = (L.input_norm, 0, mc.hidden_size)
-        t[p + "post_attention_layernorm.weight"] = (L.post_norm, 0, mc.hidden_size)
+        if mc.gemma_norms:
+            t[p + "post_attention_layernorm.weight"] = (L.post_attn_norm, 0, mc.hidden_size)
+            t[p + "pre_feedforward_layernorm.weight"] = (L.post_norm, 0, mc.hidden_size)
+            t[p + "post_feedforward_layernorm.weight"] = (L.post_mlp_norm, 0, mc.hidden_size)
+        else:
+            t[p + "post_attention_layernorm.weight"] = (L.post_norm, 0, mc.hidden_size)
         fused = mc.family == "phi3"   # checkpoints that store qkv and gate_up already fused
         qkv_parts = (("qkv_proj", 0, q + 2 * kv),) if fused else (
             ("q_proj", 0, q), ("k_proj", q, kv), ("v_proj", q + kv, kv))
@@ -109,6 +115,8 @@ def load_safetensors(model: LlamaModel, mc: ModelConfig, model_dir: Path) -> Non
                     if tuple(src.shape) != want:
                         raise EngineError(f"{f.name}: tensor {name} has shape {tuple(src.shape)}, "
                                           f"config.json implies {want}")
+                    if mc.gemma_norms and _NORM.search(name):
+                        src = src.float() + 1.0   # Gemma scales by 1 + w
                     param.data[off:off + rows].copy_(src.to(param.dtype), non_blocking=False)
                     seen.add(name)
         except EngineError:

@@ -1,13 +1,17 @@
-"""Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3, Phi-3/Phi-4) over flat token batches.
+"""Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3, Phi-3/Phi-4, Gemma 2/3) over flat
+token batches.
 
 Weights are fused at load time: q/k/v into one `qkv` matrix, gate/up into `gate_up`.
+Gemma's differences are per-config switches: norm weights stored as 1 + w by the loader,
+extra norms after attention and after the MLP, GeGLU, scaled embeddings, soft-capping, and
+per-layer sliding windows (with their own RoPE base in Gemma 3).
 The forward takes a flat batch of tokens ([T]) with their positions and the attention
 metadata of the step (prefill chunks or one decode token per sequence).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -15,6 +19,7 @@ from torch import nn
 
 from . import ops
 from .hf_config import ModelConfig
+from .rope import cos_sin_cache
 
 
 @dataclass
@@ -32,11 +37,15 @@ def _p(*shape, dtype, device) -> nn.Parameter:
 
 
 class Layer(nn.Module):
-    def __init__(self, mc: ModelConfig, dtype, device):
+    def __init__(self, mc: ModelConfig, dtype, device, window: int = 0):
         super().__init__()
+        self.window = window   # sliding window of this layer's attention; 0 = global
         h, q, kv, i = mc.hidden_size, mc.q_size, mc.kv_size, mc.intermediate_size
         self.input_norm = _p(h, dtype=dtype, device=device)
-        self.post_norm = _p(h, dtype=dtype, device=device)
+        self.post_norm = _p(h, dtype=dtype, device=device)      # the norm before the MLP
+        # Gemma: norms on the attention output and on the MLP output
+        self.post_attn_norm = _p(h, dtype=dtype, device=device) if mc.gemma_norms else None
+        self.post_mlp_norm = _p(h, dtype=dtype, device=device) if mc.gemma_norms else None
         self.qkv = _p(q + 2 * kv, h, dtype=dtype, device=device)
         self.qkv_bias = _p(q + 2 * kv, dtype=dtype, device=device) if mc.qkv_bias else None
         self.o = _p(h, q, dtype=dtype, device=device)
@@ -59,13 +68,29 @@ class LlamaModel(nn.Module):
         self.mc = mc
         self.dtype = dtype
         self.embed = _p(mc.vocab_size, mc.hidden_size, dtype=dtype, device=device)
-        self.layers = nn.ModuleList(Layer(mc, dtype, device) for _ in range(mc.num_layers))
+        windows = mc.layer_windows or [0] * mc.num_layers
+        self.layers = nn.ModuleList(Layer(mc, dtype, device, w) for w in windows)
         self.norm = _p(mc.hidden_size, dtype=dtype, device=device)
         self.lm_head = self.embed if mc.tie_word_embeddings else _p(
             mc.vocab_size, mc.hidden_size, dtype=dtype, device=device)
-        self.scale = mc.head_dim ** -0.5
+        self.scale = mc.attn_scale or mc.head_dim ** -0.5
+        self.embed_scale = mc.hidden_size ** 0.5 if mc.gemma_norms else None
+        self.act = ops.gelu_tanh_and_mul if mc.hidden_act == "gelu_tanh" else ops.silu_and_mul
         self.ops = ops.model_ops(mc.head_dim)     # kernels, or references where head_dim does not fit them
-        self.cos_sin: torch.Tensor | None = None  # set by the runner (ops.apply_rope layout)
+        self._cos_sin: torch.Tensor | None = None
+        self.local_cos_sin: torch.Tensor | None = None  # Gemma 3's sliding layers
+
+    @property
+    def cos_sin(self) -> torch.Tensor | None:
+        """The RoPE cache (ops.apply_rope layout); the runner sets it for max_model_len."""
+        return self._cos_sin
+
+    @cos_sin.setter
+    def cos_sin(self, cache: torch.Tensor) -> None:
+        self._cos_sin = cache
+        if self.mc.local_rope_theta is not None:
+            local = replace(self.mc, rope_theta=self.mc.local_rope_theta, rope_scaling=None)
+            self.local_cos_sin = cos_sin_cache(local, cache.shape[0], cache.dtype, cache.device)
 
     # ------------------------------------------------------------------ attention
     def _attention(self, L: Layer, x: torch.Tensor, positions: torch.Tensor,
@@ -81,17 +106,22 @@ class LlamaModel(nn.Module):
             q = ops.rms_norm(q, L.q_norm, mc.rms_norm_eps)
             k = ops.rms_norm(k, L.k_norm, mc.rms_norm_eps)
         mops = self.ops
-        q, k = mops.apply_rope(q, k, positions, self.cos_sin)
+        cos_sin = self.local_cos_sin if L.window and self.local_cos_sin is not None else self._cos_sin
+        q, k = mops.apply_rope(q, k, positions, cos_sin)
         k_cache, v_cache = kv[0], kv[1]
         mops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        extra = {}
+        if L.window or mc.attn_softcap:   # keyword-free calls on the plain path
+            extra = dict(window=L.window, softcap=mc.attn_softcap)
         if meta.cu_seqlens_q is None:
-            o = mops.decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens, self.scale)
-        elif (meta.no_prefix and q.is_cuda and meta.seqlens_q is not None
+            o = mops.decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens,
+                                      self.scale, **extra)
+        elif (meta.no_prefix and q.is_cuda and meta.seqlens_q is not None and not extra
               and (len(meta.seqlens_q) <= 8 or not mops.has_kernel("prefill_attention"))):
             o = _sdpa_varlen(q, k, v, meta.seqlens_q, self.scale)
         else:
             o = mops.prefill_attention(q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q,
-                                      meta.context_lens, self.scale)
+                                      meta.context_lens, self.scale, **extra)
         return F.linear(o.reshape(t, mc.q_size), L.o, L.o_bias)
 
     # ------------------------------------------------------------------ forward
@@ -100,6 +130,8 @@ class LlamaModel(nn.Module):
         """hidden states after the final norm, [T, hidden]. kv: [layers, 2, pages, page, Hk, D]."""
         eps = self.mc.rms_norm_eps
         h = F.embedding(input_ids, self.embed)
+        if self.embed_scale is not None:   # in the weights' dtype, as transformers rounds it
+            h = h * torch.tensor(self.embed_scale, dtype=h.dtype)
         residual = None
         for i, L in enumerate(self.layers):
             if residual is None:
@@ -108,14 +140,20 @@ class LlamaModel(nn.Module):
             else:
                 x, residual = ops.fused_add_rms_norm(h, residual, L.input_norm, eps)
             h = self._attention(L, x, positions, kv[i], meta)
+            if L.post_attn_norm is not None:
+                h = ops.rms_norm(h, L.post_attn_norm, eps)
             x, residual = ops.fused_add_rms_norm(h, residual, L.post_norm, eps)
             gu = F.linear(x, L.gate_up, L.gate_up_bias)
-            h = F.linear(ops.silu_and_mul(gu), L.down, L.down_bias)
+            h = F.linear(self.act(gu), L.down, L.down_bias)
+            if L.post_mlp_norm is not None:
+                h = ops.rms_norm(h, L.post_mlp_norm, eps)
         x, _ = ops.fused_add_rms_norm(h, residual, self.norm, eps)
         return x
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.lm_head).float()
+        logits = F.linear(hidden, self.lm_head).float()
+        cap = self.mc.final_softcap
+        return torch.tanh(logits / cap) * cap if cap else logits
 
 
 def _sdpa_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqlens: list[int],

@@ -81,6 +81,12 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return F.silu(x[..., :i]) * x[..., i:]
 
 
+def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """GeGLU (Gemma): gelu_tanh(gate) * up over [..., 2*I]; torch on every device."""
+    i = x.shape[-1] // 2
+    return F.gelu(x[..., :i], approximate="tanh") * x[..., i:]
+
+
 # ---------------------------------------------------------------- rope
 
 def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
