@@ -60,7 +60,6 @@ class ModelConfig:
     torch_dtype: str | None
     bos_token_id: int | None
     eos_token_ids: list[int] = field(default_factory=list)
-    sliding_window: int | None = None
     qk_norm: bool = False                 # Qwen3, Gemma 3: RMSNorm over each q and k head before RoPE
     hidden_act: str = "silu"              # silu | gelu_tanh (the gate's activation)
     attn_scale: float | None = None       # None: head_dim ** -0.5 (Gemma: query_pre_attn_scalar ** -0.5)
@@ -145,11 +144,8 @@ def parse_model_config(raw: dict[str, Any], where: str = "config.json") -> Model
     qkv_bias = family == "qwen2" or bool(raw.get("attention_bias", False))
     o_bias = family != "qwen2" and bool(raw.get("attention_bias", False))
     gemma = _gemma_fields(raw, family, layers, where) if family in GEMMA else {}
-    sw = None
-    if family in ("mistral", "phi3"):
-        sw = raw.get("sliding_window")
-    elif family in ("qwen2", "qwen3") and raw.get("use_sliding_window"):
-        sw = raw.get("sliding_window")
+    if family not in GEMMA:
+        gemma["layer_windows"] = _layer_windows(raw, family, layers)
     return ModelConfig(
         architecture=arch,
         family=family,
@@ -171,12 +167,29 @@ def parse_model_config(raw: dict[str, Any], where: str = "config.json") -> Model
         torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
         bos_token_id=raw.get("bos_token_id") if isinstance(raw.get("bos_token_id"), int) else None,
         eos_token_ids=_ids(raw.get("eos_token_id")),
-        sliding_window=int(sw) if sw else None,
         qk_norm=family in ("qwen3", "gemma3"),
         hidden_act=_ACTS[act],
         local_rope_theta=local_theta,
         **gemma,
     )
+
+
+def _layer_windows(raw: dict[str, Any], family: str, layers: int) -> list[int] | None:
+    """Mistral / Phi-3: every layer slides when sliding_window is set. Qwen2 / Qwen3 with
+    use_sliding_window: the layers layer_types names, else those from max_window_layers on."""
+    window = raw.get("sliding_window")
+    if not (isinstance(window, int) and window > 0):
+        return None
+    if family in ("mistral", "phi3"):
+        return [window] * layers
+    if family in ("qwen2", "qwen3") and raw.get("use_sliding_window"):
+        types = raw.get("layer_types")
+        if not types or len(types) != layers:
+            first = int(raw.get("max_window_layers") or 0)
+            types = ["sliding_attention" if i >= first else "full_attention" for i in range(layers)]
+        windows = [window if t == "sliding_attention" else 0 for t in types]
+        return windows if any(windows) else None
+    return None
 
 
 def _gemma_fields(raw: dict[str, Any], family: str, layers: int, where: str) -> dict[str, Any]:

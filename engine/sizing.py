@@ -75,14 +75,9 @@ def cuda_kv_pages(free: int, total: int, utilization: float, headroom: int, page
 
 
 def wanted_context(cfg: EngineConfig, mc: ModelConfig) -> int:
-    """max_model_len before the pool is sized: the flag, else the model's, within its sliding window."""
-    want = cfg.max_model_len or mc.max_position_embeddings
-    if mc.sliding_window and want > mc.sliding_window:
-        if cfg.max_model_len:
-            raise EngineError(f"max_model_len {want} exceeds the model's sliding window "
-                              f"{mc.sliding_window} (sliding-window attention is not implemented)")
-        want = mc.sliding_window
-    return want
+    """max_model_len before the pool is sized: the flag, else the model's (sliding-window
+    layers attend within their window at any length)."""
+    return cfg.max_model_len or mc.max_position_embeddings
 
 
 def fit_context(want: int, explicit: bool, num_pages: int, page_size: int) -> int:

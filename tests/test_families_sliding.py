@@ -1,0 +1,50 @@
+"""Sliding-window models served past their window (Mistral with sliding_window; Qwen2
+with use_sliding_window on the layers from max_window_layers on): attention limited to
+the window, logits and greedy output equal transformers' eager."""
+
+from __future__ import annotations
+
+import pytest
+
+from families_support import (check_greedy_batched_and_alone, check_logits, hf_checkpoint,
+                              hf_greedy, hf_model, prompts)
+from zerod.engine.engine import Engine, EngineConfig
+from zerod.engine.hf_config import load_model_config
+
+pytest.importorskip("transformers")
+pytestmark = pytest.mark.slow  # transformers as the reference
+
+COMMON = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=16, max_position_embeddings=512, rms_norm_eps=1e-5,
+              sliding_window=8)
+
+
+@pytest.fixture(scope="module", params=["mistral", "qwen2"])
+def sliding(request, tmp_path_factory):
+    d = tmp_path_factory.mktemp(request.param)
+    if request.param == "mistral":
+        hf_checkpoint(d, "MistralConfig", "MistralForCausalLM", **COMMON)
+    else:
+        hf_checkpoint(d, "Qwen2Config", "Qwen2ForCausalLM", use_sliding_window=True, max_window_layers=1,
+                      tie_word_embeddings=True, **COMMON)
+    m = hf_model(d)
+    ps = prompts(m.config.vocab_size)
+    return request.param, d, m, ps, hf_greedy(m, ps)
+
+
+def test_windows_per_layer_and_context_not_capped(sliding):
+    family, d, *_ = sliding
+    mc = load_model_config(d)
+    assert mc.layer_windows == ([8, 8] if family == "mistral" else [0, 8])
+    eng = Engine(EngineConfig(model=str(d), block_size=4, kv_pages=200))
+    assert eng.max_model_len == 512        # the model's length, not the 8-token window
+
+
+def test_greedy_agrees_with_transformers(sliding):
+    family, d, m, ps, ref = sliding
+    check_greedy_batched_and_alone(d, ps, ref)
+
+
+def test_logits_match_transformers(sliding):
+    family, d, m, ps, ref = sliding
+    check_logits(d, m, ps)
