@@ -74,7 +74,9 @@ class LlamaModel(nn.Module):
         self.lm_head = self.embed if mc.tie_word_embeddings else _p(
             mc.vocab_size, mc.hidden_size, dtype=dtype, device=device)
         self.scale = mc.attn_scale or mc.head_dim ** -0.5
-        self.embed_scale = mc.hidden_size ** 0.5 if mc.gemma_norms else None
+        # Gemma scales embeddings by sqrt(hidden), rounded to the weights' dtype as transformers does
+        self.embed_scale = (float(torch.tensor(mc.hidden_size ** 0.5, dtype=dtype))
+                            if mc.gemma_norms else None)
         self.act = ops.gelu_tanh_and_mul if mc.hidden_act == "gelu_tanh" else ops.silu_and_mul
         self.ops = ops.model_ops(mc.head_dim)     # kernels, or references where head_dim does not fit them
         self._cos_sin: torch.Tensor | None = None
@@ -111,7 +113,7 @@ class LlamaModel(nn.Module):
         k_cache, v_cache = kv[0], kv[1]
         mops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         extra = {}
-        if L.window or mc.attn_softcap:   # keyword-free calls on the plain path
+        if L.window or mc.attn_softcap:   # only the models that use them pass them
             extra = dict(window=L.window, softcap=mc.attn_softcap)
         if meta.cu_seqlens_q is None:
             o = mops.decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens,
@@ -130,8 +132,8 @@ class LlamaModel(nn.Module):
         """hidden states after the final norm, [T, hidden]. kv: [layers, 2, pages, page, Hk, D]."""
         eps = self.mc.rms_norm_eps
         h = F.embedding(input_ids, self.embed)
-        if self.embed_scale is not None:   # in the weights' dtype, as transformers rounds it
-            h = h * torch.tensor(self.embed_scale, dtype=h.dtype)
+        if self.embed_scale is not None:
+            h = h * self.embed_scale
         residual = None
         for i, L in enumerate(self.layers):
             if residual is None:
