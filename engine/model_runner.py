@@ -161,7 +161,8 @@ class PrefillInputs:
     sample_reqs: list[Request]   # their requests, grouped by sample class
     logit_rules: LogitRules      # penalties / logit_bias of the sampled rows
     logprob_rows: LogprobRows | None  # the sampled rows that asked for logprobs
-    tok_slots: torch.Tensor      # int64 [n_real]: the slot of each real prompt token
+    tok_slots: torch.Tensor | None  # int64 [n_real]: the slot of each real prompt token
+    #                               (None: no chunk's request uses penalties, no history kept)
     n_real: int                  # tokens that are the prompts' (not padding)
     seqlens: list[int]           # host copy of the chunk lengths
     width: int                   # block-table columns the chunks need
@@ -367,7 +368,9 @@ class ModelRunner:
         slots_host = np.fromiter((c.req.slot for c in chunks), dtype=np.int64, count=len(chunks))
         slots = pk.int64(slots_host)
         n_real = chunks[0].n if padded else len(toks)
-        tok_slots = pk.int64(np.repeat(slots_host, [c.n for c in chunks]))
+        # the token history only matters to requests with penalties: record none otherwise
+        tok_slots = (pk.int64(np.repeat(slots_host, [c.n for c in chunks]))
+                     if any(uses_penalty(c.req.params) for c in chunks) else None)
         sample_reqs = [chunks[i].req for i in done]
         return PrefillInputs(
             tokens=pk.int64(toks), positions=pk.int64(pos), slot_mapping=pk.int64(smap),
@@ -424,11 +427,13 @@ class ModelRunner:
         # left last_tokens as it was, so it can be redone
         if prefill_tok is not None:
             self.last_tokens.index_copy_(0, x.prefill.sample_slots, prefill_tok)
-            self.pen.record(x.prefill.sample_slots,
-                            self.prompt_len.index_select(0, x.prefill.sample_slots), prefill_tok)
+            if x.prefill.logit_rules.pen_rows is not None:   # a history only where penalties read it
+                self.pen.record(x.prefill.sample_slots,
+                                self.prompt_len.index_select(0, x.prefill.sample_slots), prefill_tok)
         if decode_tok is not None:
             self.last_tokens.index_copy_(0, x.decode.slots, decode_tok)
-            self.pen.record(x.decode.slots, x.decode.positions + 1, decode_tok)
+            if x.decode.logit_rules.pen_rows is not None:
+                self.pen.record(x.decode.slots, x.decode.positions + 1, decode_tok)
         return rows
 
     def _copy_logprobs(self, ring_idx: int, row0: int, logits: torch.Tensor, tok: torch.Tensor,
@@ -471,7 +476,8 @@ class ModelRunner:
     def _prefill(self, p: PrefillInputs) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """The first output token of every chunk that completes its prompt (None: no chunk
         does), and the raw logits it was sampled from."""
-        self.pen.record(p.tok_slots, p.positions[:p.n_real], p.tokens[:p.n_real])
+        if p.tok_slots is not None:
+            self.pen.record(p.tok_slots, p.positions[:p.n_real], p.tokens[:p.n_real])
         if p.padded:
             logits = self._prefill_padded(p)
         else:
