@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from families_support import hf_greedy as greedy_of
 from zerod.engine.demo import generate, make_checkpoint
 from zerod.engine.engine import Engine, EngineConfig, SamplingParams
 
@@ -28,18 +29,7 @@ def ckpt(request, tmp_path_factory):
 def hf_greedy(d, prompts, new):
     torch.manual_seed(0)
     m = transformers.AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.float32)
-    m.eval()
-    outs = []
-    with torch.no_grad():
-        for p in prompts:
-            ids = torch.tensor([p])
-            gen = []
-            for _ in range(new):
-                nxt = int(m(ids).logits[0, -1].argmax())
-                gen.append(nxt)
-                ids = torch.cat([ids, torch.tensor([[nxt]])], dim=1)
-            outs.append(gen)
-    return outs
+    return greedy_of(m.eval(), prompts, new)
 
 
 def _prompts(vocab):
