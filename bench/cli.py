@@ -36,6 +36,7 @@ import time
 from typing import Any
 
 import click
+from zerod.cli import CONTEXT_SETTINGS
 
 from zerod.bench.client import Client
 from zerod.bench.scenarios import ORDER, SCENARIOS, run_scenario
@@ -115,8 +116,7 @@ def _is_local(base_url: str) -> bool:
     return host in ("localhost", "127.0.0.1", "::1") or host.startswith("127.")
 
 
-@click.command("bench", context_settings={"help_option_names": ["-h", "--help"],
-                                          "max_content_width": 100})
+@click.command("bench", context_settings={**CONTEXT_SETTINGS, "max_content_width": 100})
 @click.option("--base-url", default=None, help="Server URL (default http://HOST:PORT).")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=int, default=8000, show_default=True)

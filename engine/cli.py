@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import click
+from zerod.cli import CONTEXT_SETTINGS
 from zerod.engine.config import EngineConfig, EngineError
 from zerod.engine.tools import PARSERS
 
@@ -91,8 +92,7 @@ def _check_model(ctx, param, value):
     return str(p)
 
 
-@click.command("serve", context_settings={"help_option_names": ["-h", "--help"],
-                                          "max_content_width": 100})
+@click.command("serve", context_settings={**CONTEXT_SETTINGS, "max_content_width": 100})
 @click.option("--model", required=True, callback=_check_model,
               help="Checkpoint directory (HF layout: config.json, *.safetensors, "
                    "tokenizer.json), or 'demo' for the built-in tiny random model.")
