@@ -53,7 +53,7 @@ def _targets(model: LlamaModel, mc: ModelConfig) -> dict[str, tuple[torch.Tensor
     t["model.embed_tokens.weight"] = (model.embed, 0, mc.vocab_size)
     t["model.norm.weight"] = (model.norm, 0, mc.hidden_size)
     if not mc.tie_word_embeddings:
-        t["lm_head.weight"] = (model.lm_head, 0, mc.vocab_size)
+        t["lm_head.weight"] = (model.lm_head.weight, 0, mc.vocab_size)
     q, kv, i = mc.q_size, mc.kv_size, mc.intermediate_size
     for n, L in enumerate(model.layers):
         p = f"model.layers.{n}."
@@ -68,25 +68,25 @@ def _targets(model: LlamaModel, mc: ModelConfig) -> dict[str, tuple[torch.Tensor
         qkv_parts = (("qkv_proj", 0, q + 2 * kv),) if fused else (
             ("q_proj", 0, q), ("k_proj", q, kv), ("v_proj", q + kv, kv))
         for name, off, rows in qkv_parts:
-            t[p + f"self_attn.{name}.weight"] = (L.qkv, off, rows)
-            if L.qkv_bias is not None:
-                t[p + f"self_attn.{name}.bias"] = (L.qkv_bias, off, rows)
-        t[p + "self_attn.o_proj.weight"] = (L.o, 0, mc.hidden_size)
-        if L.o_bias is not None:
-            t[p + "self_attn.o_proj.bias"] = (L.o_bias, 0, mc.hidden_size)
+            t[p + f"self_attn.{name}.weight"] = (L.qkv.weight, off, rows)
+            if L.qkv.bias is not None:
+                t[p + f"self_attn.{name}.bias"] = (L.qkv.bias, off, rows)
+        t[p + "self_attn.o_proj.weight"] = (L.o.weight, 0, mc.hidden_size)
+        if L.o.bias is not None:
+            t[p + "self_attn.o_proj.bias"] = (L.o.bias, 0, mc.hidden_size)
         if L.q_norm is not None:
             t[p + "self_attn.q_norm.weight"] = (L.q_norm, 0, mc.head_dim)
             t[p + "self_attn.k_norm.weight"] = (L.k_norm, 0, mc.head_dim)
         if fused:
-            t[p + "mlp.gate_up_proj.weight"] = (L.gate_up, 0, 2 * i)
+            t[p + "mlp.gate_up_proj.weight"] = (L.gate_up.weight, 0, 2 * i)
         else:
-            t[p + "mlp.gate_proj.weight"] = (L.gate_up, 0, i)
-            t[p + "mlp.up_proj.weight"] = (L.gate_up, i, i)
-        t[p + "mlp.down_proj.weight"] = (L.down, 0, mc.hidden_size)
-        if L.gate_up_bias is not None:
-            t[p + "mlp.gate_proj.bias"] = (L.gate_up_bias, 0, i)
-            t[p + "mlp.up_proj.bias"] = (L.gate_up_bias, i, i)
-            t[p + "mlp.down_proj.bias"] = (L.down_bias, 0, mc.hidden_size)
+            t[p + "mlp.gate_proj.weight"] = (L.gate_up.weight, 0, i)
+            t[p + "mlp.up_proj.weight"] = (L.gate_up.weight, i, i)
+        t[p + "mlp.down_proj.weight"] = (L.down.weight, 0, mc.hidden_size)
+        if L.gate_up.bias is not None:
+            t[p + "mlp.gate_proj.bias"] = (L.gate_up.bias, 0, i)
+            t[p + "mlp.up_proj.bias"] = (L.gate_up.bias, i, i)
+            t[p + "mlp.down_proj.bias"] = (L.down.bias, 0, mc.hidden_size)
     return t
 
 

@@ -1,7 +1,8 @@
 """Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3, Phi-3/Phi-4, Gemma 2/3) over flat
 token batches.
 
-Weights are fused at load time: q/k/v into one `qkv` matrix, gate/up into `gate_up`.
+Weights are fused at load time: q/k/v into one `qkv` projection, gate/up into `gate_up`;
+every projection is a `Linear` (linear.py), where quantization, shards and LoRA plug in.
 Gemma's differences are per-config switches: norm weights stored as 1 + w by the loader,
 extra norms after attention and after the MLP, GeGLU, scaled embeddings, soft-capping, and
 per-layer sliding windows (with their own RoPE base in Gemma 3).
@@ -18,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import ops
+from .linear import Linear, param as _p
 from .hf_config import ModelConfig
 from .rope import cos_sin_cache
 
@@ -32,10 +34,6 @@ class AttnMeta:
     seqlens_q: list[int] | None = None    # prefill: host copy of the chunk lengths
 
 
-def _p(*shape, dtype, device) -> nn.Parameter:
-    return nn.Parameter(torch.empty(*shape, dtype=dtype, device=device), requires_grad=False)
-
-
 class Layer(nn.Module):
     def __init__(self, mc: ModelConfig, dtype, device, window: int = 0):
         super().__init__()
@@ -46,20 +44,12 @@ class Layer(nn.Module):
         # Gemma: norms on the attention output and on the MLP output
         self.post_attn_norm = _p(h, dtype=dtype, device=device) if mc.gemma_norms else None
         self.post_mlp_norm = _p(h, dtype=dtype, device=device) if mc.gemma_norms else None
-        self.qkv = _p(q + 2 * kv, h, dtype=dtype, device=device)
-        self.qkv_bias = _p(q + 2 * kv, dtype=dtype, device=device) if mc.qkv_bias else None
-        self.o = _p(h, q, dtype=dtype, device=device)
-        self.o_bias = _p(h, dtype=dtype, device=device) if mc.o_bias else None
+        self.qkv = Linear(q + 2 * kv, h, bias=mc.qkv_bias, dtype=dtype, device=device)
+        self.o = Linear(h, q, bias=mc.o_bias, dtype=dtype, device=device)
         self.q_norm = _p(mc.head_dim, dtype=dtype, device=device) if mc.qk_norm else None
         self.k_norm = _p(mc.head_dim, dtype=dtype, device=device) if mc.qk_norm else None
-        self.gate_up = _p(2 * i, h, dtype=dtype, device=device)
-        self.down = _p(h, i, dtype=dtype, device=device)
-        if mc.mlp_bias:
-            self.gate_up_bias = _p(2 * i, dtype=dtype, device=device)
-            self.down_bias = _p(h, dtype=dtype, device=device)
-        else:
-            self.gate_up_bias = None
-            self.down_bias = None
+        self.gate_up = Linear(2 * i, h, bias=mc.mlp_bias, dtype=dtype, device=device)
+        self.down = Linear(h, i, bias=mc.mlp_bias, dtype=dtype, device=device)
 
 
 class LlamaModel(nn.Module):
@@ -71,8 +61,9 @@ class LlamaModel(nn.Module):
         windows = mc.layer_windows or [0] * mc.num_layers
         self.layers = nn.ModuleList(Layer(mc, dtype, device, w) for w in windows)
         self.norm = _p(mc.hidden_size, dtype=dtype, device=device)
-        self.lm_head = self.embed if mc.tie_word_embeddings else _p(
-            mc.vocab_size, mc.hidden_size, dtype=dtype, device=device)
+        self.lm_head = Linear(mc.vocab_size, mc.hidden_size, bias=False, dtype=dtype, device=device)
+        if mc.tie_word_embeddings:
+            self.lm_head.weight = self.embed
         self.scale = mc.attn_scale or mc.head_dim ** -0.5
         # Gemma scales embeddings by sqrt(hidden), rounded to the weights' dtype as transformers does
         self.embed_scale = (float(torch.tensor(mc.hidden_size ** 0.5, dtype=dtype))
@@ -99,7 +90,7 @@ class LlamaModel(nn.Module):
                    kv: torch.Tensor, meta: AttnMeta) -> torch.Tensor:
         mc = self.mc
         t = x.shape[0]
-        qkv = F.linear(x, L.qkv, L.qkv_bias)
+        qkv = L.qkv(x)
         q, k, v = qkv.split([mc.q_size, mc.kv_size, mc.kv_size], dim=-1)
         q = q.reshape(t, mc.num_heads, mc.head_dim)
         k = k.reshape(t, mc.num_kv_heads, mc.head_dim)
@@ -124,7 +115,7 @@ class LlamaModel(nn.Module):
         else:
             o = mops.prefill_attention(q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q,
                                       meta.context_lens, self.scale, **extra)
-        return F.linear(o.reshape(t, mc.q_size), L.o, L.o_bias)
+        return L.o(o.reshape(t, mc.q_size))
 
     # ------------------------------------------------------------------ forward
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv: torch.Tensor,
@@ -145,15 +136,14 @@ class LlamaModel(nn.Module):
             if L.post_attn_norm is not None:
                 h = ops.rms_norm(h, L.post_attn_norm, eps)
             x, residual = ops.fused_add_rms_norm(h, residual, L.post_norm, eps)
-            gu = F.linear(x, L.gate_up, L.gate_up_bias)
-            h = F.linear(self.act(gu), L.down, L.down_bias)
+            h = L.down(self.act(L.gate_up(x)))
             if L.post_mlp_norm is not None:
                 h = ops.rms_norm(h, L.post_mlp_norm, eps)
         x, _ = ops.fused_add_rms_norm(h, residual, self.norm, eps)
         return x
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(hidden, self.lm_head).float()
+        logits = self.lm_head(hidden).float()
         cap = self.mc.final_softcap
         return torch.tanh(logits / cap) * cap if cap else logits
 
