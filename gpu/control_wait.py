@@ -28,15 +28,20 @@ CONDITIONS = {
                              for a in get(p, "/v1/alerts")["alerts"]),
 }
 
-sock_path, what, limit = sys.argv[1], sys.argv[2], float(sys.argv[3])
-t0 = time.time()
-while time.time() - t0 < limit:
-    try:
-        if CONDITIONS[what](sock_path):
-            print(what, round(time.time() - t0, 1))
-            sys.exit(0)
-    except (OSError, ValueError, KeyError):
-        pass  # not up yet
-    time.sleep(0.3)
-print(what, "not reached in", limit, "s")
-sys.exit(1)
+def main() -> int:
+    sock_path, what, limit = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    t0 = time.time()
+    while time.time() - t0 < limit:
+        try:
+            if CONDITIONS[what](sock_path):
+                print(what, round(time.time() - t0, 1))
+                return 0
+        except (OSError, ValueError, KeyError):
+            pass  # not up yet
+        time.sleep(0.3)
+    print(what, "not reached in", limit, "s")
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
