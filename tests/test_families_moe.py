@@ -113,6 +113,8 @@ def _case(t: int, h: int, i: int, e: int, k: int, dtype, skew: bool, seed: int =
 # test_kernels_interpreter.py), so fp32 and fp16.
 INTERPRETER_SCRIPT = r"""
 import torch
+from kernel_checks import patch_triton_interpreter
+patch_triton_interpreter()
 from zerod.engine import ops
 from zerod.engine.kernels.moe import fused_experts
 from zerod.engine.moe import fused_experts_reference
@@ -147,9 +149,11 @@ def test_alignment_groups_pairs_by_expert_in_interpreter():
     pytest.importorskip("triton")
     script = r"""
 import torch
+from kernel_checks import patch_triton_interpreter
+patch_triton_interpreter()
 from zerod.engine.kernels.moe import align
 g = torch.Generator().manual_seed(1)
-for t, e, k, bm in [(1, 8, 2, 16), (300, 6, 3, 16), (50, 128, 8, 64)]:
+for t, e, k, bm in [(1, 8, 2, 16), (300, 6, 3, 16), (50, 128, 8, 64), (1100, 8, 8, 16)]:
     ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)])
     s, blk, total = align(ids, e, bm)
     total = int(total)
@@ -166,7 +170,8 @@ for t, e, k, bm in [(1, 8, 2, 16), (300, 6, 3, 16), (50, 128, 8, 64)]:
     assert total % bm == 0 and total <= s.numel()
 print("RESULT ok")
 """
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
+    env = dict(os.environ, TRITON_INTERPRET="1",
+               PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
     env.pop("CUDA_VISIBLE_DEVICES", None)
     p = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
                        timeout=600)
