@@ -1,4 +1,5 @@
-"""Safetensors (single or sharded with model.safetensors.index.json) into LlamaModel;
+"""Safetensors (single or sharded with model.safetensors.index.json) into LlamaModel (experts
+stacked per layer into w13 / w2, see moe.py);
 `load_format="dummy"` fills random weights directly on the device.
 
 A broken checkpoint (unreadable file, missing or misshapen tensor, unknown tensor name,
