@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 
+from zerod.engine.sizing import param_count  # torch-free: the engine's own formula
+
 from .facts import Facts
 
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp8": 1, "float8_e4m3fn": 1}
@@ -47,22 +49,8 @@ def probe(facts: Facts, model: str | None) -> None:
         "max_position_embeddings": text_cfg.get("max_position_embeddings"),
         "torch_dtype": text_cfg.get("torch_dtype") or cfg.get("dtype"),
         "weights_bytes": weights,
-        "params_estimate": _params_estimate(text_cfg, heads, hidden),
+        "params_estimate": param_count(text_cfg),   # experts counted
     }, cfg_path)
-
-
-def _params_estimate(c: dict, heads: int | None, hidden: int | None) -> int | None:
-    """Parameters of a Llama-family decoder from its config (for dummy weights)."""
-    try:
-        hd = c.get("head_dim") or hidden // heads
-        kvh = c.get("num_key_value_heads", heads)
-        inter, vocab, layers = c["intermediate_size"], c["vocab_size"], c["num_hidden_layers"]
-    except (KeyError, TypeError, ZeroDivisionError):
-        return None
-    attn = hidden * hd * (2 * heads + 2 * kvh)
-    per_layer = attn + 3 * hidden * inter + 2 * hidden
-    embed = vocab * hidden * (1 if c.get("tie_word_embeddings") else 2)
-    return int(layers * per_layer + embed + hidden)
 
 
 def dtype_bytes(dtype: str | None) -> int:

@@ -32,7 +32,7 @@ from .model_runner import ModelRunner
 from .output import FinishRecord, OutputPoller, StepRecord, set_os_thread_name
 from .request import Request, RequestOutput, SamplingParams
 from .sampler import row_class
-from .scheduler import Batch, Scheduler
+from .scheduler import Batch, Scheduler, ring_window
 from .sizing import plan_kv, serving_dtype, wanted_context
 from .structured import GrammarCompiler
 from .tokenizer import Tokenizer
@@ -86,7 +86,7 @@ class Engine:
         with torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext():
             self._build_device_side()
 
-        self.scheduler = Scheduler(cfg, self.pool)
+        self.scheduler = Scheduler(cfg, self.pool, ring_window(mc.layer_windows))
         self.metrics = EngineMetrics(self._snapshot, self.model_name)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._ids = itertools.count()

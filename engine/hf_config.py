@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from .config import EngineError
+from .sizing import expert_layout
 from .rope import cos_sin_cache, parse_scaling  # noqa: F401 - the runner imports cos_sin_cache from here
 
 SUPPORTED = {
@@ -20,8 +21,11 @@ SUPPORTED = {
     "Phi3ForCausalLM": "phi3",          # Phi-3 and Phi-4: fused qkv_proj / gate_up_proj tensors
     "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3",      # the text-only checkpoints (Gemma 3 1B, text towers saved alone)
+    "MixtralForCausalLM": "mixtral",    # every layer's MLP is a mixture of experts (moe.py)
+    "Qwen3MoeForCausalLM": "qwen3_moe",  # Qwen3 attention; experts on the layers decoder_sparse_step picks
 }
 GEMMA = ("gemma2", "gemma3")
+MOE = ("mixtral", "qwen3_moe")
 _ACTS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
 
 _DTYPE = {
@@ -69,6 +73,11 @@ class ModelConfig:
     local_rope_theta: float | None = None   # Gemma 3: the sliding layers' own RoPE base (no scaling)
     gemma_norms: bool = False             # weights stored as w - 1; norms after attention and MLP too;
                                           # embeddings scaled by sqrt(hidden_size)
+    num_experts: int = 0                  # mixture of experts (moe.py); 0 = every MLP is dense
+    experts_per_token: int = 0            # top-k of the router
+    moe_intermediate_size: int = 0        # one expert's intermediate size
+    norm_topk_prob: bool = True           # renormalise the top-k probabilities to sum to 1
+    moe_layers: list[bool] | None = None  # per layer: True = experts, False = the dense MLP
 
     @property
     def q_size(self) -> int:
@@ -146,6 +155,7 @@ def parse_model_config(raw: dict[str, Any], where: str = "config.json") -> Model
     gemma = _gemma_fields(raw, family, layers, where) if family in GEMMA else {}
     if family not in GEMMA:
         gemma["layer_windows"] = _layer_windows(raw, family, layers)
+    moe = _moe_fields(raw, family, where) if family in MOE else {}
     return ModelConfig(
         architecture=arch,
         family=family,
@@ -167,10 +177,11 @@ def parse_model_config(raw: dict[str, Any], where: str = "config.json") -> Model
         torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
         bos_token_id=raw.get("bos_token_id") if isinstance(raw.get("bos_token_id"), int) else None,
         eos_token_ids=_ids(raw.get("eos_token_id")),
-        qk_norm=family in ("qwen3", "gemma3"),
+        qk_norm=family in ("qwen3", "qwen3_moe", "gemma3"),
         hidden_act=_ACTS[act],
         local_rope_theta=local_theta,
         **gemma,
+        **moe,
     )
 
 
@@ -180,9 +191,9 @@ def _layer_windows(raw: dict[str, Any], family: str, layers: int) -> list[int] |
     window = raw.get("sliding_window")
     if not (isinstance(window, int) and window > 0):
         return None
-    if family in ("mistral", "phi3"):
+    if family in ("mistral", "phi3", "mixtral"):
         return [window] * layers
-    if family in ("qwen2", "qwen3") and raw.get("use_sliding_window"):
+    if family in ("qwen2", "qwen3", "qwen3_moe") and raw.get("use_sliding_window"):
         types = raw.get("layer_types")
         if not types or len(types) != layers:
             first = int(raw.get("max_window_layers") or 0)
@@ -190,6 +201,27 @@ def _layer_windows(raw: dict[str, Any], family: str, layers: int) -> list[int] |
         windows = [window if t == "sliding_attention" else 0 for t in types]
         return windows if any(windows) else None
     return None
+
+
+def _moe_fields(raw: dict[str, Any], family: str, where: str) -> dict[str, Any]:
+    """The experts (sizing.expert_layout: which layers, how many, what size), the router's
+    top-k, and whether it renormalises (Mixtral always; Qwen3-MoE with norm_topk_prob)."""
+    try:
+        layout = expert_layout(raw)
+        top_k = int(raw.get("num_experts_per_tok") or 0)
+    except (TypeError, ValueError) as exc:
+        raise EngineError(f"{where}: invalid mixture-of-experts field ({exc})") from None
+    if layout.num_experts < 1 or not 1 <= top_k <= layout.num_experts or layout.expert_size < 1:
+        raise EngineError(f"{where}: a mixture of experts needs num_experts >= 1, 1 <= num_experts_per_tok "
+                          f"<= num_experts and a positive expert size (got {layout.num_experts}, {top_k}, "
+                          f"{layout.expert_size})")
+    return dict(
+        num_experts=layout.num_experts,
+        experts_per_token=top_k,
+        moe_intermediate_size=layout.expert_size,
+        norm_topk_prob=family == "mixtral" or bool(raw.get("norm_topk_prob", False)),
+        moe_layers=layout.sparse,
+    )
 
 
 def _gemma_fields(raw: dict[str, Any], family: str, layers: int, where: str) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""Safetensors (single or sharded with model.safetensors.index.json) into LlamaModel;
+"""Safetensors (single or sharded with model.safetensors.index.json) into LlamaModel (experts
+stacked per layer into w13 / w2, see moe.py);
 `load_format="dummy"` fills random weights directly on the device.
 
 A broken checkpoint (unreadable file, missing or misshapen tensor, unknown tensor name,
@@ -16,6 +17,7 @@ import torch
 from .config import EngineError
 from .hf_config import ModelConfig
 from .model import LlamaModel
+from .moe import SparseMoE
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _NORM = re.compile(r"(norm|layernorm)\.weight$")
@@ -77,16 +79,37 @@ def _targets(model: LlamaModel, mc: ModelConfig) -> dict[str, tuple[torch.Tensor
         if L.q_norm is not None:
             t[p + "self_attn.q_norm.weight"] = (L.q_norm, 0, mc.head_dim)
             t[p + "self_attn.k_norm.weight"] = (L.k_norm, 0, mc.head_dim)
-        if fused:
+        if L.moe is not None:
+            t.update(_expert_targets(L.moe, mc, p))
+        elif fused:
             t[p + "mlp.gate_up_proj.weight"] = (L.gate_up.weight, 0, 2 * i)
         else:
             t[p + "mlp.gate_proj.weight"] = (L.gate_up.weight, 0, i)
             t[p + "mlp.up_proj.weight"] = (L.gate_up.weight, i, i)
-        t[p + "mlp.down_proj.weight"] = (L.down.weight, 0, mc.hidden_size)
-        if L.gate_up.bias is not None:
+        if L.moe is None:
+            t[p + "mlp.down_proj.weight"] = (L.down.weight, 0, mc.hidden_size)
+        if L.moe is None and L.gate_up.bias is not None:
             t[p + "mlp.gate_proj.bias"] = (L.gate_up.bias, 0, i)
             t[p + "mlp.up_proj.bias"] = (L.gate_up.bias, i, i)
             t[p + "mlp.down_proj.bias"] = (L.down.bias, 0, mc.hidden_size)
+    return t
+
+
+def _expert_targets(moe: SparseMoE, mc: ModelConfig, p: str) -> dict[str, tuple[torch.Tensor, int, int]]:
+    """One tensor per expert and projection, stacked: gate and up into w13[e], down into w2[e].
+    Mixtral names them block_sparse_moe.experts.N.w1 / w3 / w2, Qwen3-MoE mlp.experts.N.gate_proj /
+    up_proj / down_proj."""
+    i, h = mc.moe_intermediate_size, mc.hidden_size
+    if mc.family == "mixtral":
+        pre, (gate, up, down) = p + "block_sparse_moe.", ("w1", "w3", "w2")
+    else:
+        pre, (gate, up, down) = p + "mlp.", ("gate_proj", "up_proj", "down_proj")
+    t = {pre + "gate.weight": (moe.gate.weight, 0, mc.num_experts)}
+    for e in range(mc.num_experts):
+        x = f"{pre}experts.{e}."
+        t[x + gate + ".weight"] = (moe.w13.data[e], 0, i)
+        t[x + up + ".weight"] = (moe.w13.data[e], i, i)
+        t[x + down + ".weight"] = (moe.w2.data[e], 0, h)
     return t
 
 

@@ -1,11 +1,12 @@
-"""Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3, Phi-3/Phi-4, Gemma 2/3) over flat
-token batches.
+"""Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3, Phi-3/Phi-4, Gemma 2/3, and the
+mixtures of experts Mixtral and Qwen3-MoE) over flat token batches.
 
 Weights are fused at load time: q/k/v into one `qkv` projection, gate/up into `gate_up`;
 every projection is a `Linear` (linear.py), where quantization, shards and LoRA plug in.
 Gemma's differences are per-config switches: norm weights stored as 1 + w by the loader,
 extra norms after attention and after the MLP, GeGLU, scaled embeddings, soft-capping, and
-per-layer sliding windows (with their own RoPE base in Gemma 3).
+per-layer sliding windows (with their own RoPE base in Gemma 3). A mixture-of-experts
+layer's MLP is moe.SparseMoE (the layers mc.moe_layers names).
 The forward takes a flat batch of tokens ([T]) with their positions and the attention
 metadata of the step (prefill chunks or one decode token per sequence).
 """
@@ -21,6 +22,7 @@ from torch import nn
 from . import ops
 from .linear import Linear, param as _p
 from .hf_config import ModelConfig
+from .moe import SparseMoE
 from .rope import cos_sin_cache
 
 
@@ -35,7 +37,7 @@ class AttnMeta:
 
 
 class Layer(nn.Module):
-    def __init__(self, mc: ModelConfig, dtype, device, window: int = 0):
+    def __init__(self, mc: ModelConfig, dtype, device, window: int = 0, moe: bool = False):
         super().__init__()
         self.window = window   # sliding window of this layer's attention; 0 = global
         h, q, kv, i = mc.hidden_size, mc.q_size, mc.kv_size, mc.intermediate_size
@@ -48,8 +50,10 @@ class Layer(nn.Module):
         self.o = Linear(h, q, bias=mc.o_bias, dtype=dtype, device=device)
         self.q_norm = _p(mc.head_dim, dtype=dtype, device=device) if mc.qk_norm else None
         self.k_norm = _p(mc.head_dim, dtype=dtype, device=device) if mc.qk_norm else None
-        self.gate_up = Linear(2 * i, h, bias=mc.mlp_bias, dtype=dtype, device=device)
-        self.down = Linear(h, i, bias=mc.mlp_bias, dtype=dtype, device=device)
+        self.moe = SparseMoE(mc, dtype, device) if moe else None
+        if not moe:
+            self.gate_up = Linear(2 * i, h, bias=mc.mlp_bias, dtype=dtype, device=device)
+            self.down = Linear(h, i, bias=mc.mlp_bias, dtype=dtype, device=device)
 
 
 class LlamaModel(nn.Module):
@@ -59,7 +63,8 @@ class LlamaModel(nn.Module):
         self.dtype = dtype
         self.embed = _p(mc.vocab_size, mc.hidden_size, dtype=dtype, device=device)
         windows = mc.layer_windows or [0] * mc.num_layers
-        self.layers = nn.ModuleList(Layer(mc, dtype, device, w) for w in windows)
+        moe = mc.moe_layers or [False] * mc.num_layers
+        self.layers = nn.ModuleList(Layer(mc, dtype, device, w, m) for w, m in zip(windows, moe))
         self.norm = _p(mc.hidden_size, dtype=dtype, device=device)
         self.lm_head = Linear(mc.vocab_size, mc.hidden_size, bias=False, dtype=dtype, device=device)
         if mc.tie_word_embeddings:
@@ -136,7 +141,7 @@ class LlamaModel(nn.Module):
             if L.post_attn_norm is not None:
                 h = ops.rms_norm(h, L.post_attn_norm, eps)
             x, residual = ops.fused_add_rms_norm(h, residual, L.post_norm, eps)
-            h = L.down(self.act(L.gate_up(x)))
+            h = L.moe(x, self.act) if L.moe is not None else L.down(self.act(L.gate_up(x)))
             if L.post_mlp_norm is not None:
                 h = ops.rms_norm(h, L.post_mlp_norm, eps)
         x, _ = ops.fused_add_rms_norm(h, residual, self.norm, eps)

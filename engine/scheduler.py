@@ -20,6 +20,13 @@ longest cached chain of the prompt are shared (not reserved again) and `num_pref
 starts past them; once a chunk's step is launched, its full pages are published for the
 requests after it (prefix_cache.py). LoRA adapter slots belong beside the KV reservation.
 
+Sliding windows: when every layer of the model attends only within its window (Mistral,
+Mixtral with sliding_window), a request reserves a ring of pages, the window plus one
+step's chunk (`ring_pages`), not its whole context; its block table names the ring's pages
+over and over (logical page i is ring page i mod R), so a position's K/V overwrites a page
+no query of the step still sees. Prefix caching is off for such models (a ring page holds
+different positions over time, so it is never a shareable prompt page).
+
 Used by the step-loop thread only, except `claim_wait_place` (any thread).
 """
 
@@ -74,11 +81,26 @@ class Batch:
         return Batch(self.chunks, self.decodes[:k], m), Batch([], self.decodes[k:], m)
 
 
+def ring_window(layer_windows: list[int] | None) -> int:
+    """The window a ring of pages must cover: the largest one when every layer slides;
+    0 when some layer attends globally (it needs every page) or none slides."""
+    return max(layer_windows) if layer_windows and all(layer_windows) else 0
+
+
+def ring_pages(window: int, chunk_cap: int, page_size: int) -> int:
+    """Pages a request holds at once when every layer attends within `window`: the keys
+    the step's first query sees (window - 1 before it) and the step's chunk, across page
+    boundaries (+1)."""
+    return -(-(window + chunk_cap - 1) // page_size) + 1
+
+
 class Scheduler:
-    def __init__(self, cfg: EngineConfig, pool: KVPool):
+    def __init__(self, cfg: EngineConfig, pool: KVPool, window: int = 0):
+        """window: ring_window of the model (0: every request keeps its whole context)."""
         self.cfg = cfg
         self.pool = pool
-        self.cache = PrefixCache(pool, enabled=cfg.enable_prefix_caching)
+        self.ring = ring_pages(window, cfg.prefill_token_cap, pool.page_size) if window else 0
+        self.cache = PrefixCache(pool, enabled=cfg.enable_prefix_caching and not window)
         self.cost = StepCost()            # fed by the output poller
         self.waiting: collections.deque[Request] = collections.deque()
         self.waiting_tokens = 0           # prompt tokens in the wait line
@@ -139,7 +161,7 @@ class Scheduler:
         if r.released:
             return
         r.released = True
-        self.cache.release(r.pages)
+        self.cache.release(list(dict.fromkeys(r.pages)))   # a ring's pages appear many times
         r.pages = []
         if r.slot >= 0:
             self._free_slots.append(r.slot)
@@ -193,13 +215,16 @@ class Scheduler:
             # a repetition penalty reads the whole prompt from the token history, which
             # only a prefill writes: such a request prefills all of it (its own cache root)
             root = r.id if r.params.repetition_penalty != 1.0 else None
-            got = self.cache.reserve(r.prompt_ids, self.pool.pages_for(r.prompt_len + r.max_tokens), root)
+            span = self.pool.pages_for(r.prompt_len + r.max_tokens)
+            got = self.cache.reserve(r.prompt_ids, min(span, self.ring) if self.ring else span, root)
             if got is None:
                 break                      # FIFO: nobody overtakes the head of the line
             self.waiting.popleft()
             self.waiting_tokens -= r.prompt_len
             self._left_wait_line()
             r.pages, r.chain = got
+            if len(r.pages) < span:        # a ring: the block table's every page, mod its length
+                r.pages = [r.pages[i % len(r.pages)] for i in range(span)]
             r.num_prefilled = r.num_cached = len(r.chain.uids) * self.pool.page_size
             r.slot = self._free_slots.pop()
             self.prefilling.append(r)

@@ -48,6 +48,48 @@ def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype:
     return 2 * num_layers * num_kv_heads * head_dim * DTYPE_BYTES[canonical_dtype(dtype)]
 
 
+@dataclass(frozen=True)
+class ExpertLayout:
+    num_experts: int          # 0: no mixture of experts
+    expert_size: int          # one expert's intermediate size
+    sparse: list[bool]        # per layer: experts (True) or the dense MLP
+
+
+def expert_layout(raw: dict) -> ExpertLayout:
+    """Which layers of an HF config hold experts, and how many of what size. Mixtral: every
+    layer, of intermediate_size. Qwen3-MoE: experts of moe_intermediate_size on every
+    decoder_sparse_step-th layer not in mlp_only_layers. Raises ValueError/TypeError on junk."""
+    layers = int(raw["num_hidden_layers"])
+    experts = int(raw.get("num_local_experts") or raw.get("num_experts") or 0)
+    size = int(raw.get("moe_intermediate_size") or raw.get("intermediate_size") or 0)
+    step = int(raw.get("decoder_sparse_step") or 1)
+    if step < 1:
+        raise ValueError(f"decoder_sparse_step {step} must be positive")
+    dense = {int(i) for i in raw.get("mlp_only_layers") or ()}
+    sparse = [bool(experts) and i not in dense and (i + 1) % step == 0 for i in range(layers)]
+    return ExpertLayout(experts, size, sparse)
+
+
+def param_count(raw: dict) -> int | None:
+    """Parameters of a Llama-family decoder (experts counted) from its HF config, for sizing
+    dummy weights; per-head norms and biases left out. None when the config lacks a size."""
+    c = raw.get("text_config", raw)
+    try:
+        hidden, heads = int(c["hidden_size"]), int(c["num_attention_heads"])
+        hd = int(c.get("head_dim") or hidden // heads)
+        kvh = int(c.get("num_key_value_heads") or heads)
+        inter, vocab = int(c["intermediate_size"]), int(c["vocab_size"])
+        moe = expert_layout(c)
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return None
+    attn = hidden * hd * (2 * heads + 2 * kvh)
+    dense_mlp = 3 * hidden * inter
+    sparse_mlp = moe.num_experts * (3 * hidden * moe.expert_size + hidden)   # experts + router row
+    mlps = sum(sparse_mlp if s else dense_mlp for s in moe.sparse)
+    embed = vocab * hidden * (1 if c.get("tie_word_embeddings") else 2)
+    return len(moe.sparse) * (attn + 2 * hidden) + mlps + embed + hidden
+
+
 def page_bytes(mc: ModelConfig, page_size: int, dtype: str) -> int:
     return page_size * kv_bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, dtype)
 
@@ -56,7 +98,9 @@ def activation_headroom(cfg: EngineConfig, mc: ModelConfig) -> int:
     """CUDA bytes kept free for activations: a prefill of the largest token budget, plus
     the logits and sampling of a full decode batch, plus graphs and workspaces."""
     t = cfg.prefill_token_cap
-    act = t * (6 * mc.hidden_size + 3 * mc.intermediate_size + 2 * (mc.q_size + 2 * mc.kv_size)) * 4
+    # a mixture of experts holds k expert rows per token (and their outputs)
+    inter = max(mc.intermediate_size, mc.experts_per_token * (mc.moe_intermediate_size + mc.hidden_size))
+    act = t * (6 * mc.hidden_size + 3 * inter + 2 * (mc.q_size + 2 * mc.kv_size)) * 4
     act += cfg.max_num_seqs * mc.vocab_size * 4 * 8
     act += t * t * 2 if t <= 8192 else 0      # a block-diagonal prefill mask
     return act + GRAPH_HEADROOM

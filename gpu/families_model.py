@@ -1,0 +1,66 @@
+"""Write a config-only model directory of a family's shape for `zerod serve --load-format dummy`
+(and gpu/families_hf.py, which builds transformers' model from the same config.json).
+
+    python3 gpu/families_model.py DIR --shape qwen3-8b|gemma2-9b|mixtral-8x7b|tiny-qwen3|tiny-gemma2|tiny-mixtral
+
+The shapes are the published configs' (sizes, heads, RoPE base, Gemma 2's soft-caps and
+sliding window, Mixtral's 8 experts top-2); tiny-*: the same families at CPU smoke size.
+The tokenizer is the demo one, as gpu/server_make_model.py writes it; no weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+QWEN3 = dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", rope_theta=1000000.0, rms_norm_eps=1e-6,
+             hidden_act="silu", attention_bias=False, tie_word_embeddings=False)
+GEMMA2 = dict(architectures=["Gemma2ForCausalLM"], model_type="gemma2", rope_theta=10000.0, rms_norm_eps=1e-6,
+              hidden_activation="gelu_pytorch_tanh", attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+              tie_word_embeddings=True, attention_bias=False)
+MIXTRAL = dict(architectures=["MixtralForCausalLM"], model_type="mixtral", rope_theta=1000000.0, rms_norm_eps=1e-5,
+               hidden_act="silu", tie_word_embeddings=False, num_local_experts=8, num_experts_per_tok=2,
+               sliding_window=None)
+SHAPES = {
+    "qwen3-8b": dict(QWEN3, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+                     num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960),
+    "gemma2-9b": dict(GEMMA2, hidden_size=3584, intermediate_size=14336, num_hidden_layers=42, num_attention_heads=16,
+                      num_key_value_heads=8, head_dim=256, vocab_size=256000, max_position_embeddings=8192,
+                      sliding_window=4096, query_pre_attn_scalar=256),
+    "mixtral-8x7b": dict(MIXTRAL, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                         num_attention_heads=32, num_key_value_heads=8, vocab_size=32000,
+                         max_position_embeddings=32768),
+    "tiny-qwen3": dict(QWEN3, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=32, vocab_size=1024, max_position_embeddings=4096),
+    "tiny-gemma2": dict(GEMMA2, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=32, vocab_size=1024, max_position_embeddings=4096,
+                        sliding_window=64, query_pre_attn_scalar=32),
+    "tiny-mixtral": dict(MIXTRAL, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=1024, max_position_embeddings=4096),
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("dir")
+    ap.add_argument("--shape", choices=sorted(SHAPES), required=True)
+    a = ap.parse_args()
+    from zerod.engine.demo import write_tokenizer
+
+    d = Path(a.dir)
+    d.mkdir(parents=True, exist_ok=True)
+    write_tokenizer(d)
+    tok = json.loads((d / "tokenizer.json").read_text())
+    added = {t["content"]: t["id"] for t in tok.get("added_tokens", [])}
+    cfg = dict(SHAPES[a.shape], torch_dtype="bfloat16",
+               bos_token_id=added.get("<s>", 0), eos_token_id=added.get("</s>", 1), pad_token_id=0)
+    (d / "config.json").write_text(json.dumps(cfg, indent=2))
+    print(f"wrote {d}/config.json ({a.shape}) and the demo tokenizer")
+
+
+if __name__ == "__main__":
+    main()
