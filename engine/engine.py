@@ -87,6 +87,10 @@ class Engine:
             self._build_device_side()
 
         self.scheduler = Scheduler(cfg, self.pool, ring_window(mc.layer_windows))
+        if self.scheduler.ring and cfg.enable_prefix_caching:
+            log.info("every layer slides (window %d): each request holds a ring of %d KV pages; "
+                     "prefix caching is off for this model", ring_window(mc.layer_windows),
+                     self.scheduler.ring)
         self.metrics = EngineMetrics(self._snapshot, self.model_name)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._ids = itertools.count()
