@@ -27,6 +27,7 @@ from .config import EngineConfig
 from .hf_config import ModelConfig, cos_sin_cache
 from .kv_pool import KVPool
 from .model import AttnMeta, LlamaModel
+from . import prompt_logprobs as plp
 from .logprobs import logprobs_of
 from .output import HostRing, LogprobSegment
 from .penalties import MAX_LOGIT_BIAS, PenaltyTables, uses_penalty
@@ -169,6 +170,7 @@ class PrefillInputs:
     no_prefix: bool              # every chunk starts at position 0
     padded: int                  # > 0: a lone prompt padded to this many tokens (a CUDA graph)
     grammar: GrammarRows | None = None  # the sampled rows with a structured-output mask
+    prompt_rows: plp.PromptRows | None = None  # the prompt rows whose logprobs were asked for
 
 
 @dataclass
@@ -229,14 +231,15 @@ class ModelRunner:
         self.last_tokens = torch.zeros(S + 1, dtype=torch.int64, device=dev)
         self.eos = torch.tensor(eos_ids or [0], dtype=torch.int64, device=dev)
         # host ring of sampled ids + pinned input staging, one per ring slot
-        self.ring = HostRing(cfg.ring_depth, S, device)
+        self.ring = HostRing(cfg.ring_depth, S, device, prompt_rows=cfg.prefill_token_cap)
         self.masks = MaskStaging(cfg.ring_depth, S, mc.vocab_size, device)
         T = cfg.prefill_token_cap
         # words: uploads 2.5 per page + 8.5 per request + 451 per logit_bias; prefill 4 per
-        # token + 4 per chunk (chunks <= tokens); decode 2 per request; penalty / bias rows
+        # token + 4 per chunk (chunks <= tokens) + 2 per prompt-logprob row (rows <= tokens);
+        # decode 2 per request; penalty / bias rows
         # 2 per sampled row; logprob rows 2 per sampled row; grammar rows 1 per sampled
         # row; + alignment of each field
-        self.staging = Staging(3 * pool.num_pages + (15 + 2 + 2 + 1 + 451) * S + 8 * T + 128,
+        self.staging = Staging(3 * pool.num_pages + (15 + 2 + 2 + 1 + 451) * S + 10 * T + 128,
                                cfg.ring_depth, dev, self.cuda)
         # decode graph buffers
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
@@ -337,7 +340,9 @@ class ModelRunner:
 
     def _stage_prefill(self, pk: Packer, chunks: list[Chunk], pad: bool) -> PrefillInputs:
         ps = self.ps
-        padded = self._prefill_bucket(chunks) if pad else 0
+        # prompt logprobs read the prompt's hidden rows: the eager path keeps them
+        want_plp = any(c.req.params.prompt_logprobs is not None for c in chunks)
+        padded = self._prefill_bucket(chunks) if pad and not want_plp else 0
         if padded:
             # the prompt, then a dummy sequence on the scratch page up to the padded size
             c = chunks[0]
@@ -365,6 +370,7 @@ class ModelRunner:
             done = sorted((i for i, c in enumerate(chunks) if c.completes),
                           key=lambda i: chunks[i].req.sample_class)
             s_idx = cu[1:][done] - 1
+        prompt_rows = plp.stage(chunks, cu[:-1], pk.int64) if want_plp else None
         slots_host = np.fromiter((c.req.slot for c in chunks), dtype=np.int64, count=len(chunks))
         slots = pk.int64(slots_host)
         n_real = chunks[0].n if padded else len(toks)
@@ -384,7 +390,7 @@ class ModelRunner:
             seqlens=[c.n for c in chunks],
             width=max((c.start + c.n + ps - 1) // ps for c in chunks),
             no_prefix=all(c.start == 0 for c in chunks),
-            padded=padded)
+            padded=padded, prompt_rows=prompt_rows)
 
     def _stage_decode(self, pk: Packer, decodes: list[Request]) -> DecodeInputs:
         B = len(decodes)
@@ -410,10 +416,11 @@ class ModelRunner:
         ring_tokens = self.ring.tokens[ring_idx]
         segments = self.ring.segments[ring_idx]
         segments.clear()
+        self.ring.prompt[ring_idx] = None
         rows: list[Request] = []
         prefill_tok = decode_tok = None
         if x.prefill is not None:
-            prefill_tok, logits = self._prefill(x.prefill)
+            prefill_tok, logits = self._prefill(x.prefill, ring_idx)
             if prefill_tok is not None:
                 ring_tokens[:len(x.prefill.sample_reqs)].copy_(prefill_tok, non_blocking=True)
                 self._copy_logprobs(ring_idx, 0, logits, prefill_tok, x.prefill.logprob_rows)
@@ -473,9 +480,9 @@ class ModelRunner:
             self.pen.bias_ids.index_copy_(0, u.bias_slots, u.bias_ids)
             self.pen.bias_vals.index_copy_(0, u.bias_slots, u.bias_vals)
 
-    def _prefill(self, p: PrefillInputs) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    def _prefill(self, p: PrefillInputs, ring_idx: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """The first output token of every chunk that completes its prompt (None: no chunk
-        does), and the raw logits it was sampled from."""
+        does), and the raw logits it was sampled from. Prompt logprobs go to the ring."""
         if p.tok_slots is not None:
             self.pen.record(p.tok_slots, p.positions[:p.n_real], p.tokens[:p.n_real])
         if p.padded:
@@ -485,6 +492,9 @@ class ModelRunner:
                             context_lens=p.context_lens, cu_seqlens_q=p.cu_seqlens,
                             no_prefix=p.no_prefix, seqlens_q=p.seqlens)
             hidden = self.model(p.tokens, p.positions, self.pool.kv, meta)
+            if p.prompt_rows is not None:
+                self.ring.prompt[ring_idx] = p.prompt_rows
+                plp.compute(self.model.logits, hidden, p.prompt_rows, *self.ring.prompt_buffers(ring_idx))
             if not p.sample_reqs:
                 return None, None
             logits = self.model.logits(hidden.index_select(0, p.sample_idx))

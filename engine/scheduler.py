@@ -190,9 +190,11 @@ class Scheduler:
             r = self.waiting[0]
             if self._lead_prefilling(r):
                 break                      # its prompt's pages come from its lead next step
-            # a repetition penalty reads the whole prompt from the token history, which
-            # only a prefill writes: such a request prefills all of it (its own cache root)
-            root = r.id if r.params.repetition_penalty != 1.0 else None
+            # a repetition penalty reads the whole prompt from the token history, and prompt
+            # logprobs its hidden states, which only a prefill makes: such a request
+            # prefills all of it (its own cache root: no hit)
+            p = r.params
+            root = r.id if p.repetition_penalty != 1.0 or p.prompt_logprobs is not None else None
             got = self.cache.reserve(r.prompt_ids, self.pool.pages_for(r.prompt_len + r.max_tokens), root)
             if got is None:
                 break                      # FIFO: nobody overtakes the head of the line
