@@ -204,6 +204,7 @@ class StepInputs:
     upload: SlotUpload | None
     prefill: PrefillInputs | None
     decode: DecodeInputs | None
+    masked: list[Request] | None = None   # the sampled rows with a grammar (MaskStaging order)
 
 
 class ModelRunner:
@@ -281,9 +282,9 @@ class ModelRunner:
             # (200 streams: TTFT p99 170 -> 422 ms)
             prefill=self._stage_prefill(pk, batch.chunks, pad=not decodes) if batch.chunks else None,
             decode=self._stage_decode(pk, decodes) if decodes else None)
-        if batch.masked:   # structured outputs: the masks of the sampled rows that have one
+        if batch.masked:   # structured outputs: the sampled rows that have a mask
             p, d = inputs.prefill, inputs.decode
-            p_g, d_g = self.masks.stage(ring_idx, [p.sample_reqs if p else [], decodes], pk.int64)
+            (p_g, d_g), inputs.masked = self.masks.plan([p.sample_reqs if p else [], decodes], pk.int64)
             if p_g is not None:
                 p.grammar = p_g
             if d_g is not None:
@@ -419,17 +420,29 @@ class ModelRunner:
         self.ring.prompt[ring_idx] = None
         rows: list[Request] = []
         prefill_tok = decode_tok = None
-        if x.prefill is not None:
-            prefill_tok, logits = self._prefill(x.prefill, ring_idx)
-            if prefill_tok is not None:
-                ring_tokens[:len(x.prefill.sample_reqs)].copy_(prefill_tok, non_blocking=True)
-                self._copy_logprobs(ring_idx, 0, logits, prefill_tok, x.prefill.logprob_rows)
-                rows += x.prefill.sample_reqs
-        if x.decode is not None:
-            decode_tok, logits = self._decode(x.decode)
-            ring_tokens[len(rows):len(rows) + len(x.decode.reqs)].copy_(decode_tok, non_blocking=True)
-            self._copy_logprobs(ring_idx, len(rows), logits, decode_tok, x.decode.logprob_rows)
-            rows += x.decode.reqs
+        p, d = x.prefill, x.decode
+        # the forwards first, then the sampling: a masked step's masks are computed on the
+        # CPU while the GPU runs the forwards (MaskStaging.fill waits for the last step's
+        # ids). (A padded prefill's graph output is read before any other graph replays:
+        # it runs only in steps without decodes.)
+        p_logits = self._prefill_logits(p, ring_idx) if p is not None else None
+        d_logits = self._decode_logits(len(d.reqs), d.slots, d.positions, d.reqs) if d is not None else None
+        if x.masked is not None:
+            self.masks.fill(ring_idx, x.masked)
+        if p_logits is not None:
+            final = self._logit_rules(p_logits, p.sample_slots, p.logit_rules, seq_lens=None)
+            prefill_tok = self._sample(final, p.sample_slots, torch.zeros_like(p.sample_slots),
+                                       p.sample_reqs, p.grammar)
+            ring_tokens[:len(p.sample_reqs)].copy_(prefill_tok, non_blocking=True)
+            self._copy_logprobs(ring_idx, 0, p_logits, prefill_tok, p.logprob_rows)
+            rows += p.sample_reqs
+        if d_logits is not None:
+            gen = d.positions - self.prompt_len.index_select(0, d.slots) + 1
+            final = self._logit_rules(d_logits, d.slots, d.logit_rules, seq_lens=d.positions + 1)
+            decode_tok = self._sample(final, d.slots, gen, d.reqs, d.grammar)
+            ring_tokens[len(rows):len(rows) + len(d.reqs)].copy_(decode_tok, non_blocking=True)
+            self._copy_logprobs(ring_idx, len(rows), d_logits, decode_tok, d.logprob_rows)
+            rows += d.reqs
         # the next step's decode inputs, written last: a step that raised before here
         # left last_tokens as it was, so it can be redone
         if prefill_tok is not None:
@@ -441,6 +454,8 @@ class ModelRunner:
             self.last_tokens.index_copy_(0, x.decode.slots, decode_tok)
             if x.decode.logit_rules.pen_rows is not None:
                 self.pen.record(x.decode.slots, x.decode.positions + 1, decode_tok)
+        if x.masked is not None:   # their matchers take these ids in the next masked step's fill
+            self.masks.launched(ring_tokens, [(i, r) for i, r in enumerate(rows) if r.grammar is not None])
         return rows
 
     def _copy_logprobs(self, ring_idx: int, row0: int, logits: torch.Tensor, tok: torch.Tensor,
@@ -480,9 +495,9 @@ class ModelRunner:
             self.pen.bias_ids.index_copy_(0, u.bias_slots, u.bias_ids)
             self.pen.bias_vals.index_copy_(0, u.bias_slots, u.bias_vals)
 
-    def _prefill(self, p: PrefillInputs, ring_idx: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """The first output token of every chunk that completes its prompt (None: no chunk
-        does), and the raw logits it was sampled from. Prompt logprobs go to the ring."""
+    def _prefill_logits(self, p: PrefillInputs, ring_idx: int) -> torch.Tensor | None:
+        """The raw logits of every chunk that completes its prompt (None: no chunk does).
+        Prompt logprobs go to the ring."""
         if p.tok_slots is not None:
             self.pen.record(p.tok_slots, p.positions[:p.n_real], p.tokens[:p.n_real])
         if p.padded:
@@ -496,18 +511,9 @@ class ModelRunner:
                 self.ring.prompt[ring_idx] = p.prompt_rows
                 plp.compute(self.model.logits, hidden, p.prompt_rows, *self.ring.prompt_buffers(ring_idx))
             if not p.sample_reqs:
-                return None, None
+                return None
             logits = self.model.logits(hidden.index_select(0, p.sample_idx))
-        final = self._logit_rules(logits, p.sample_slots, p.logit_rules, seq_lens=None)
-        return self._sample(final, p.sample_slots, torch.zeros_like(p.sample_slots), p.sample_reqs,
-                            p.grammar), logits
-
-    def _decode(self, d: DecodeInputs) -> tuple[torch.Tensor, torch.Tensor]:
-        """One token per decoding request, and the raw logits it was sampled from."""
-        logits = self._decode_logits(len(d.reqs), d.slots, d.positions, d.reqs)
-        gen = d.positions - self.prompt_len.index_select(0, d.slots) + 1
-        final = self._logit_rules(logits, d.slots, d.logit_rules, seq_lens=d.positions + 1)
-        return self._sample(final, d.slots, gen, d.reqs, d.grammar), logits
+        return logits
 
     def _logit_rules(self, logits: torch.Tensor, slots: torch.Tensor, rules: LogitRules,
                      seq_lens: torch.Tensor | None) -> torch.Tensor:

@@ -110,8 +110,7 @@ class FinishRecord:
 class OutputPoller(threading.Thread):
     def __init__(self, tokenizer: Tokenizer, ring: HostRing, metrics, notify_stop: Callable[[Request], None],
                  on_stream_error: Callable[[BaseException], None],
-                 on_step_time: Callable[[int, int, float], None] = lambda p, d, s: None,
-                 notify_mask: Callable[[], None] = lambda: None):
+                 on_step_time: Callable[[int, int, float], None] = lambda p, d, s: None):
         super().__init__(name="zerod-poller", daemon=True)
         self.tok = tokenizer
         self.ring = ring
@@ -119,7 +118,6 @@ class OutputPoller(threading.Thread):
         self.notify_stop = notify_stop
         self.on_stream_error = on_stream_error
         self.on_step_time = on_step_time
-        self.notify_mask = notify_mask
         self.q: queue.SimpleQueue = queue.SimpleQueue()
         self.eos = set(tokenizer.eos_token_ids)
         self.inflight = 0           # records queued and not yet handled
@@ -178,22 +176,12 @@ class OutputPoller(threading.Thread):
         self.on_step_time(rec.prefill_tokens, rec.decodes, step_s)
         now = time.monotonic()
         gen = 0
-        masked = False
         for i, (r, t) in enumerate(zip(rec.rows, toks)):
             if not r.finished:
                 gen += 1
-                if r.grammar is not None:
-                    masked = True
-                    if not r.grammar.advance(t):
-                        self._finish(r, "error", error=f"token {t} breaks the structured "
-                                     "output's grammar")
-                        self.notify_stop(r)
-                        continue
                 self._token(r, t, now, lps.get(i) if lps else None)
         if gen:
             self.metrics.generation_tokens.inc(gen)
-        if masked:   # their next masks are filled: the step loop may schedule them
-            self.notify_mask()
 
     def _logprobs(self, ring_idx: int, rows: list[Request], toks: list[int]) -> dict[int, TokenLogprob]:
         """The step's logprob rows, by ring row (empty when no row asked)."""

@@ -11,8 +11,8 @@ The zero-layer rules:
   the step within target_itl_ms, never below min_prefill_chunk nor above
   max_num_batched_tokens; while nothing decodes it is max_prefill_tokens_idle (a long
   prompt goes in whole).
-- Every decoding request gets one token per step; one with a structured-output grammar
-  only once the poller has filled its next token's mask (structured.py).
+- Every decoding request gets one token per step (one with a structured-output grammar
+  too: its mask is computed while the step's forward runs; structured.py).
 
 A request moves waiting -> prefilling -> decoding and leaves from any of them (done,
 stopped, aborted, failed). Admission asks the prefix cache first: the pages of the
@@ -161,11 +161,7 @@ class Scheduler:
             n = min(r.prompt_len - r.num_prefilled, budget)
             chunks.append(Chunk(r, r.num_prefilled, n))
             budget -= n
-        if self.masked:   # a masked row waits for the poller to fill its next mask (structured.py)
-            return Batch(chunks, [r for r in self.decoding
-                                  if r.grammar is None or r.grammar.ready(r.num_scheduled)],
-                         masked=True)
-        return Batch(chunks, list(self.decoding))
+        return Batch(chunks, list(self.decoding), masked=self.masked > 0)
 
     def _chunk_budget(self) -> int:
         cfg = self.cfg
