@@ -32,6 +32,7 @@ from .logprobs import logprobs_of
 from .output import HostRing, LogprobSegment
 from .penalties import MAX_LOGIT_BIAS, PenaltyTables, uses_penalty
 from .request import Request
+from .row_features import Uses
 from .sampler import sample
 from .scheduler import Batch, Chunk
 from .grammar_mask import GrammarRows, MaskStaging, apply_bitmask
@@ -204,6 +205,7 @@ class StepInputs:
     upload: SlotUpload | None
     prefill: PrefillInputs | None
     decode: DecodeInputs | None
+    uses: Uses                   # the features some request may use (row_features.py)
     masked: list[Request] | None = None   # the sampled rows with a grammar (MaskStaging order)
 
 
@@ -273,15 +275,17 @@ class ModelRunner:
     def stage(self, ring_idx: int, batch: Batch) -> StepInputs:
         """Pack the step's inputs into ring slot ring_idx's pinned buffer; one H2D copy."""
         pk = self.staging.packer(ring_idx)
-        decodes = sorted(batch.decodes, key=_sample_class)     # sampling wants rows grouped by class
+        u = batch.uses
+        # sampling wants rows grouped by class (they are when every request has one)
+        decodes = batch.decodes if u.one_class is not None else sorted(batch.decodes, key=_sample_class)
         new = [c.req for c in batch.chunks if not c.req.on_device]
         inputs = StepInputs(
             upload=self._stage_upload(pk, new) if new else None,
             # the padded prefill only on an idle engine: with decodes running, a padded
             # prefill per step for each trickling arrival measured worse on the H200
             # (200 streams: TTFT p99 170 -> 422 ms)
-            prefill=self._stage_prefill(pk, batch.chunks, pad=not decodes) if batch.chunks else None,
-            decode=self._stage_decode(pk, decodes) if decodes else None)
+            prefill=self._stage_prefill(pk, batch.chunks, not decodes, u) if batch.chunks else None,
+            decode=self._stage_decode(pk, decodes, u) if decodes else None, uses=u)
         if batch.masked:   # structured outputs: the sampled rows that have a mask
             p, d = inputs.prefill, inputs.decode
             (p_g, d_g), inputs.masked = self.masks.plan([p.sample_reqs if p else [], decodes], pk.int64)
@@ -330,19 +334,19 @@ class ModelRunner:
                     bias_vals=pk.float32(vals.ravel()).view(len(reqs), MAX_LOGIT_BIAS))
 
     @staticmethod
-    def _stage_rules(pk: Packer, reqs: list[Request], seq_lens) -> LogitRules:
+    def _stage_rules(pk: Packer, reqs: list[Request], seq_lens, u: Uses) -> LogitRules:
         """The rows (of reqs, in order) with penalties or a logit_bias; seq_lens(r): the
         tokens of r's history when this row samples."""
-        pen = [i for i, r in enumerate(reqs) if uses_penalty(r.params)]
-        bias = [i for i, r in enumerate(reqs) if r.params.logit_bias]
+        pen = [i for i, r in enumerate(reqs) if uses_penalty(r.params)] if u.penalty else []
+        bias = [i for i, r in enumerate(reqs) if r.params.logit_bias] if u.bias else []
         return LogitRules(pk.int64(pen) if pen else None,
                           max((seq_lens(reqs[i]) for i in pen), default=0),
                           pk.int64(bias) if bias else None)
 
-    def _stage_prefill(self, pk: Packer, chunks: list[Chunk], pad: bool) -> PrefillInputs:
+    def _stage_prefill(self, pk: Packer, chunks: list[Chunk], pad: bool, u: Uses) -> PrefillInputs:
         ps = self.ps
         # prompt logprobs read the prompt's hidden rows: the eager path keeps them
-        want_plp = any(c.req.params.prompt_logprobs is not None for c in chunks)
+        want_plp = u.prompt_logprobs and any(c.req.params.prompt_logprobs is not None for c in chunks)
         padded = self._prefill_bucket(chunks) if pad and not want_plp else 0
         if padded:
             # the prompt, then a dummy sequence on the scratch page up to the padded size
@@ -377,7 +381,7 @@ class ModelRunner:
         n_real = chunks[0].n if padded else len(toks)
         # the token history only matters to requests with penalties: record none otherwise
         tok_slots = (pk.int64(np.repeat(slots_host, [c.n for c in chunks]))
-                     if any(uses_penalty(c.req.params) for c in chunks) else None)
+                     if u.penalty and any(uses_penalty(c.req.params) for c in chunks) else None)
         sample_reqs = [chunks[i].req for i in done]
         return PrefillInputs(
             tokens=pk.int64(toks), positions=pk.int64(pos), slot_mapping=pk.int64(smap),
@@ -385,26 +389,28 @@ class ModelRunner:
             sample_idx=pk.int64(s_idx),
             sample_slots=slots if padded else pk.int64(slots_host[done]),
             sample_reqs=sample_reqs,
-            logit_rules=self._stage_rules(pk, sample_reqs, lambda r: r.prompt_len),
-            logprob_rows=self._stage_logprob_rows(pk, sample_reqs),
+            logit_rules=self._stage_rules(pk, sample_reqs, lambda r: r.prompt_len, u),
+            logprob_rows=self._stage_logprob_rows(pk, sample_reqs, u),
             tok_slots=tok_slots, n_real=n_real,
             seqlens=[c.n for c in chunks],
             width=max((c.start + c.n + ps - 1) // ps for c in chunks),
             no_prefix=all(c.start == 0 for c in chunks),
             padded=padded, prompt_rows=prompt_rows)
 
-    def _stage_decode(self, pk: Packer, decodes: list[Request]) -> DecodeInputs:
+    def _stage_decode(self, pk: Packer, decodes: list[Request], u: Uses) -> DecodeInputs:
         B = len(decodes)
         return DecodeInputs(
             slots=pk.int64(np.fromiter((r.slot for r in decodes), dtype=np.int64, count=B)),
             positions=pk.int64(np.fromiter((r.prompt_len + r.num_scheduled - 1 for r in decodes),
                                            dtype=np.int64, count=B)),
             reqs=decodes,
-            logit_rules=self._stage_rules(pk, decodes, lambda r: r.prompt_len + r.num_scheduled),
-            logprob_rows=self._stage_logprob_rows(pk, decodes))
+            logit_rules=self._stage_rules(pk, decodes, lambda r: r.prompt_len + r.num_scheduled, u),
+            logprob_rows=self._stage_logprob_rows(pk, decodes, u))
 
     @staticmethod
-    def _stage_logprob_rows(pk: Packer, reqs: list[Request]) -> LogprobRows | None:
+    def _stage_logprob_rows(pk: Packer, reqs: list[Request], u: Uses) -> LogprobRows | None:
+        if not u.logprobs:
+            return None
         rows = [i for i, r in enumerate(reqs) if r.params.logprobs is not None]
         if not rows:
             return None
@@ -432,14 +438,14 @@ class ModelRunner:
         if p_logits is not None:
             final = self._logit_rules(p_logits, p.sample_slots, p.logit_rules, seq_lens=None)
             prefill_tok = self._sample(final, p.sample_slots, torch.zeros_like(p.sample_slots),
-                                       p.sample_reqs, p.grammar)
+                                       p.sample_reqs, x.uses, p.grammar)
             ring_tokens[:len(p.sample_reqs)].copy_(prefill_tok, non_blocking=True)
             self._copy_logprobs(ring_idx, 0, p_logits, prefill_tok, p.logprob_rows)
             rows += p.sample_reqs
         if d_logits is not None:
             gen = d.positions - self.prompt_len.index_select(0, d.slots) + 1
             final = self._logit_rules(d_logits, d.slots, d.logit_rules, seq_lens=d.positions + 1)
-            decode_tok = self._sample(final, d.slots, gen, d.reqs, d.grammar)
+            decode_tok = self._sample(final, d.slots, gen, d.reqs, x.uses, d.grammar)
             ring_tokens[len(rows):len(rows) + len(d.reqs)].copy_(decode_tok, non_blocking=True)
             self._copy_logprobs(ring_idx, len(rows), d_logits, decode_tok, d.logprob_rows)
             rows += d.reqs
@@ -583,14 +589,18 @@ class ModelRunner:
         self.pad_prefill = bool(self.pgraphs)
 
     def _sample(self, logits: torch.Tensor, slots: torch.Tensor, gen: torch.Tensor,
-                reqs: list[Request], grammar: GrammarRows | None = None) -> torch.Tensor:
+                reqs: list[Request], u: Uses, grammar: GrammarRows | None = None) -> torch.Tensor:
         if grammar is not None:   # structured outputs: before every other sampling rule
             logits = apply_bitmask(logits, grammar.rows, grammar.masks)
-        classes = [r.sample_class for r in reqs]      # reqs are sorted by class
-        n_filter = classes.count(0)
-        n_random = n_filter + classes.count(1)
-        need_min = any(r.params.min_tokens > 0 for r in reqs)
-        need_min_p = any(r.params.min_p > 0.0 for r in reqs[:n_filter])
+        if u.one_class is None:
+            classes = [r.sample_class for r in reqs]      # reqs are sorted by class
+            n_filter = classes.count(0)
+            n_random = n_filter + classes.count(1)
+        else:
+            n_filter = len(reqs) if u.one_class == 0 else 0
+            n_random = len(reqs) if u.one_class < 2 else 0
+        need_min = u.min_tokens and any(r.params.min_tokens > 0 for r in reqs)
+        need_min_p = u.min_p and any(r.params.min_p > 0.0 for r in reqs[:n_filter])
         return sample(logits, self.temperature.index_select(0, slots), self.top_p.index_select(0, slots),
                       self.top_k.index_select(0, slots), self.seed.index_select(0, slots), gen,
                       n_random=n_random, n_filter=n_filter,

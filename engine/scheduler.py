@@ -35,6 +35,7 @@ from .config import EngineConfig
 from .kv_pool import KVPool
 from .prefix_cache import PrefixCache
 from .request import Request
+from .row_features import ALL, FeatureCounts, Uses
 from .step_cost import DEADLINES_CHECKED, Pending, StepCost
 
 
@@ -55,7 +56,12 @@ class Batch:
     """One step's work: prompt chunks and the requests that decode one token."""
     chunks: list[Chunk] = field(default_factory=list)
     decodes: list[Request] = field(default_factory=list)
-    masked: bool = False   # some request may have a structured-output grammar (the runner looks)
+    uses: Uses = ALL   # the features some request may use (the runner looks for their rows)
+
+    @property
+    def masked(self) -> bool:
+        """Some request may have a structured-output grammar."""
+        return self.uses.grammar
 
     def __len__(self) -> int:
         return len(self.chunks) + len(self.decodes)
@@ -67,7 +73,7 @@ class Batch:
         """Two batches with half the rows each (to find which row makes a step fail)."""
         mid = len(self) // 2
         c = len(self.chunks)
-        m = self.masked
+        m = self.uses
         if mid <= c:
             return Batch(self.chunks[:mid], [], m), Batch(self.chunks[mid:], self.decodes, m)
         k = mid - c
@@ -85,7 +91,7 @@ class Scheduler:
         self.prefilling: list[Request] = []
         self.decoding: list[Request] = []
         self.by_id: dict[str, Request] = {}
-        self.masked = 0                   # requests here with a structured-output grammar
+        self.features = FeatureCounts()   # requests here per sampling feature (row_features.py)
         self._free_slots = list(range(cfg.max_num_seqs - 1, -1, -1))
         # Requests submitted and not yet admitted, including those still on their way to
         # the wait line: what the wait-line bound (max_waiting) counts.
@@ -119,7 +125,7 @@ class Scheduler:
         self.waiting.append(r)
         self.waiting_tokens += r.prompt_len
         self.by_id[r.id] = r
-        self.masked += r.grammar is not None
+        self.features.add(r)
 
     def remove(self, r: Request) -> None:
         """r leaves, from wherever it is; its pages and slot go back."""
@@ -135,7 +141,7 @@ class Scheduler:
 
     def _release(self, r: Request) -> None:
         if self.by_id.pop(r.id, None) is not None:
-            self.masked -= r.grammar is not None
+            self.features.remove(r)
         if r.released:
             return
         r.released = True
@@ -161,7 +167,7 @@ class Scheduler:
             n = min(r.prompt_len - r.num_prefilled, budget)
             chunks.append(Chunk(r, r.num_prefilled, n))
             budget -= n
-        return Batch(chunks, list(self.decoding), masked=self.masked > 0)
+        return Batch(chunks, list(self.decoding), self.features.uses())
 
     def _chunk_budget(self) -> int:
         cfg = self.cfg

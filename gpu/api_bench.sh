@@ -2,8 +2,9 @@
 # Issue 13's H200 figures in one call (~3 min): 200 streams (24 in / 128 out) plain vs with
 # presence, frequency and repetition penalties and top-5 logprobs (target >= 85 % of plain);
 # 64 streams (64 in / 128 out) plain vs with a JSON schema (vLLM's structured_outputs json on
-# /v1/completions;
-# target overhead <= 10 %), the schema part skipped when the server refuses the field.
+# /v1/completions; target overhead <= 10 %; the masks are computed on the CPU while the GPU runs
+# each step's forward, docs/engine-server.md "Structured outputs"), the schema part skipped when
+# the server refuses the field; the step thread's CPU seconds of each part from /proc.
 # Results: $OUT/api.tgz; a table last. SMOKE=1: the same on the CPU with a tiny shape.
 set -u
 cd "$(dirname "$0")/.."
