@@ -104,7 +104,6 @@ class Engine:
         self._running_count = 0
         self.poller = OutputPoller(self.tokenizer, self.runner.ring, self.metrics,
                                    notify_stop=lambda r: self._inbox.put(("stopped", r)),
-                                   notify_mask=lambda: self._inbox.put(("wake", None)),
                                    on_stream_error=self._on_stream_error,
                                    on_step_time=self.scheduler.cost.observe)
         self._loop = threading.Thread(target=self._run, name="zerod-step", daemon=True)
@@ -350,7 +349,9 @@ class Engine:
                     self._run_batch(half)
             return
         self.scheduler.update(batch)
-
+        if self.runner.masks.broken:   # a token its grammar refused (a bug: the mask allowed it)
+            broken, self.runner.masks.broken = self.runner.masks.broken, []
+            self._fail(broken, RuntimeError("a sampled token breaks the structured output's grammar"))
     def _launch(self, batch: Batch) -> None:
         ring = self.runner.ring
         ring_idx = ring.free.get()

@@ -1,5 +1,7 @@
-"""The device side of structured outputs (structured.py): a step's masks shipped in one
-copy and applied to the logits with tensor ops (no host sync)."""
+"""The device side of structured outputs (structured.py): a step's masks computed on the
+CPU while the GPU runs the step's forward, shipped in one copy and applied to the logits
+with tensor ops (no host sync in the launch; the one wait, for the previous step's ids, is
+the mask's own dependency)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from .structured import advance_all, fill_masks
 
 _BITS: dict[str, torch.Tensor] = {}
 
@@ -33,34 +37,74 @@ class GrammarRows:
 
 class MaskStaging:
     """Pinned host mask rows per ring slot and one device buffer (allocated on first use:
-    a server that never sees a grammar pays nothing). A step's masked rows are copied to
-    the device in one non-blocking copy; the ring slot's host rows are written again only
-    once the poller has seen that step finish (as the runner's input staging)."""
+    a server that never sees a grammar pays nothing), and the matchers' catching up.
+
+    A masked step runs in three parts (model_runner.launch): `plan` at staging picks the
+    sampled rows that have a grammar; after the step's forwards are queued, `fill` waits
+    for the previous masked step's ids (its event), advances those rows' matchers, fills
+    this step's mask rows into the ring slot's pinned rows and queues their copy — the GPU
+    runs the forwards meanwhile; after the step's ids are queued for the ring, `launched`
+    records an event and the rows whose tokens the next `fill` takes. Every masked row is
+    in every step (scheduler.py), so the next masked step takes them; rows of requests
+    that ended meanwhile are skipped. A redone step (engine.py) is safe: `fill` consumes
+    the pending rows once, and a step that raised recorded none."""
 
     def __init__(self, depth: int, rows: int, vocab_size: int, device: torch.device) -> None:
         self.depth, self.max_rows, self.device = depth, rows, device
         self.words = (vocab_size + 31) // 32
         self.host: torch.Tensor | None = None
         self.dev: torch.Tensor | None = None
+        self._pending: list[tuple[int, Any]] = []   # (ring row, request) whose token is due
+        self._pending_ids: torch.Tensor | None = None   # the ring slot's host ids
+        self._pending_event: Any = None
+        self.broken: list[Any] = []   # requests whose token the grammar refused (a bug)
 
-    def stage(self, ring_idx: int, groups: list[list[Any]], pack_rows) -> list[GrammarRows | None]:
-        """For each group of sampled requests (in sampling order), the GrammarRows of
-        those with a grammar (None: none has). pack_rows(list[int]) ships row indices."""
-        if not any(r.grammar is not None for reqs in groups for r in reqs):
-            return [None] * len(groups)
+    def plan(self, groups: list[list[Any]], pack_rows) -> tuple[list[GrammarRows | None], list[Any]]:
+        """For each group of sampled requests (in sampling order), the GrammarRows of those
+        with a grammar (None: none has), and all of them in mask-row order.
+        pack_rows(list[int]) ships row indices with the step's inputs."""
         if self.host is None:
             pin = self.device.type == "cuda"
             self.host = torch.zeros(self.depth, self.max_rows, self.words, dtype=torch.int32,
                                     pin_memory=pin)
             self.dev = torch.zeros(self.max_rows, self.words, dtype=torch.int32, device=self.device)
-        host = self.host[ring_idx]
         out: list[GrammarRows | None] = []
-        n = 0
+        masked: list[Any] = []
         for reqs in groups:
             idx = [i for i, r in enumerate(reqs) if r.grammar is not None]
-            for j, i in enumerate(idx):
-                host[n + j].copy_(reqs[i].grammar.mask[0])
+            n = len(masked)
             out.append(GrammarRows(pack_rows(idx), self.dev[n:n + len(idx)]) if idx else None)
-            n += len(idx)
+            masked += [reqs[i] for i in idx]
+        return out, masked
+
+    def fill(self, ring_idx: int, masked: list[Any]) -> None:
+        """The masks of `masked` (plan's order) into the device rows: after catching up."""
+        self.catch_up()
+        n = len(masked)
+        if not n:
+            return
+        host = self.host[ring_idx]
+        fill_masks([r.grammar for r in masked], host, list(range(n)))
         self.dev[:n].copy_(host[:n], non_blocking=True)
-        return out
+
+    def launched(self, ids_host: torch.Tensor, rows: list[tuple[int, Any]]) -> None:
+        """The step's sampled ids are queued into ids_host (its ring slot): rows (ring row,
+        request) take them in the next fill."""
+        self._pending, self._pending_ids = rows, ids_host
+        self._pending_event = None
+        if self.device.type == "cuda":
+            self._pending_event = torch.cuda.Event(blocking=True)
+            self._pending_event.record()
+
+    def catch_up(self) -> None:
+        """Advance the matchers by the last masked step's tokens (waiting for its ids)."""
+        live = [(i, r) for i, r in self._pending if not r.released and not r.grammar.terminated]
+        if live:
+            if self._pending_event is not None:
+                self._pending_event.synchronize()
+            ids = self._pending_ids.tolist()
+            toks = [ids[i] for i, _ in live]
+            for (_, r), ok in zip(live, advance_all([r.grammar for _, r in live], toks)):
+                if not ok:
+                    self.broken.append(r)
+        self._pending, self._pending_ids, self._pending_event = [], None, None

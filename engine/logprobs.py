@@ -22,10 +22,13 @@ MAX_LOGPROBS = 20  # top alternatives per token, as vLLM allows by default
 
 @dataclass
 class TokenLogprob:
-    """One position: the chosen token's logprob and the top alternatives, best first."""
+    """One position: the chosen token's logprob and the top alternatives, best first.
+    A prompt's first token has none (logprob and top None); prompt tokens carry their
+    rank (prompt_logprobs.py)."""
     token_id: int
-    logprob: float
-    top: list[tuple[int, float]]
+    logprob: float | None
+    top: list[tuple[int, float]] | None
+    rank: int | None = None
 
 
 def logprobs_of(logits: torch.Tensor, chosen: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -27,10 +27,12 @@ from .config import EngineConfig
 from .hf_config import ModelConfig, cos_sin_cache
 from .kv_pool import KVPool
 from .model import AttnMeta, LlamaModel
+from . import prompt_logprobs as plp
 from .logprobs import logprobs_of
 from .output import HostRing, LogprobSegment
 from .penalties import MAX_LOGIT_BIAS, PenaltyTables, uses_penalty
 from .request import Request
+from .row_features import Uses
 from .sampler import sample
 from .scheduler import Batch, Chunk
 from .grammar_mask import GrammarRows, MaskStaging, apply_bitmask
@@ -169,6 +171,7 @@ class PrefillInputs:
     no_prefix: bool              # every chunk starts at position 0
     padded: int                  # > 0: a lone prompt padded to this many tokens (a CUDA graph)
     grammar: GrammarRows | None = None  # the sampled rows with a structured-output mask
+    prompt_rows: plp.PromptRows | None = None  # the prompt rows whose logprobs were asked for
 
 
 @dataclass
@@ -202,6 +205,8 @@ class StepInputs:
     upload: SlotUpload | None
     prefill: PrefillInputs | None
     decode: DecodeInputs | None
+    uses: Uses                   # the features some request may use (row_features.py)
+    masked: list[Request] | None = None   # the sampled rows with a grammar (MaskStaging order)
 
 
 class ModelRunner:
@@ -229,14 +234,15 @@ class ModelRunner:
         self.last_tokens = torch.zeros(S + 1, dtype=torch.int64, device=dev)
         self.eos = torch.tensor(eos_ids or [0], dtype=torch.int64, device=dev)
         # host ring of sampled ids + pinned input staging, one per ring slot
-        self.ring = HostRing(cfg.ring_depth, S, device)
+        self.ring = HostRing(cfg.ring_depth, S, device, prompt_rows=cfg.prefill_token_cap)
         self.masks = MaskStaging(cfg.ring_depth, S, mc.vocab_size, device)
         T = cfg.prefill_token_cap
         # words: uploads 2.5 per page + 8.5 per request + 451 per logit_bias; prefill 4 per
-        # token + 4 per chunk (chunks <= tokens); decode 2 per request; penalty / bias rows
+        # token + 4 per chunk (chunks <= tokens) + 2 per prompt-logprob row (rows <= tokens);
+        # decode 2 per request; penalty / bias rows
         # 2 per sampled row; logprob rows 2 per sampled row; grammar rows 1 per sampled
         # row; + alignment of each field
-        self.staging = Staging(3 * pool.num_pages + (15 + 2 + 2 + 1 + 451) * S + 8 * T + 128,
+        self.staging = Staging(3 * pool.num_pages + (15 + 2 + 2 + 1 + 451) * S + 10 * T + 128,
                                cfg.ring_depth, dev, self.cuda)
         # decode graph buffers
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
@@ -269,18 +275,20 @@ class ModelRunner:
     def stage(self, ring_idx: int, batch: Batch) -> StepInputs:
         """Pack the step's inputs into ring slot ring_idx's pinned buffer; one H2D copy."""
         pk = self.staging.packer(ring_idx)
-        decodes = sorted(batch.decodes, key=_sample_class)     # sampling wants rows grouped by class
+        u = batch.uses
+        # sampling wants rows grouped by class (they are when every request has one)
+        decodes = batch.decodes if u.one_class is not None else sorted(batch.decodes, key=_sample_class)
         new = [c.req for c in batch.chunks if not c.req.on_device]
         inputs = StepInputs(
             upload=self._stage_upload(pk, new) if new else None,
             # the padded prefill only on an idle engine: with decodes running, a padded
             # prefill per step for each trickling arrival measured worse on the H200
             # (200 streams: TTFT p99 170 -> 422 ms)
-            prefill=self._stage_prefill(pk, batch.chunks, pad=not decodes) if batch.chunks else None,
-            decode=self._stage_decode(pk, decodes) if decodes else None)
-        if batch.masked:   # structured outputs: the masks of the sampled rows that have one
+            prefill=self._stage_prefill(pk, batch.chunks, not decodes, u) if batch.chunks else None,
+            decode=self._stage_decode(pk, decodes, u) if decodes else None, uses=u)
+        if batch.masked:   # structured outputs: the sampled rows that have a mask
             p, d = inputs.prefill, inputs.decode
-            p_g, d_g = self.masks.stage(ring_idx, [p.sample_reqs if p else [], decodes], pk.int64)
+            (p_g, d_g), inputs.masked = self.masks.plan([p.sample_reqs if p else [], decodes], pk.int64)
             if p_g is not None:
                 p.grammar = p_g
             if d_g is not None:
@@ -326,18 +334,20 @@ class ModelRunner:
                     bias_vals=pk.float32(vals.ravel()).view(len(reqs), MAX_LOGIT_BIAS))
 
     @staticmethod
-    def _stage_rules(pk: Packer, reqs: list[Request], seq_lens) -> LogitRules:
+    def _stage_rules(pk: Packer, reqs: list[Request], seq_lens, u: Uses) -> LogitRules:
         """The rows (of reqs, in order) with penalties or a logit_bias; seq_lens(r): the
         tokens of r's history when this row samples."""
-        pen = [i for i, r in enumerate(reqs) if uses_penalty(r.params)]
-        bias = [i for i, r in enumerate(reqs) if r.params.logit_bias]
+        pen = [i for i, r in enumerate(reqs) if uses_penalty(r.params)] if u.penalty else []
+        bias = [i for i, r in enumerate(reqs) if r.params.logit_bias] if u.bias else []
         return LogitRules(pk.int64(pen) if pen else None,
                           max((seq_lens(reqs[i]) for i in pen), default=0),
                           pk.int64(bias) if bias else None)
 
-    def _stage_prefill(self, pk: Packer, chunks: list[Chunk], pad: bool) -> PrefillInputs:
+    def _stage_prefill(self, pk: Packer, chunks: list[Chunk], pad: bool, u: Uses) -> PrefillInputs:
         ps = self.ps
-        padded = self._prefill_bucket(chunks) if pad else 0
+        # prompt logprobs read the prompt's hidden rows: the eager path keeps them
+        want_plp = u.prompt_logprobs and any(c.req.params.prompt_logprobs is not None for c in chunks)
+        padded = self._prefill_bucket(chunks) if pad and not want_plp else 0
         if padded:
             # the prompt, then a dummy sequence on the scratch page up to the padded size
             c = chunks[0]
@@ -365,12 +375,13 @@ class ModelRunner:
             done = sorted((i for i, c in enumerate(chunks) if c.completes),
                           key=lambda i: chunks[i].req.sample_class)
             s_idx = cu[1:][done] - 1
+        prompt_rows = plp.stage(chunks, cu[:-1], pk.int64) if want_plp else None
         slots_host = np.fromiter((c.req.slot for c in chunks), dtype=np.int64, count=len(chunks))
         slots = pk.int64(slots_host)
         n_real = chunks[0].n if padded else len(toks)
         # the token history only matters to requests with penalties: record none otherwise
         tok_slots = (pk.int64(np.repeat(slots_host, [c.n for c in chunks]))
-                     if any(uses_penalty(c.req.params) for c in chunks) else None)
+                     if u.penalty and any(uses_penalty(c.req.params) for c in chunks) else None)
         sample_reqs = [chunks[i].req for i in done]
         return PrefillInputs(
             tokens=pk.int64(toks), positions=pk.int64(pos), slot_mapping=pk.int64(smap),
@@ -378,26 +389,28 @@ class ModelRunner:
             sample_idx=pk.int64(s_idx),
             sample_slots=slots if padded else pk.int64(slots_host[done]),
             sample_reqs=sample_reqs,
-            logit_rules=self._stage_rules(pk, sample_reqs, lambda r: r.prompt_len),
-            logprob_rows=self._stage_logprob_rows(pk, sample_reqs),
+            logit_rules=self._stage_rules(pk, sample_reqs, lambda r: r.prompt_len, u),
+            logprob_rows=self._stage_logprob_rows(pk, sample_reqs, u),
             tok_slots=tok_slots, n_real=n_real,
             seqlens=[c.n for c in chunks],
             width=max((c.start + c.n + ps - 1) // ps for c in chunks),
             no_prefix=all(c.start == 0 for c in chunks),
-            padded=padded)
+            padded=padded, prompt_rows=prompt_rows)
 
-    def _stage_decode(self, pk: Packer, decodes: list[Request]) -> DecodeInputs:
+    def _stage_decode(self, pk: Packer, decodes: list[Request], u: Uses) -> DecodeInputs:
         B = len(decodes)
         return DecodeInputs(
             slots=pk.int64(np.fromiter((r.slot for r in decodes), dtype=np.int64, count=B)),
             positions=pk.int64(np.fromiter((r.prompt_len + r.num_scheduled - 1 for r in decodes),
                                            dtype=np.int64, count=B)),
             reqs=decodes,
-            logit_rules=self._stage_rules(pk, decodes, lambda r: r.prompt_len + r.num_scheduled),
-            logprob_rows=self._stage_logprob_rows(pk, decodes))
+            logit_rules=self._stage_rules(pk, decodes, lambda r: r.prompt_len + r.num_scheduled, u),
+            logprob_rows=self._stage_logprob_rows(pk, decodes, u))
 
     @staticmethod
-    def _stage_logprob_rows(pk: Packer, reqs: list[Request]) -> LogprobRows | None:
+    def _stage_logprob_rows(pk: Packer, reqs: list[Request], u: Uses) -> LogprobRows | None:
+        if not u.logprobs:
+            return None
         rows = [i for i, r in enumerate(reqs) if r.params.logprobs is not None]
         if not rows:
             return None
@@ -410,19 +423,32 @@ class ModelRunner:
         ring_tokens = self.ring.tokens[ring_idx]
         segments = self.ring.segments[ring_idx]
         segments.clear()
+        self.ring.prompt[ring_idx] = None
         rows: list[Request] = []
         prefill_tok = decode_tok = None
-        if x.prefill is not None:
-            prefill_tok, logits = self._prefill(x.prefill)
-            if prefill_tok is not None:
-                ring_tokens[:len(x.prefill.sample_reqs)].copy_(prefill_tok, non_blocking=True)
-                self._copy_logprobs(ring_idx, 0, logits, prefill_tok, x.prefill.logprob_rows)
-                rows += x.prefill.sample_reqs
-        if x.decode is not None:
-            decode_tok, logits = self._decode(x.decode)
-            ring_tokens[len(rows):len(rows) + len(x.decode.reqs)].copy_(decode_tok, non_blocking=True)
-            self._copy_logprobs(ring_idx, len(rows), logits, decode_tok, x.decode.logprob_rows)
-            rows += x.decode.reqs
+        p, d = x.prefill, x.decode
+        # the forwards first, then the sampling: a masked step's masks are computed on the
+        # CPU while the GPU runs the forwards (MaskStaging.fill waits for the last step's
+        # ids). (A padded prefill's graph output is read before any other graph replays:
+        # it runs only in steps without decodes.)
+        p_logits = self._prefill_logits(p, ring_idx) if p is not None else None
+        d_logits = self._decode_logits(len(d.reqs), d.slots, d.positions, d.reqs) if d is not None else None
+        if x.masked is not None:
+            self.masks.fill(ring_idx, x.masked)
+        if p_logits is not None:
+            final = self._logit_rules(p_logits, p.sample_slots, p.logit_rules, seq_lens=None)
+            prefill_tok = self._sample(final, p.sample_slots, torch.zeros_like(p.sample_slots),
+                                       p.sample_reqs, x.uses, p.grammar)
+            ring_tokens[:len(p.sample_reqs)].copy_(prefill_tok, non_blocking=True)
+            self._copy_logprobs(ring_idx, 0, p_logits, prefill_tok, p.logprob_rows)
+            rows += p.sample_reqs
+        if d_logits is not None:
+            gen = d.positions - self.prompt_len.index_select(0, d.slots) + 1
+            final = self._logit_rules(d_logits, d.slots, d.logit_rules, seq_lens=d.positions + 1)
+            decode_tok = self._sample(final, d.slots, gen, d.reqs, x.uses, d.grammar)
+            ring_tokens[len(rows):len(rows) + len(d.reqs)].copy_(decode_tok, non_blocking=True)
+            self._copy_logprobs(ring_idx, len(rows), d_logits, decode_tok, d.logprob_rows)
+            rows += d.reqs
         # the next step's decode inputs, written last: a step that raised before here
         # left last_tokens as it was, so it can be redone
         if prefill_tok is not None:
@@ -434,6 +460,8 @@ class ModelRunner:
             self.last_tokens.index_copy_(0, x.decode.slots, decode_tok)
             if x.decode.logit_rules.pen_rows is not None:
                 self.pen.record(x.decode.slots, x.decode.positions + 1, decode_tok)
+        if x.masked is not None:   # their matchers take these ids in the next masked step's fill
+            self.masks.launched(ring_tokens, [(i, r) for i, r in enumerate(rows) if r.grammar is not None])
         return rows
 
     def _copy_logprobs(self, ring_idx: int, row0: int, logits: torch.Tensor, tok: torch.Tensor,
@@ -473,9 +501,9 @@ class ModelRunner:
             self.pen.bias_ids.index_copy_(0, u.bias_slots, u.bias_ids)
             self.pen.bias_vals.index_copy_(0, u.bias_slots, u.bias_vals)
 
-    def _prefill(self, p: PrefillInputs) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """The first output token of every chunk that completes its prompt (None: no chunk
-        does), and the raw logits it was sampled from."""
+    def _prefill_logits(self, p: PrefillInputs, ring_idx: int) -> torch.Tensor | None:
+        """The raw logits of every chunk that completes its prompt (None: no chunk does).
+        Prompt logprobs go to the ring."""
         if p.tok_slots is not None:
             self.pen.record(p.tok_slots, p.positions[:p.n_real], p.tokens[:p.n_real])
         if p.padded:
@@ -485,19 +513,13 @@ class ModelRunner:
                             context_lens=p.context_lens, cu_seqlens_q=p.cu_seqlens,
                             no_prefix=p.no_prefix, seqlens_q=p.seqlens)
             hidden = self.model(p.tokens, p.positions, self.pool.kv, meta)
+            if p.prompt_rows is not None:
+                self.ring.prompt[ring_idx] = p.prompt_rows
+                plp.compute(self.model.logits, hidden, p.prompt_rows, *self.ring.prompt_buffers(ring_idx))
             if not p.sample_reqs:
-                return None, None
+                return None
             logits = self.model.logits(hidden.index_select(0, p.sample_idx))
-        final = self._logit_rules(logits, p.sample_slots, p.logit_rules, seq_lens=None)
-        return self._sample(final, p.sample_slots, torch.zeros_like(p.sample_slots), p.sample_reqs,
-                            p.grammar), logits
-
-    def _decode(self, d: DecodeInputs) -> tuple[torch.Tensor, torch.Tensor]:
-        """One token per decoding request, and the raw logits it was sampled from."""
-        logits = self._decode_logits(len(d.reqs), d.slots, d.positions, d.reqs)
-        gen = d.positions - self.prompt_len.index_select(0, d.slots) + 1
-        final = self._logit_rules(logits, d.slots, d.logit_rules, seq_lens=d.positions + 1)
-        return self._sample(final, d.slots, gen, d.reqs, d.grammar), logits
+        return logits
 
     def _logit_rules(self, logits: torch.Tensor, slots: torch.Tensor, rules: LogitRules,
                      seq_lens: torch.Tensor | None) -> torch.Tensor:
@@ -567,14 +589,18 @@ class ModelRunner:
         self.pad_prefill = bool(self.pgraphs)
 
     def _sample(self, logits: torch.Tensor, slots: torch.Tensor, gen: torch.Tensor,
-                reqs: list[Request], grammar: GrammarRows | None = None) -> torch.Tensor:
+                reqs: list[Request], u: Uses, grammar: GrammarRows | None = None) -> torch.Tensor:
         if grammar is not None:   # structured outputs: before every other sampling rule
             logits = apply_bitmask(logits, grammar.rows, grammar.masks)
-        classes = [r.sample_class for r in reqs]      # reqs are sorted by class
-        n_filter = classes.count(0)
-        n_random = n_filter + classes.count(1)
-        need_min = any(r.params.min_tokens > 0 for r in reqs)
-        need_min_p = any(r.params.min_p > 0.0 for r in reqs[:n_filter])
+        if u.one_class is None:
+            classes = [r.sample_class for r in reqs]      # reqs are sorted by class
+            n_filter = classes.count(0)
+            n_random = n_filter + classes.count(1)
+        else:
+            n_filter = len(reqs) if u.one_class == 0 else 0
+            n_random = len(reqs) if u.one_class < 2 else 0
+        need_min = u.min_tokens and any(r.params.min_tokens > 0 for r in reqs)
+        need_min_p = u.min_p and any(r.params.min_p > 0.0 for r in reqs[:n_filter])
         return sample(logits, self.temperature.index_select(0, slots), self.top_p.index_select(0, slots),
                       self.top_k.index_select(0, slots), self.seed.index_select(0, slots), gen,
                       n_random=n_random, n_filter=n_filter,

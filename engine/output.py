@@ -18,6 +18,7 @@ from typing import Callable
 
 import torch
 
+from . import prompt_logprobs
 from .logprobs import MAX_LOGPROBS, TokenLogprob, rows_from_host
 from .request import Request, RequestOutput
 from .tokenizer import IncrementalDetokenizer, Tokenizer
@@ -53,10 +54,17 @@ class HostRing:
     MAX_LOGPROBS ids): a step copies into it only the rows that asked for logprobs, so
     the plain path's copy stays the sampled ids alone. `segments[slot]` says what the
     step that filled the slot put there (written by the step loop before the poller
-    sees the slot, read by the poller after the step's event)."""
+    sees the slot, read by the poller after the step's event).
 
-    def __init__(self, depth: int, rows: int, device: torch.device):
+    Prompt logprobs (prompt_logprobs.py) have their own buffers, room for `prompt_rows`
+    rows per slot, allocated on first use (a server whose clients never ask pays nothing);
+    `prompt[slot]` is the PromptRows the step put there, or None."""
+
+    def __init__(self, depth: int, rows: int, device: torch.device, prompt_rows: int = 0):
         self.cuda = device.type == "cuda"
+        self.depth, self.prompt_rows = depth, prompt_rows
+        self.prompt: list[prompt_logprobs.PromptRows | None] = [None] * depth
+        self._plp: tuple[torch.Tensor, torch.Tensor] | None = None
         self.tokens = torch.zeros(depth, rows, dtype=torch.int64, pin_memory=self.cuda)
         self.lp_vals = torch.zeros(depth, rows * (1 + MAX_LOGPROBS), dtype=torch.float32,
                                    pin_memory=self.cuda)
@@ -65,6 +73,16 @@ class HostRing:
         self.free: queue.SimpleQueue[int] = queue.SimpleQueue()
         for i in range(depth):
             self.free.put(i)
+
+    def prompt_buffers(self, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Slot's prompt-logprob buffers: float32 values, int64 ids (rows x (k+2), rows x k)."""
+        if self._plp is None:
+            n = self.prompt_rows
+            self._plp = (torch.zeros(self.depth, n * (MAX_LOGPROBS + 2), dtype=torch.float32,
+                                     pin_memory=self.cuda),
+                         torch.zeros(self.depth, n * MAX_LOGPROBS, dtype=torch.int64,
+                                     pin_memory=self.cuda))
+        return self._plp[0][slot], self._plp[1][slot]
 
     def event(self):
         if self.cuda:
@@ -92,8 +110,7 @@ class FinishRecord:
 class OutputPoller(threading.Thread):
     def __init__(self, tokenizer: Tokenizer, ring: HostRing, metrics, notify_stop: Callable[[Request], None],
                  on_stream_error: Callable[[BaseException], None],
-                 on_step_time: Callable[[int, int, float], None] = lambda p, d, s: None,
-                 notify_mask: Callable[[], None] = lambda: None):
+                 on_step_time: Callable[[int, int, float], None] = lambda p, d, s: None):
         super().__init__(name="zerod-poller", daemon=True)
         self.tok = tokenizer
         self.ring = ring
@@ -101,7 +118,6 @@ class OutputPoller(threading.Thread):
         self.notify_stop = notify_stop
         self.on_stream_error = on_stream_error
         self.on_step_time = on_step_time
-        self.notify_mask = notify_mask
         self.q: queue.SimpleQueue = queue.SimpleQueue()
         self.eos = set(tokenizer.eos_token_ids)
         self.inflight = 0           # records queued and not yet handled
@@ -149,6 +165,9 @@ class OutputPoller(threading.Thread):
             step_s = rec.end - rec.start
         toks = self.ring.tokens[rec.ring_idx, :n].tolist()
         lps = self._logprobs(rec.ring_idx, rec.rows, toks)
+        prompt_rows = self.ring.prompt[rec.ring_idx]
+        if prompt_rows is not None:   # before the tokens: a first output carries them
+            prompt_logprobs.gather(prompt_rows, *self.ring.prompt_buffers(rec.ring_idx))
         self.ring.free.put(rec.ring_idx)
         self.metrics.step_seconds.observe(step_s)
         if step_s > 0.25:
@@ -157,22 +176,12 @@ class OutputPoller(threading.Thread):
         self.on_step_time(rec.prefill_tokens, rec.decodes, step_s)
         now = time.monotonic()
         gen = 0
-        masked = False
         for i, (r, t) in enumerate(zip(rec.rows, toks)):
             if not r.finished:
                 gen += 1
-                if r.grammar is not None:
-                    masked = True
-                    if not r.grammar.advance(t):
-                        self._finish(r, "error", error=f"token {t} breaks the structured "
-                                     "output's grammar")
-                        self.notify_stop(r)
-                        continue
                 self._token(r, t, now, lps.get(i) if lps else None)
         if gen:
             self.metrics.generation_tokens.inc(gen)
-        if masked:   # their next masks are filled: the step loop may schedule them
-            self.notify_mask()
 
     def _logprobs(self, ring_idx: int, rows: list[Request], toks: list[int]) -> dict[int, TokenLogprob]:
         """The step's logprob rows, by ring row (empty when no row asked)."""
@@ -239,7 +248,8 @@ class OutputPoller(threading.Thread):
             self.metrics.finished(reason)
             self.metrics.e2e.observe(time.monotonic() - r.arrival)
         out = RequestOutput(r.id, ids, text, reason is not None, reason, r.prompt_len, len(r.out_ids), error,
-                            cached_tokens=r.num_cached, logprobs=None if lp is None else [lp])
+                            cached_tokens=r.num_cached, logprobs=None if lp is None else [lp],
+                            prompt_logprobs=r.prompt_logprobs if len(r.out_ids) == 1 and ids else None)
         try:
             r.on_output(out)
         except Exception:  # noqa: BLE001 - a client callback must not kill the poller

@@ -89,6 +89,8 @@ class CompletionRequest:
     n: int = 1  # choices per prompt
     logprobs: int | None = None  # top alternatives per output token (chat: top_logprobs)
     echo: bool = False  # completions: the prompt before the output (and its logprobs)
+    prompt_logprobs: int | None = None  # top alternatives per prompt token the engine computes
+    show_prompt_logprobs: bool = False  # vLLM's prompt_logprobs field was sent: answer it
     messages: list[dict[str, Any]] | None = None  # chat
     add_generation_prompt: bool = True
     max_tokens: int | None = None  # None: what the context leaves (chat) / 16 (completions)
@@ -155,6 +157,9 @@ HARMLESS_METADATA = (("user", Str()), ("metadata", Obj(values=Str())), ("store",
 
 # Engine requests one API request may make (prompts x n): each holds a slot and its KV.
 MAX_CHOICES = 128
+# Prompt logprobs (echo + logprobs, prompt_logprobs): prompt tokens x (1 + alternatives)
+# per prompt, at most this many (the answer's size; about 40 bytes of JSON each).
+MAX_PROMPT_LOGPROB_ENTRIES = 65536
 
 # Variables the request sets itself; chat_template_kwargs may not replace them.
 RESERVED_TEMPLATE_VARS = ("messages", "add_generation_prompt", "tools", "documents")
@@ -224,6 +229,10 @@ class RequestSchemas:
             Field("skip_special_tokens", Bool(), doc="Default true."),
             Field("spaces_between_special_tokens", Bool(), only=True,
                   only_why="special tokens are always decoded as the tokenizer joins them"),
+            Field("prompt_logprobs", Int(0, MAX_LOGPROBS), doc="vLLM's: the logprob, rank "
+                  "and this many top alternatives of each prompt token (the first null); "
+                  f"prompt tokens x (1 + this) <= {MAX_PROMPT_LOGPROB_ENTRIES}; not with "
+                  "stream."),
             Field("structured_outputs", Obj((
                 Field("json", schema_t, doc="A JSON schema the output follows."),
                 Field("json_object", Bool(), doc="true: any JSON object."),
@@ -382,9 +391,8 @@ class RequestSchemas:
             req.prompt_ids = prompts[0]
         req.echo = bool(v["echo"])
         req.logprobs = v["logprobs"]
-        if req.echo and req.logprobs is not None:
-            raise bad("'echo' with 'logprobs' (the prompt's logprobs) is not supported by this "
-                      "server", "echo", "unsupported")
+        if req.echo and req.logprobs is not None:   # the prompt tokens' logprobs too
+            req.prompt_logprobs = max(req.logprobs, req.prompt_logprobs or 0)
         if "max_tokens" not in body:
             req.max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS  # OpenAI's default
         else:
@@ -533,6 +541,11 @@ def _common(v: dict[str, Any], req: CompletionRequest, vocab: int, body: dict[st
         req.stop_token_ids = v["stop_token_ids"]
     if v["logit_bias"]:
         req.logit_bias = _logit_bias(v["logit_bias"], vocab)
+    if v["prompt_logprobs"] is not None:
+        if req.stream:   # as vLLM
+            raise bad("'prompt_logprobs' is not available with stream: true", "prompt_logprobs",
+                      "unsupported")
+        req.prompt_logprobs, req.show_prompt_logprobs = v["prompt_logprobs"], True
     req.grammar = _grammar(v, body)
     if req.grammar is not None and (req.min_tokens or req.ignore_eos):
         raise bad("'min_tokens' and 'ignore_eos' cannot be used with structured outputs "
@@ -668,6 +681,18 @@ def check_context(req: CompletionRequest, prompt_len: int, max_model_len: int,
     return req.max_tokens
 
 
+def check_prompt_logprobs(req: CompletionRequest, prompt_len: int) -> None:
+    """Refuse a prompt whose prompt logprobs would exceed MAX_PROMPT_LOGPROB_ENTRIES."""
+    k = req.prompt_logprobs
+    if k is None or prompt_len * (1 + k) <= MAX_PROMPT_LOGPROB_ENTRIES:
+        return
+    param = "prompt_logprobs" if req.show_prompt_logprobs else "logprobs"
+    raise bad(f"prompt logprobs of {prompt_len} prompt tokens x (1 + {k} alternatives) exceed "
+              f"this server's cap of {MAX_PROMPT_LOGPROB_ENTRIES} entries "
+              "(MAX_PROMPT_LOGPROB_ENTRIES); send a shorter prompt or fewer alternatives",
+              param, "prompt_logprobs_too_large")
+
+
 def sampling_params(req: CompletionRequest, max_tokens: int) -> SamplingParams:
     """The engine's SamplingParams for this request (max_tokens settled by check_context)."""
     if req.min_tokens > max_tokens:
@@ -691,7 +716,7 @@ def _sampling_params(req: CompletionRequest, max_tokens: int) -> SamplingParams:
                           logit_bias=dict(req.logit_bias),
                           include_stop_str_in_output=req.include_stop_str_in_output,
                           skip_special_tokens=req.skip_special_tokens,
-                          logprobs=req.logprobs)
+                          logprobs=req.logprobs, prompt_logprobs=req.prompt_logprobs)
 
 
 # --------------------------------------------------------------------------- responses
@@ -709,8 +734,12 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
 
 
 def completion_choice(index: int, text: str, finish_reason: str | None,
-                      logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+                      logprobs: dict[str, Any] | None = None,
+                      prompt_logprobs: list | None = None) -> dict[str, Any]:
+    c = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+    if prompt_logprobs is not None:   # only when asked (vLLM's field)
+        c["prompt_logprobs"] = prompt_logprobs
+    return c
 
 
 def chat_choice(index: int, text: str | None, finish_reason: str | None,
@@ -730,27 +759,51 @@ def completion_response(rid: str, created: int, model: str, choices: list[dict[s
 
 
 def chat_response(rid: str, created: int, model: str, choices: list[dict[str, Any]],
-                  usage_val: dict[str, Any]) -> dict[str, Any]:
-    return {"id": rid, "object": "chat.completion", "created": created, "model": model,
-            "choices": choices, "usage": usage_val}
+                  usage_val: dict[str, Any], prompt_logprobs: list | None = None) -> dict[str, Any]:
+    r = {"id": rid, "object": "chat.completion", "created": created, "model": model,
+         "choices": choices, "usage": usage_val}
+    if prompt_logprobs is not None:   # only when asked (vLLM's field)
+        r["prompt_logprobs"] = prompt_logprobs
+    return r
 
 
 def completion_logprobs(entries: list[TokenLogprob], tok_str: Callable[[int], str],
-                        offset: int = 0) -> dict[str, Any]:
+                        offset: int = 0, top_n: int | None = None) -> dict[str, Any]:
     """/v1/completions' logprobs object; as vLLM's, each top_logprobs dict holds the top
-    alternatives and the chosen token. offset: the text_offset of the first token."""
+    alternatives (at most top_n) and the chosen token, and text_offset counts the token
+    strings from `offset`. A prompt's first token has null logprob and top_logprobs."""
     tokens = [tok_str(e.token_id) for e in entries]
     offsets = []
     for t in tokens:
         offsets.append(offset)
         offset += len(t)
-    tops = []
+    tops: list[dict[str, float] | None] = []
     for e, t in zip(entries, tokens):
-        d = {tok_str(i): lp for i, lp in e.top}
+        if e.logprob is None:
+            tops.append(None)
+            continue
+        d = {tok_str(i): lp for i, lp in e.top[:top_n]}
         d.setdefault(t, e.logprob)
         tops.append(d)
     return {"tokens": tokens, "token_logprobs": [e.logprob for e in entries],
             "top_logprobs": tops, "text_offset": offsets}
+
+
+def prompt_logprobs_json(entries: list[TokenLogprob], tok_str: Callable[[int], str],
+                         top_n: int) -> list[dict[str, Any] | None]:
+    """vLLM's prompt_logprobs: per prompt token None (the first) or {token id: {logprob,
+    rank, decoded_token}} of the top_n alternatives (ranks 1..) and the token itself."""
+    out: list[dict[str, Any] | None] = []
+    for e in entries:
+        if e.logprob is None:
+            out.append(None)
+            continue
+        d = {str(i): {"logprob": lp, "rank": rank, "decoded_token": tok_str(i)}
+             for rank, (i, lp) in enumerate(e.top[:top_n], 1)}
+        d.setdefault(str(e.token_id), {"logprob": e.logprob, "rank": e.rank,
+                                       "decoded_token": tok_str(e.token_id)})
+        out.append(d)
+    return out
 
 
 def chat_logprobs(entries: list[TokenLogprob], tok_str: Callable[[int], str]) -> dict[str, Any]:

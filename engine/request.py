@@ -62,6 +62,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     logprobs: int | None = None          # top alternatives per output token (0: the chosen one only)
+    prompt_logprobs: int | None = None   # the same per prompt token (prompt_logprobs.py)
     # a compiled xgrammar grammar (structured.GrammarCompiler.compile): outputs follow it
     grammar: Any = None
 
@@ -100,6 +101,8 @@ class SamplingParams:
                 raise ValueError(f"logit_bias values must be in [-100, 100], got {b}")
         if self.logprobs is not None:
             _int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
+        if self.prompt_logprobs is not None:
+            _int("prompt_logprobs", self.prompt_logprobs, 0, MAX_LOGPROBS)
         mp = _real("min_p", self.min_p)
         if not 0.0 <= mp <= 1.0:
             raise ValueError(f"min_p must be in [0, 1], got {mp}")
@@ -141,6 +144,7 @@ class RequestOutput:
     error: str | None = None
     cached_tokens: int = 0        # prompt tokens whose KV came from the prefix cache
     logprobs: list | None = None  # logprobs.TokenLogprob of each id in token_ids (asked for)
+    prompt_logprobs: list | None = None  # TokenLogprob per prompt token (asked for; first output only)
 
 
 @dataclass(eq=False)
@@ -168,6 +172,7 @@ class Request:
     out_ids: list[int] = field(default_factory=list)
     detok: IncrementalDetokenizer | None = None
     pending: str = ""             # text held back (possible stop-string prefix)
+    prompt_logprobs: list | None = None  # TokenLogprob per prompt token so far (prompt_logprobs.py)
     finished: bool = False
     first_token_at: float | None = None
     last_token_at: float | None = None

@@ -11,8 +11,8 @@ The zero-layer rules:
   the step within target_itl_ms, never below min_prefill_chunk nor above
   max_num_batched_tokens; while nothing decodes it is max_prefill_tokens_idle (a long
   prompt goes in whole).
-- Every decoding request gets one token per step; one with a structured-output grammar
-  only once the poller has filled its next token's mask (structured.py).
+- Every decoding request gets one token per step (one with a structured-output grammar
+  too: its mask is computed while the step's forward runs; structured.py).
 
 A request moves waiting -> prefilling -> decoding and leaves from any of them (done,
 stopped, aborted, failed). Admission asks the prefix cache first: the pages of the
@@ -42,6 +42,7 @@ from .config import EngineConfig
 from .kv_pool import KVPool
 from .prefix_cache import PrefixCache
 from .request import Request
+from .row_features import ALL, FeatureCounts, Uses
 from .step_cost import DEADLINES_CHECKED, Pending, StepCost
 
 
@@ -62,7 +63,12 @@ class Batch:
     """One step's work: prompt chunks and the requests that decode one token."""
     chunks: list[Chunk] = field(default_factory=list)
     decodes: list[Request] = field(default_factory=list)
-    masked: bool = False   # some request may have a structured-output grammar (the runner looks)
+    uses: Uses = ALL   # the features some request may use (the runner looks for their rows)
+
+    @property
+    def masked(self) -> bool:
+        """Some request may have a structured-output grammar."""
+        return self.uses.grammar
 
     def __len__(self) -> int:
         return len(self.chunks) + len(self.decodes)
@@ -74,7 +80,7 @@ class Batch:
         """Two batches with half the rows each (to find which row makes a step fail)."""
         mid = len(self) // 2
         c = len(self.chunks)
-        m = self.masked
+        m = self.uses
         if mid <= c:
             return Batch(self.chunks[:mid], [], m), Batch(self.chunks[mid:], self.decodes, m)
         k = mid - c
@@ -107,7 +113,7 @@ class Scheduler:
         self.prefilling: list[Request] = []
         self.decoding: list[Request] = []
         self.by_id: dict[str, Request] = {}
-        self.masked = 0                   # requests here with a structured-output grammar
+        self.features = FeatureCounts()   # requests here per sampling feature (row_features.py)
         self._free_slots = list(range(cfg.max_num_seqs - 1, -1, -1))
         # Requests submitted and not yet admitted, including those still on their way to
         # the wait line: what the wait-line bound (max_waiting) counts.
@@ -141,7 +147,7 @@ class Scheduler:
         self.waiting.append(r)
         self.waiting_tokens += r.prompt_len
         self.by_id[r.id] = r
-        self.masked += r.grammar is not None
+        self.features.add(r)
 
     def remove(self, r: Request) -> None:
         """r leaves, from wherever it is; its pages and slot go back."""
@@ -157,7 +163,7 @@ class Scheduler:
 
     def _release(self, r: Request) -> None:
         if self.by_id.pop(r.id, None) is not None:
-            self.masked -= r.grammar is not None
+            self.features.remove(r)
         if r.released:
             return
         r.released = True
@@ -183,11 +189,7 @@ class Scheduler:
             n = min(r.prompt_len - r.num_prefilled, budget)
             chunks.append(Chunk(r, r.num_prefilled, n))
             budget -= n
-        if self.masked:   # a masked row waits for the poller to fill its next mask (structured.py)
-            return Batch(chunks, [r for r in self.decoding
-                                  if r.grammar is None or r.grammar.ready(r.num_scheduled)],
-                         masked=True)
-        return Batch(chunks, list(self.decoding))
+        return Batch(chunks, list(self.decoding), self.features.uses())
 
     def _chunk_budget(self) -> int:
         cfg = self.cfg
@@ -212,9 +214,11 @@ class Scheduler:
             r = self.waiting[0]
             if self._lead_prefilling(r):
                 break                      # its prompt's pages come from its lead next step
-            # a repetition penalty reads the whole prompt from the token history, which
-            # only a prefill writes: such a request prefills all of it (its own cache root)
-            root = r.id if r.params.repetition_penalty != 1.0 else None
+            # a repetition penalty reads the whole prompt from the token history, and prompt
+            # logprobs its hidden states, which only a prefill makes: such a request
+            # prefills all of it (its own cache root: no hit)
+            p = r.params
+            root = r.id if p.repetition_penalty != 1.0 or p.prompt_logprobs is not None else None
             span = self.pool.pages_for(r.prompt_len + r.max_tokens)
             got = self.cache.reserve(r.prompt_ids, min(span, self.ring) if self.ring else span, root)
             if got is None:

@@ -496,6 +496,7 @@ class OpenAIServer:
         n = len(plan.choices)
         texts: list[list[str]] = [[] for _ in range(n)]
         lps: list[list] = [[] for _ in range(n)]
+        plps: list[list] = [[] for _ in range(n)]    # prompt logprobs (asked for)
         done: list[str | None] = [None] * n
         tokens = [0] * n
         cached = [0] * n
@@ -511,6 +512,8 @@ class OpenAIServer:
                     texts[i].append(out.text)
                 if out.logprobs:
                     lps[i] += out.logprobs
+                if out.prompt_logprobs:
+                    plps[i] = out.prompt_logprobs
                 tokens[i] = out.completion_tokens
                 if out.finished and done[i] is None:
                     done[i] = out.finish_reason
@@ -523,6 +526,8 @@ class OpenAIServer:
             raise P.APIError(500, st.error or "the engine failed while generating this "
                              "request", code="engine_error")
         choices = []
+        shown = [P.prompt_logprobs_json(e, self._tok_str, req.prompt_logprobs)
+                 if req.show_prompt_logprobs else None for e in plps]
         for i in range(n):
             text = "".join(texts[i])
             echo = plan.echo_text(i)
@@ -533,12 +538,15 @@ class OpenAIServer:
                 choices.append(P.chat_choice(i, content, finish, lp,
                                              [c.to_openai() for c in calls]))
             else:
-                lp = (P.completion_logprobs(lps[i], self._tok_str, len(echo))
+                # echo with logprobs: the prompt tokens' entries first, offsets from 0
+                lp = (P.completion_logprobs((plps[i] if echo else []) + lps[i], self._tok_str,
+                                            top_n=req.logprobs)
                       if req.logprobs is not None else None)
-                choices.append(P.completion_choice(i, echo + text, done[i], lp))
-        make = P.chat_response if req.kind == "chat" else P.completion_response
-        return _json(make(P.new_id(req.kind), P.now(), model, choices,
-                          P.usage(plan.prompt_tokens, sum(tokens), sum(cached))))
+                choices.append(P.completion_choice(i, echo + text, done[i], lp, shown[i]))
+        u = P.usage(plan.prompt_tokens, sum(tokens), sum(cached))
+        if req.kind == "chat":   # one prompt: its prompt logprobs at the top, as vLLM
+            return _json(P.chat_response(P.new_id("chat"), P.now(), model, choices, u, shown[0]))
+        return _json(P.completion_response(P.new_id(req.kind), P.now(), model, choices, u))
 
     async def _stream(self, request: web.Request, req: P.CompletionRequest, st: _Req,
                       model: str, plan: _Choices) -> web.StreamResponse:
@@ -731,6 +739,7 @@ class _Choices:
         self.choices: list[tuple[list[int], Any, int | None]] = []   # (ids, params, lead choice)
         for ids in prompts:
             max_tokens = P.check_context(req, len(ids), max_model_len, default_max_tokens)
+            P.check_prompt_logprobs(req, len(ids))
             params = P.sampling_params(req, max_tokens)
             first = len(self.choices)
             for j in range(req.n):
@@ -747,14 +756,15 @@ class _ChoicesFormatter:
     """Engine outputs -> SSE bytes for the general streams: several choices (outputs
     come as (index, output)), logprobs, echo. Each chunk carries one choice."""
 
-    __slots__ = ("cached", "echo", "enc", "finished", "include_usage", "left", "logprobs",
-                 "offsets", "open", "plan", "tok_str", "tokens")
+    __slots__ = ("cached", "echo", "echo_due", "enc", "finished", "include_usage", "left",
+                 "logprobs", "offsets", "open", "plan", "tok_str", "tokens", "top_n")
 
     def __init__(self, enc: P.ChunkEncoder, req: P.CompletionRequest, plan: _Choices,
                  tok_str: Callable[[int], str]) -> None:
         self.enc, self.plan, self.tok_str = enc, plan, tok_str
         self.include_usage = req.include_usage
         self.logprobs = req.logprobs is not None
+        self.top_n = req.logprobs
         self.echo = req.echo
         n = len(plan.choices)
         self.left = n
@@ -762,6 +772,9 @@ class _ChoicesFormatter:
         self.tokens = [0] * n
         self.cached = [0] * n
         self.offsets = [0] * n      # completions: text_offset of each choice's next token
+        # echo with logprobs: a choice's prompt chunk waits for its prompt logprobs, which
+        # come with its first output
+        self.echo_due = [self.echo and self.logprobs] * n
         self.finished = False
 
     def head(self) -> bytes:
@@ -769,11 +782,18 @@ class _ChoicesFormatter:
         enc, n = self.enc, len(self.plan.choices)
         if enc.kind == "chat":
             return b"".join(enc.choice(i, "", None, role=True) for i in range(n))
-        if not self.echo:
+        if not self.echo or self.logprobs:
             return b""
-        texts = [self.plan.echo_text(i) for i in range(n)]
-        self.offsets = [len(t) for t in texts]
-        return b"".join(enc.choice(i, t, None) for i, t in enumerate(texts))
+        return b"".join(enc.choice(i, self.plan.echo_text(i), None) for i in range(n))
+
+    def _echo(self, i: int, prompt_lps: list | None) -> bytes:
+        """Choice i's prompt chunk with its prompt tokens' logprobs (text_offset from 0)."""
+        self.echo_due[i] = False
+        lp = None
+        if prompt_lps:
+            lp = P.completion_logprobs(prompt_lps, self.tok_str, 0, self.top_n)
+            self.offsets[i] = lp["text_offset"][-1] + len(lp["tokens"][-1])
+        return self.enc.choice(i, self.plan.echo_text(i), None, lp)
 
     def _lp(self, i: int, entries: list | None) -> dict[str, Any] | None:
         if not self.logprobs or not entries:
@@ -796,6 +816,8 @@ class _ChoicesFormatter:
                 break
             i, out = item if multi else (0, item)
             self.tokens[i] = out.completion_tokens
+            if self.echo_due[i]:
+                parts.append(self._echo(i, out.prompt_logprobs))
             if out.finished:
                 self.open[i] = False
                 self.cached[i] = out.cached_tokens

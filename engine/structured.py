@@ -7,21 +7,22 @@ How a masked row runs (docs/engine-server.md, "Structured outputs"):
 - The server compiles the request's grammar (JSON schema, regex, choice, EBNF) on its
   tokenize pool, never on the event loop; `GrammarCompiler` caches compiled grammars, so
   a schema sent again costs a lookup.
-- The engine gives the request a `GrammarState`: an xgrammar matcher and the request's
-  own host bitmask row, filled for the first token at submit.
-- The step loop ships the masks of the step's masked rows with the step's inputs (one
-  pinned copy per step) and `grammar_mask.apply_bitmask` sets disallowed logits to -inf
-  before any other sampling rule.
-- The mask of token N+1 depends on token N, which the host learns only in the output
-  poller: the poller advances the matcher and fills the next mask, then wakes the step
-  loop. A masked row therefore has at most one step in flight (`GrammarState.ready`):
-  while the step loop prepares step N+1 during step N, it leaves such rows out; they
-  join the next step once their mask is filled. Unmasked rows never wait.
+- The engine gives the request a `GrammarState` (an xgrammar matcher); from then on only
+  the step thread touches it.
+- The mask of token N+1 depends on token N, so the mask is computed on the CPU while the
+  GPU runs the step's forward (as vLLM and SGLang overlap it): the step thread launches
+  step N+1's forward (its decode input, last_tokens, is on the device), then waits for
+  step N's ids, advances the matchers of its masked rows, fills their bitmask rows into a
+  pinned buffer (`fill_masks`, xgrammar's threaded batch fill), copies them, and launches
+  step N+1's sampling, where `grammar_mask.apply_bitmask` sets disallowed logits to -inf
+  before any other sampling rule (grammar_mask.MaskStaging). Masked rows are in every
+  step; batches without one keep the full pipelining (several steps in flight).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,33 +120,49 @@ class GrammarCompiler:
 
 
 class GrammarState:
-    """One request's matcher and host mask row. Written by the poller only (after the
-    submit); the step loop reads `mask` when `ready` says it holds the next token's mask."""
+    """One request's matcher (the step thread's, after the submit)."""
 
-    __slots__ = ("accepted", "allowed", "mask", "matcher")
+    __slots__ = ("allowed", "matcher")
 
     def __init__(self, xgr: Any, compiled: CompiledGrammar, vocab_size: int) -> None:
         self.matcher = xgr.GrammarMatcher(compiled.grammar)
-        self.mask = xgr.allocate_token_bitmask(1, vocab_size)   # int32 [1, ceil(V/32)], CPU
         self.allowed = compiled.allowed
-        self._fill()
-        self.accepted = 0   # output tokens the matcher has taken; `mask` is for the next one
 
-    def ready(self, scheduled: int) -> bool:
-        """True when the mask of output token `scheduled` is filled (the poller is level)."""
-        return self.accepted == scheduled
+    @property
+    def terminated(self) -> bool:
+        """It accepted a stop token: the output is whole (later tokens are discarded)."""
+        return self.matcher.is_terminated()
 
-    def advance(self, token: int) -> bool:
-        """Take a sampled token and fill the next mask; False if the grammar refuses it
-        (cannot happen for a masked row: a bug, reported as an error)."""
-        if not self.matcher.accept_token(token):
-            return False
-        if not self.matcher.is_terminated():
-            self._fill()
-        self.accepted += 1
-        return True
 
-    def _fill(self) -> None:
-        self.matcher.fill_next_token_bitmask(self.mask)
-        if self.allowed is not None:
-            self.mask &= self.allowed
+_BATCH: Any = None   # one xgrammar BatchGrammarMatcher (its thread pool) per process
+
+
+def _batch() -> Any:
+    global _BATCH
+    if _BATCH is None:
+        import xgrammar as xgr
+        _BATCH = xgr.BatchGrammarMatcher(max_threads=min(8, os.cpu_count() or 1))
+    return _BATCH
+
+
+def advance_all(states: list[GrammarState], tokens: list[int]) -> list[bool]:
+    """Each matcher takes its token; False where the grammar refuses it (cannot happen
+    for a masked row: a bug, reported as an error)."""
+    return _batch().batch_accept_token([g.matcher for g in states], tokens)
+
+
+def fill_masks(states: list[GrammarState], bitmask: Any, indices: list[int]) -> None:
+    """Fill bitmask rows `indices` (int32 [rows, W], CPU) with each state's next-token
+    mask; a terminated state's row allows everything (its token is discarded)."""
+    live, done = [], []
+    for g, i in zip(states, indices):
+        (done if g.terminated else live).append((g, i))
+    for _, i in done:
+        bitmask[i] = -1
+    if not live:
+        return
+    _batch().batch_fill_next_token_bitmask([g.matcher for g, _ in live], bitmask,
+                                           [i for _, i in live])
+    json_rows = [(g.allowed, i) for g, i in live if g.allowed is not None]
+    if json_rows:   # every JSON grammar shares its compiler's one `allowed` row
+        bitmask[[i for _, i in json_rows]] &= json_rows[0][0]

@@ -2,8 +2,9 @@
 # Issue 13's H200 figures in one call (~3 min): 200 streams (24 in / 128 out) plain vs with
 # presence, frequency and repetition penalties and top-5 logprobs (target >= 85 % of plain);
 # 64 streams (64 in / 128 out) plain vs with a JSON schema (vLLM's structured_outputs json on
-# /v1/completions;
-# target overhead <= 10 %), the schema part skipped when the server refuses the field.
+# /v1/completions; target overhead <= 10 %; the masks are computed on the CPU while the GPU runs
+# each step's forward, docs/engine-server.md "Structured outputs"), the schema part skipped when
+# the server refuses the field; each line ends with the step thread's cores in both parts.
 # Results: $OUT/api.tgz; a table last. SMOKE=1: the same on the CPU with a tiny shape.
 set -u
 cd "$(dirname "$0")/.."
@@ -55,6 +56,9 @@ def s(name):
         return next(iter(d.values()))
     except (OSError, ValueError, StopIteration):
         return None
+def step(x):
+    c = ((x.get("engine_cpu") or {}).get("threads_cores") or {}).get("zerod-step")
+    return "?" if c is None else f"{c:.2f}"
 for a, b, what, target in (("plain200", "pen200", "200 streams, penalties + top-5 logprobs", ">= 85 %"),
                            ("plain64", "schema64", "64 streams, JSON schema", "overhead <= 10 %")):
     x, y = s(a), s(b)
@@ -63,5 +67,5 @@ for a, b, what, target in (("plain200", "pen200", "200 streams, penalties + top-
     r = y["output_throughput"] / x["output_throughput"]
     print(f"{what}: {y['output_throughput']:,.0f} vs plain {x['output_throughput']:,.0f} output tokens/s = {r:.1%} "
           f"(target {target}); TTFT p50 {y['ttft_ms']['p50']:.1f} vs {x['ttft_ms']['p50']:.1f} ms; "
-          f"failed {y['failed']}/{y['num_requests']}")
+          f"failed {y['failed']}/{y['num_requests']}; step thread {step(y)} vs {step(x)} cores")
 PYEOF

@@ -28,7 +28,7 @@ COMMON = {
     "guided_json": ({"type": "object"}, OK), "guided_regex": ("a+", OK),
     "guided_choice": (["a", "b"], OK), "guided_grammar": ("root ::= 'a'", OK),
     "guided_decoding_backend": ("xgrammar", NO), "guided_whitespace_pattern": (" ", NO),
-    "user": ("me", OK), "metadata": ({"k": "v"}, OK), "store": (False, OK),
+    "prompt_logprobs": (1, OK), "user": ("me", OK), "metadata": ({"k": "v"}, OK), "store": (False, OK),
     "service_tier": ("auto", OK), "prompt_cache_key": ("k", OK), "safety_identifier": ("s", OK),
 }
 COMPLETION = {**COMMON, "prompt": ("hello", OK), "max_tokens": (3, OK), "echo": (True, OK),

@@ -61,22 +61,22 @@ def test_a_failing_row_fails_alone_and_the_others_get_their_own_tokens(eng, monk
         # raises before anything of the step is launched
         orig = runner._stage_prefill
 
-        def hooked(pk, chunks, pad):
+        def hooked(pk, chunks, pad, uses):
             if any(_is_victim(c.req) for c in chunks):
                 raise OverflowError("injected: this request's inputs do not fit")
-            return orig(pk, chunks, pad)
+            return orig(pk, chunks, pad, uses)
         monkeypatch.setattr(runner, "_stage_prefill", hooked)
     else:
         # raises after the decode forward wrote K/V for every row and sampled: the redo must
         # not see the failed step's tokens as inputs
-        orig = runner._decode
+        orig = runner._sample
 
-        def hooked(d):
-            tok = orig(d)
-            if any(_is_victim(r) and r.num_scheduled >= 3 for r in d.reqs):
+        def hooked(logits, slots, gen, reqs, *rest):
+            tok = orig(logits, slots, gen, reqs, *rest)
+            if any(_is_victim(r) and r.num_scheduled >= 3 for r in reqs):
                 raise ValueError("injected: sampling failed for this request")
             return tok
-        monkeypatch.setattr(runner, "_decode", hooked)
+        monkeypatch.setattr(runner, "_sample", hooked)
     others, victim = _together_with_victim(eng)
     assert victim["finish_reason"] == "error"
     assert "injected" in victim["outputs"][-1].error

@@ -449,5 +449,8 @@ def test_prompt_list_times_n_and_echo(live):
     assert r.choices[2].text == "three" + alone.choices[0].text
     with pytest.raises(openai.BadRequestError, match="at most 128"):
         c.completions.create(model="demo", prompt=["a"] * 65, n=2, max_tokens=1)
-    with pytest.raises(openai.BadRequestError, match="echo"):
-        c.completions.create(model="demo", prompt="a", echo=True, logprobs=1, max_tokens=1)
+    # echo with logprobs: the prompt tokens' logprobs first (the first null)
+    r = c.completions.create(model="demo", prompt="a", echo=True, logprobs=1, max_tokens=1)
+    n = r.usage.prompt_tokens
+    assert r.choices[0].logprobs.token_logprobs[0] is None
+    assert len(r.choices[0].logprobs.tokens) == n + 1

@@ -135,8 +135,7 @@ def test_streamed_json_schema_with_n(live):
         jsonschema.validate(json.loads(text), PERSON)
 
 async def test_masked_and_free_streams_together(live):
-    """Masked rows wait for their masks; the free rows beside them are not held up and
-    every masked output is still valid."""
+    """Masked and free rows share every step; every masked output is still valid."""
     _, srv = live
     c = openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
 
@@ -208,20 +207,14 @@ def test_apply_bitmask_keeps_only_allowed_tokens():
     assert torch.isfinite(out[2]).nonzero().flatten().tolist() == [65]
 
 
-def test_a_masked_row_decodes_only_once_its_mask_is_filled():
-    """The scheduler leaves a masked row out of a step until the poller has taken its last
-    token (the step loop runs ahead of the poller); unmasked rows never wait."""
+def test_masked_rows_decode_in_every_step():
+    """A masked row is in every step beside the free rows (its mask is computed while the
+    step's forward runs, not after a trip through the poller)."""
     from zerod.engine.config import EngineConfig
     from zerod.engine.hf_config import parse_model_config
     from zerod.engine.kv_pool import KVPool
     from zerod.engine.request import Request, SamplingParams
     from zerod.engine.scheduler import Scheduler
-
-    class Grammar:           # GrammarState's readiness, without a matcher
-        accepted = 0
-
-        def ready(self, scheduled):
-            return self.accepted == scheduled
 
     mc = parse_model_config({"architectures": ["LlamaForCausalLM"], "hidden_size": 8,
                              "num_attention_heads": 1, "num_hidden_layers": 1,
@@ -230,19 +223,79 @@ def test_a_masked_row_decodes_only_once_its_mask_is_filled():
                   KVPool(mc, 16, 4, torch.float32, torch.device("cpu")))
     masked, free = (Request(f"r{i}", [5, 6], SamplingParams(max_tokens=8), lambda o: None, 8, i)
                     for i in range(2))
-    masked.grammar = Grammar()
+    masked.grammar = object()
     for r in (masked, free):
         assert s.claim_wait_place()
         s.add(r)
     b = s.schedule()
     assert [c.req for c in b.chunks] == [masked, free] and b.masked
-    s.update(b)                                 # the prefill sampled token 0 of each
-    b = s.schedule()
-    assert b.decodes == [free]                  # token 0 not yet seen by the poller
-    s.update(b)
-    masked.grammar.accepted = 1                 # the poller took it and filled the mask
-    b = s.schedule()
-    assert b.decodes == [masked, free] and all(h.masked for h in b.halves())
+    for _ in range(3):
+        s.update(b)
+        b = s.schedule()
+        assert b.decodes == [masked, free] and all(h.masked for h in b.halves())
     s.remove(masked)
     s.remove(free)
-    assert s.masked == 0 and not s.schedule().masked
+    assert s.features.counts["grammar"] == 0 and not s.schedule().masked
+
+
+def test_mask_staging_advances_each_matcher_once_per_token(live):
+    """The step thread's catching up (grammar_mask.MaskStaging): fill() takes the last
+    masked step's ids (once), skips requests that ended, and reports a refused token."""
+    from zerod.engine.grammar_mask import MaskStaging
+    from zerod.engine.request import Request, SamplingParams
+    from zerod.engine.structured import GrammarSpec
+
+    eng, _ = live
+    comp = eng.grammar_compiler
+    g = comp.compile(GrammarSpec("choice", json.dumps(["ab", "ba"])))
+    tok = eng.tokenizer
+    reqs = [Request(f"m{i}", [5], SamplingParams(), lambda o: None, 8, i) for i in range(3)]
+    for r in reqs:
+        r.grammar = comp.new_state(g)
+    ms = MaskStaging(2, 8, eng.vocab_size, torch.device("cpu"))
+    rows, masked = ms.plan([reqs], lambda idx: torch.tensor(idx))
+    assert masked == reqs and rows[0].rows.tolist() == [0, 1, 2]
+    ms.fill(0, masked)
+
+    def allowed(j):
+        m = ms.dev[j]
+        return {v for v in range(eng.vocab_size) if (int(m[v // 32]) >> (v % 32)) & 1}
+    a, b = tok.encode("a", add_special_tokens=False)[0], tok.encode("b", add_special_tokens=False)[0]
+    assert {a, b} <= allowed(0)
+    ids = torch.tensor([a, b, a])
+    reqs[2].released = True                       # ended meanwhile: skipped
+    ms.launched(ids, list(enumerate(reqs)))
+    rows, masked = ms.plan([reqs[:2]], lambda idx: torch.tensor(idx))
+    ms.fill(1, masked)                            # catches up: r0 took "a", r1 took "b"
+    assert b in allowed(0) and a not in allowed(0)
+    assert a in allowed(1) and b not in allowed(1)
+    ms.fill(1, masked)                            # nothing pending: no second advance
+    assert b in allowed(0) and a not in allowed(0)
+    ms.launched(torch.tensor([a, a]), [(0, reqs[0]), (1, reqs[1])])   # r0 refuses "a"
+    ms.fill(0, [])
+    assert ms.broken == [reqs[0]]
+
+
+def test_masked_output_batched_equals_alone(live):
+    """A seeded masked request gives the same output alone and beside 24 other streams
+    (masked and free): its mask never depends on the step it lands in."""
+    _, srv = live
+    kw = dict(model="demo", messages=MSGS, max_tokens=300, seed=77, temperature=1.0,
+              extra_body={"structured_outputs": {"json": PERSON}})
+    alone = _client(srv).chat.completions.create(**kw).choices[0].message.content
+
+    async def batched():
+        c = openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+        others = [c.chat.completions.create(model="demo", messages=MSGS, max_tokens=300,
+                                            seed=i, extra_body={"guided_json": PERSON})
+                  for i in range(12)]
+        others += [c.completions.create(model="demo", prompt="Hi", max_tokens=40, seed=i,
+                                        extra_body={"ignore_eos": True}) for i in range(12)]
+        res = await asyncio.gather(c.chat.completions.create(**kw), *others)
+        await c.close()
+        for r in res[1:13]:
+            jsonschema.validate(json.loads(r.choices[0].message.content), PERSON)
+        return res[0].choices[0].message.content
+
+    assert asyncio.run(batched()) == alone
+    jsonschema.validate(json.loads(alone), PERSON)
