@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from .config import EngineError
+from .quant.config import QuantConfig, parse_checkpoint
 from .rope import cos_sin_cache, parse_scaling  # noqa: F401 - the runner imports cos_sin_cache from here
 
 SUPPORTED = {
@@ -69,6 +70,7 @@ class ModelConfig:
     local_rope_theta: float | None = None   # Gemma 3: the sliding layers' own RoPE base (no scaling)
     gemma_norms: bool = False             # weights stored as w - 1; norms after attention and MLP too;
                                           # embeddings scaled by sqrt(hidden_size)
+    quant: QuantConfig | None = None      # the checkpoint's quantization (FP8), None: unquantized
 
     @property
     def q_size(self) -> int:
@@ -98,10 +100,7 @@ def parse_model_config(raw: dict[str, Any], where: str = "config.json") -> Model
         )
     family = SUPPORTED[arch]
     qc = raw.get("quantization_config")
-    if qc:
-        method = qc.get("quant_method", "(method not named)") if isinstance(qc, dict) else qc
-        raise EngineError(f"{where}: quantized checkpoints ({method!r}) are not supported; "
-                          f"zerod's engine runs bfloat16, float16 or float32 weights")
+    quant = parse_checkpoint(qc, where) if qc else None   # FP8 served; any other method refused, named
     try:
         hidden = int(raw["hidden_size"])
         heads = int(raw["num_attention_heads"])
@@ -170,6 +169,7 @@ def parse_model_config(raw: dict[str, Any], where: str = "config.json") -> Model
         qk_norm=family in ("qwen3", "gemma3"),
         hidden_act=_ACTS[act],
         local_rope_theta=local_theta,
+        quant=quant,
         **gemma,
     )
 
