@@ -5,9 +5,10 @@ from __future__ import annotations
 import ipaddress
 
 from zerod.engine.config import EngineError
-from zerod.engine.sizing import DTYPE_BYTES, kv_bytes_per_token, serving_dtype  # torch-free: the engine's own formula
+from zerod.engine.sizing import (DTYPE_BYTES, FP8_KV, kv_bytes_per_token, kv_cache_dtype,  # torch-free:
+                                 serving_dtype)                                            # the engine's own formula
 
-from .checks_gpu import GiB
+from .checks_gpu import GiB, field, label
 from .report import FAIL, PASS, SKIP, WARN, Ctx, check
 
 BIND_FIX = ("bind to loopback ([engine] host = \"127.0.0.1\") behind a reverse proxy that "
@@ -72,11 +73,25 @@ def engine_config(ctx: Ctx):
         dtype = serving_dtype(ctx.cfg.dtype, m.get("torch_dtype"), "cuda")
     except EngineError as exc:
         return FAIL(f"the engine cannot serve {path}: {exc}", "set [engine] dtype to bfloat16, float16 or float32")
+    try:
+        kv_dtype = kv_cache_dtype(ctx.cfg.kv_cache_dtype, dtype)
+    except EngineError as exc:
+        return FAIL(str(exc), "set [engine] kv_cache_dtype to auto or fp8")
+    fp8 = _fp8_uses(m, ctx.cfg.quantization, kv_dtype)
+    if isinstance(fp8, str) and fp8.startswith("refuse:"):
+        return FAIL(f"the engine cannot serve {path}: {fp8[7:]}", "use an unquantized or an FP8 checkpoint")
+    if fp8:
+        old = _fp8_incapable(ctx)
+        if old:
+            return FAIL(f"{' and '.join(fp8)} need(s) compute capability 8.9+ (FP8 tensor cores); {old}",
+                        "run FP8 on Ada or Hopper (L4, L40S, H100, H200), or serve a bf16 checkpoint "
+                        "without --quantization fp8 and with [engine] kv_cache_dtype = \"auto\"")
     weights = m.get("weights_bytes") or 0
     dummy = ctx.cfg.load_format == "dummy"
     if not weights and dummy and m.get("params_estimate"):
-        # --load-format dummy: random weights of the config's shape, sized from it
-        weights = m["params_estimate"] * DTYPE_BYTES[dtype]
+        # --load-format dummy: random weights of the config's shape, sized from it (FP8: a
+        # byte per parameter, the embedding and head stay wider; close enough to size the KV)
+        weights = m["params_estimate"] * (1 if ctx.cfg.quantization == "fp8" else DTYPE_BYTES[dtype])
     if not weights:
         return FAIL(f"no *.safetensors weights in {path}", fix_path + " (or `--load-format dummy` for tests)")
     max_len = ctx.cfg.max_model_len or m.get("max_position_embeddings") or 0
@@ -90,9 +105,10 @@ def engine_config(ctx: Ctx):
     if not totals:
         return SKIP(f"model {path} found ({weights / GiB:.1f} GiB of weights); no GPU to size it against")
     budget = ctx.cfg.gpu_memory_utilization * min(totals) * len(totals)
-    per_token = kv_bytes_per_token(layers, kvh, hd, dtype)
+    per_token = kv_bytes_per_token(layers, kvh, hd, kv_dtype)
     kv = budget - weights - GiB  # 1 GiB for activations and graphs
     ctx.ev("kv_budget", {"budget_bytes": int(budget), "weights_bytes": weights, "dtype": dtype,
+                         "kv_cache_dtype": kv_dtype,
                          "kv_bytes_per_token": per_token, "max_model_len": max_len}, "computed")
     fix = ("lower [engine] max_model_len or max_num_seqs, raise gpu_memory_utilization (<= 0.92), "
            "or use a larger GPU / more GPUs")
@@ -108,3 +124,35 @@ def engine_config(ctx: Ctx):
     if notes:
         return WARN(msg + "; " + "; ".join(notes), "set [engine] max_model_len within the model's limit")
     return PASS(msg)
+
+
+def _fp8_uses(m: dict, quantization: str | None, kv_dtype: str) -> list[str] | str:
+    """What of this configuration runs in FP8 (the checkpoint's weights, weights
+    quantized at load, the KV cache); "refuse:<why>" for a method the engine cannot run."""
+    uses = []
+    qc = m.get("quantization_config")
+    if qc:
+        from zerod.engine.quant.config import parse_checkpoint   # no torch: reads the config only
+
+        try:
+            parse_checkpoint(qc, "config.json")
+        except EngineError as exc:
+            return "refuse:" + str(exc)
+        uses.append(f"the {m.get('quant_method')} FP8 weights")
+    elif quantization == "fp8":
+        uses.append("--quantization fp8")
+    if kv_dtype == FP8_KV:
+        uses.append("the FP8 KV cache")
+    return uses
+
+
+def _fp8_incapable(ctx: Ctx) -> str:
+    """The engine's GPUs older than sm_89, named; "" if none (or none known)."""
+    old = []
+    for g in ctx.facts.value("nvml.gpus") or []:   # no NVML: nothing known, the sizing below says so
+        if ctx.cfg.gpus is not None and g.get("index") not in ctx.cfg.gpus:
+            continue
+        cc = field(ctx, g, "cc", record=False)
+        if cc and tuple(cc) < (8, 9):
+            old.append(f"{label(g)} is {cc[0]}.{cc[1]}")
+    return "; ".join(old)

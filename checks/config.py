@@ -31,6 +31,8 @@ class DoctorConfig:
     max_num_seqs: int = 256
     dtype: str = "auto"
     load_format: str = "auto"  # "dummy": random weights, nothing to find on disk
+    quantization: str | None = None  # "fp8": weights quantized at load (needs compute capability 8.9)
+    kv_cache_dtype: str = "auto"     # "fp8" / "fp8_e4m3": FP8 KV pages (the same)
     engine_env: dict[str, str] = field(default_factory=dict)  # from [daemon] engine_env: NCCL_* for gpu.p2p
     # net.bind_exposure
     bind_address: str = "127.0.0.1"
@@ -77,6 +79,8 @@ class DoctorConfig:
         "max_num_seqs": "max_num_seqs",
         "dtype": "dtype",
         "load_format": "load_format",
+        "quantization": "quantization",
+        "kv_cache_dtype": "kv_cache_dtype",
         "host": "bind_address",
     }
 

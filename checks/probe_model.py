@@ -50,6 +50,10 @@ def probe(facts: Facts, model: str | None) -> None:
         "torch_dtype": text_cfg.get("torch_dtype") or cfg.get("dtype"),
         "weights_bytes": weights,
         "params_estimate": param_count(text_cfg),   # experts counted
+        # the checkpoint's quantization (compressed-tensors, fp8, awq, ...); None: unquantized
+        "quant_method": (cfg.get("quantization_config") or {}).get("quant_method")
+        if isinstance(cfg.get("quantization_config"), dict) else None,
+        "quantization_config": cfg.get("quantization_config"),
     }, cfg_path)
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import click
 from zerod.cli import CONTEXT_SETTINGS
-from zerod.engine.config import EngineConfig, EngineError
+from zerod.engine.config import KV_CACHE_DTYPES, QUANTIZATIONS, EngineConfig, EngineError
 from zerod.engine.tools import PARSERS
 
 # Each engine flag's default is EngineConfig's (one owner).
@@ -107,6 +107,14 @@ def _check_model(ctx, param, value):
 @click.option("--load-format", default=_DEFAULT["load_format"], show_default=True,
               type=click.Choice(["auto", "safetensors", "dummy"]),
               help="dummy: random weights from config.json alone (benchmarks).")
+@click.option("--quantization", "-q", default=_DEFAULT["quantization"], type=click.Choice(QUANTIZATIONS),
+              help="fp8: quantize an unquantized checkpoint at load (e4m3 weights with a scale per "
+                   "output channel, activations per token; compute capability 8.9+). FP8 "
+                   "checkpoints are served as published without it.")
+@click.option("--kv-cache-dtype", default=_DEFAULT["kv_cache_dtype"], show_default=True,
+              type=click.Choice(KV_CACHE_DTYPES),
+              help="KV cache pages: auto = the model dtype; fp8 (= fp8_e4m3) halves their bytes "
+                   "(the checkpoint's k/v scales, else 1.0; compute capability 8.9+).")
 @click.option("--max-model-len", type=click.IntRange(min=2), default=_DEFAULT["max_model_len"],
               help="Context length (prompt + output). Default: the model's, capped by the "
                    "KV pool.")
@@ -188,7 +196,7 @@ def _check_model(ctx, param, value):
                    "llama3_json (Llama 3.x).")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
-def serve(model, served_model_name, tokenizer, dtype, load_format, max_model_len,
+def serve(model, served_model_name, tokenizer, dtype, load_format, quantization, kv_cache_dtype, max_model_len,
           max_num_seqs, max_num_batched_tokens, max_prefill_tokens_idle, enable_prefix_caching,
           target_itl_ms, target_ttft_ms, min_prefill_chunk, max_waiting,
           gpu_memory_utilization, kv_pages,
@@ -221,7 +229,8 @@ def serve(model, served_model_name, tokenizer, dtype, load_format, max_model_len
     try:
         config = EngineConfig(
             model=model, served_model_name=names[0] if names else None, tokenizer=tokenizer,
-            dtype=dtype, load_format=load_format, max_model_len=max_model_len,
+            dtype=dtype, load_format=load_format, quantization=quantization,
+            kv_cache_dtype=kv_cache_dtype, max_model_len=max_model_len,
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             max_prefill_tokens_idle=max_prefill_tokens_idle, max_waiting=max_waiting,
             enable_prefix_caching=enable_prefix_caching, target_itl_ms=target_itl_ms,

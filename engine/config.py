@@ -25,6 +25,8 @@ class RequestRejected(Exception):
 
 _DTYPES = ("auto", "bfloat16", "bf16", "float16", "fp16", "half", "float32", "fp32", "float")
 _LOAD_FORMATS = ("auto", "safetensors", "dummy")
+QUANTIZATIONS = ("fp8",)                       # --quantization (vLLM's names)
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")  # --kv-cache-dtype; fp8 = fp8_e4m3
 
 
 @dataclass
@@ -35,6 +37,8 @@ class EngineConfig:
     dtype: str = "auto"                    # auto = config.json's torch_dtype (fp32 on CPU)
     device: str = "auto"                   # auto | cpu | cuda | cuda:N
     load_format: str = "auto"              # auto | safetensors | dummy (random weights from config.json)
+    quantization: str | None = None        # fp8: a bf16 checkpoint quantized at load; None: as the checkpoint
+    kv_cache_dtype: str = "auto"           # auto = the model dtype; fp8 (= fp8_e4m3): e4m3 pages with scales
     max_model_len: int | None = None       # default: config's max_position_embeddings (capped by the pool)
     max_num_seqs: int = 256                # most requests running at once
     max_num_batched_tokens: int = 2048     # prompt tokens per step (chunked prefill budget)
@@ -74,6 +78,10 @@ class EngineConfig:
             bad(f"dtype {self.dtype!r} is not one of {', '.join(_DTYPES)}")
         if self.load_format not in _LOAD_FORMATS:
             bad(f"load_format {self.load_format!r} is not one of {', '.join(_LOAD_FORMATS)}")
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            bad(f"quantization {self.quantization!r} is not one of {', '.join(QUANTIZATIONS)}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            bad(f"kv_cache_dtype {self.kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}")
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             bad(f"device {self.device!r} is not auto, cpu, cuda or cuda:N")
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_prefill_tokens_idle",

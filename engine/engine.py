@@ -25,7 +25,7 @@ import torch
 from .config import EngineConfig, EngineError, RequestRejected
 from .hf_config import load_model_config, parse_dtype
 from .interface import EngineStats
-from .kv_pool import KVPool
+from .kv_pool import KVPool, kv_torch_dtype
 from .loader import build_model
 from .metrics import EngineMetrics
 from .model_runner import ModelRunner
@@ -33,7 +33,9 @@ from .output import FinishRecord, OutputPoller, StepRecord, set_os_thread_name
 from .request import Request, RequestOutput, SamplingParams
 from .sampler import row_class
 from .scheduler import Batch, Scheduler, ring_window
-from .sizing import plan_kv, serving_dtype, wanted_context
+from .quant.config import resolve as resolve_quant
+from .quant.linear import check_device as check_fp8_device
+from .sizing import FP8_KV, kv_cache_dtype, plan_kv, serving_dtype, wanted_context
 from .structured import GrammarCompiler
 from .tokenizer import Tokenizer
 
@@ -120,8 +122,16 @@ class Engine:
         cfg, mc, dev = self.config, self.model_config, self.device
         dtype_name = serving_dtype(cfg.dtype, mc.torch_dtype, dev.type)
         self.dtype = parse_dtype(dtype_name)
+        quant = resolve_quant(mc.quant, cfg.quantization)
+        kv_dtype = kv_cache_dtype(cfg.kv_cache_dtype, dtype_name)
+        if quant is not None and mc.num_experts:
+            raise EngineError(f"{mc.architecture}: FP8 weights for mixtures of experts are not supported "
+                              f"(the fused experts kernel runs in the model dtype); serve it unquantized "
+                              f"(--kv-cache-dtype fp8 works)")
+        if quant is not None or kv_dtype == FP8_KV:
+            check_fp8_device(dev)
         self.model = build_model(mc, self.model_dir, "dummy" if cfg.load_format == "dummy" else "safetensors",
-                                 self.dtype, dev, seed=cfg.seed)
+                                 self.dtype, dev, seed=cfg.seed, quant=quant)
         if dev.type == "cuda" and not self.model.ops.head_dim_kernels:
             log.warning("head_dim %d is not a power of two >= 16: attention runs the torch reference",
                         mc.head_dim)
@@ -130,7 +140,7 @@ class Engine:
         if plan.max_model_len < wanted_context(cfg, mc):
             log.info("max_model_len capped to %d tokens (the KV pool's size)", plan.max_model_len)
         self.max_model_len = plan.max_model_len
-        self.pool = KVPool(mc, plan.num_pages, cfg.block_size, self.dtype, dev)
+        self.pool = KVPool(mc, plan.num_pages, cfg.block_size, kv_torch_dtype(kv_dtype, self.dtype), dev)
         self.runner = ModelRunner(cfg, mc, self.model, self.pool, dev, self.max_model_len,
                                   self.tokenizer.eos_token_ids)
         self.runner.capture_graphs()

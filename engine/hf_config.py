@@ -11,6 +11,7 @@ import torch
 
 from .config import EngineError
 from .sizing import expert_layout
+from .quant.config import QuantConfig, parse_checkpoint
 from .rope import cos_sin_cache, parse_scaling  # noqa: F401 - the runner imports cos_sin_cache from here
 
 SUPPORTED = {
@@ -78,6 +79,7 @@ class ModelConfig:
     moe_intermediate_size: int = 0        # one expert's intermediate size
     norm_topk_prob: bool = True           # renormalise the top-k probabilities to sum to 1
     moe_layers: list[bool] | None = None  # per layer: True = experts, False = the dense MLP
+    quant: QuantConfig | None = None      # the checkpoint's quantization (FP8), None: unquantized
 
     @property
     def q_size(self) -> int:
@@ -107,10 +109,7 @@ def parse_model_config(raw: dict[str, Any], where: str = "config.json") -> Model
         )
     family = SUPPORTED[arch]
     qc = raw.get("quantization_config")
-    if qc:
-        method = qc.get("quant_method", "(method not named)") if isinstance(qc, dict) else qc
-        raise EngineError(f"{where}: quantized checkpoints ({method!r}) are not supported; "
-                          f"zerod's engine runs bfloat16, float16 or float32 weights")
+    quant = parse_checkpoint(qc, where) if qc else None   # FP8 served; any other method refused, named
     try:
         hidden = int(raw["hidden_size"])
         heads = int(raw["num_attention_heads"])
@@ -180,6 +179,7 @@ def parse_model_config(raw: dict[str, Any], where: str = "config.json") -> Model
         qk_norm=family in ("qwen3", "qwen3_moe", "gemma3"),
         hidden_act=_ACTS[act],
         local_rope_theta=local_theta,
+        quant=quant,
         **gemma,
         **moe,
     )

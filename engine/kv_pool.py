@@ -3,7 +3,8 @@
 Layout (docs/engine-interface.md): kv[num_layers, 2, num_pages, page_size, Hk, D].
 Page 0 is a scratch page (padded graph rows write there); it is never handed out.
 reserve/release are O(pages) list operations: nothing is allocated on the device after start.
-How many pages there are is sizing.py's business.
+How many pages there are is sizing.py's business; the pages' dtype is the model's, or
+float8_e4m3fn under `--kv-cache-dtype fp8` (the layers' k/v scales live on the model).
 """
 
 from __future__ import annotations
@@ -14,6 +15,12 @@ import torch
 
 from .config import EngineError
 from .hf_config import ModelConfig
+from .sizing import FP8_KV
+
+
+def kv_torch_dtype(kv_dtype: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The pool's torch dtype for sizing.kv_cache_dtype's name."""
+    return torch.float8_e4m3fn if kv_dtype == FP8_KV else model_dtype
 
 
 class KVPool:

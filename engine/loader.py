@@ -1,6 +1,7 @@
 """Safetensors (single or sharded with model.safetensors.index.json) into LlamaModel (experts
-stacked per layer into w13 / w2, see moe.py);
-`load_format="dummy"` fills random weights directly on the device.
+stacked per layer into w13 / w2, see moe.py); `load_format="dummy"` fills random weights
+directly on the device. FP8 projections load through quant/loading.py's entries (weights,
+scales, KV scales).
 
 A broken checkpoint (unreadable file, missing or misshapen tensor, unknown tensor name,
 index naming a missing shard) raises EngineError naming the file and the tensor.
@@ -18,6 +19,8 @@ from .config import EngineError
 from .hf_config import ModelConfig
 from .model import LlamaModel
 from .moe import SparseMoE
+from .quant.config import QuantConfig
+from .quant.loading import fp8_loaders, init_dummy_fp8
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _NORM = re.compile(r"(norm|layernorm)\.weight$")
@@ -117,7 +120,9 @@ def _expert_targets(moe: SparseMoE, mc: ModelConfig, p: str) -> dict[str, tuple[
 def load_safetensors(model: LlamaModel, mc: ModelConfig, model_dir: Path) -> None:
     from safetensors import safe_open
 
-    targets = _targets(model, mc)
+    targets: dict = _targets(model, mc)
+    loaders, optional = fp8_loaders(model, targets)   # FP8 weights, their scales, KV scales
+    targets.update(loaders)
     seen: set[str] = set()
     unknown: list[str] = []
     for f in checkpoint_files(model_dir):
@@ -132,8 +137,12 @@ def load_safetensors(model: LlamaModel, mc: ModelConfig, model_dir: Path) -> Non
                     if tgt is None:
                         unknown.append(name)
                         continue
-                    param, off, rows = tgt
                     src = sf.get_tensor(name)
+                    if callable(tgt):
+                        tgt(src, f.name)
+                        seen.add(name)
+                        continue
+                    param, off, rows = tgt
                     want = (rows,) + tuple(param.shape[1:])
                     if tuple(src.shape) != want:
                         raise EngineError(f"{f.name}: tensor {name} has shape {tuple(src.shape)}, "
@@ -150,7 +159,7 @@ def load_safetensors(model: LlamaModel, mc: ModelConfig, model_dir: Path) -> Non
         raise EngineError(f"{model_dir}: checkpoint holds tensors this {mc.architecture} does not have "
                           f"(wrong architecture in config.json?): {', '.join(sorted(unknown)[:5])}"
                           + (" …" if len(unknown) > 5 else ""))
-    missing = sorted(set(targets) - seen)
+    missing = sorted(set(targets) - seen - optional)
     if missing:
         raise EngineError(f"{model_dir}: checkpoint is missing {len(missing)} tensor(s): "
                           f"{', '.join(missing[:5])}" + (" …" if len(missing) > 5 else ""))
@@ -158,10 +167,14 @@ def load_safetensors(model: LlamaModel, mc: ModelConfig, model_dir: Path) -> Non
 
 @torch.inference_mode()
 def init_dummy(model: LlamaModel, seed: int) -> None:
-    """Random weights on the model's device: N(0, 0.02) matrices, unit norms, zero biases."""
+    """Random weights on the model's device: N(0, 0.02) matrices, unit norms, zero biases
+    (FP8 projections: the same, quantized)."""
     g = torch.Generator(device=model.embed.device)
     g.manual_seed(seed)
+    init_dummy_fp8(model, g)
     for name, p in model.named_parameters():
+        if p.element_size() == 1:   # FP8 weights, filled above
+            continue
         if p.dim() == 1:
             if "bias" in name:
                 p.zero_()
@@ -172,9 +185,9 @@ def init_dummy(model: LlamaModel, seed: int) -> None:
 
 
 def build_model(mc: ModelConfig, model_dir: Path, load_format: str, dtype: torch.dtype,
-                device: torch.device, seed: int = 0) -> LlamaModel:
+                device: torch.device, seed: int = 0, quant: QuantConfig | None = None) -> LlamaModel:
     try:
-        model = LlamaModel(mc, dtype, device)
+        model = LlamaModel(mc, dtype, device, quant)
     except torch.OutOfMemoryError:
         raise EngineError(f"the model's weights do not fit on {device}") from None
     model.eval()

@@ -20,9 +20,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import ops
-from .linear import Linear, param as _p
+from .linear import param as _p
 from .hf_config import ModelConfig
 from .moe import SparseMoE
+from .quant.config import QuantConfig
+from .quant.linear import build_linear
 from .rope import cos_sin_cache
 
 
@@ -37,36 +39,51 @@ class AttnMeta:
 
 
 class Layer(nn.Module):
-    def __init__(self, mc: ModelConfig, dtype, device, window: int = 0, moe: bool = False):
+    def __init__(self, mc: ModelConfig, dtype, device, window: int = 0, index: int = 0,
+                 quant: QuantConfig | None = None):
         super().__init__()
         self.window = window   # sliding window of this layer's attention; 0 = global
+        self.k_scale = self.v_scale = 1.0   # FP8 KV cache: the checkpoint's scales, else 1
         h, q, kv, i = mc.hidden_size, mc.q_size, mc.kv_size, mc.intermediate_size
+        hf = f"model.layers.{index}."      # the checkpoint's module names (quantization's ignore list)
+
+        def linear(parts, inp, bias):
+            return build_linear(quant, [(hf + n, r) for n, r in parts], inp, bias=bias, dtype=dtype, device=device)
+
+        fused = mc.family == "phi3"
         self.input_norm = _p(h, dtype=dtype, device=device)
         self.post_norm = _p(h, dtype=dtype, device=device)      # the norm before the MLP
         # Gemma: norms on the attention output and on the MLP output
         self.post_attn_norm = _p(h, dtype=dtype, device=device) if mc.gemma_norms else None
         self.post_mlp_norm = _p(h, dtype=dtype, device=device) if mc.gemma_norms else None
-        self.qkv = Linear(q + 2 * kv, h, bias=mc.qkv_bias, dtype=dtype, device=device)
-        self.o = Linear(h, q, bias=mc.o_bias, dtype=dtype, device=device)
+        self.qkv = linear([("self_attn.qkv_proj", q + 2 * kv)] if fused else
+                          [("self_attn.q_proj", q), ("self_attn.k_proj", kv), ("self_attn.v_proj", kv)],
+                          h, mc.qkv_bias)
+        self.o = linear([("self_attn.o_proj", h)], q, mc.o_bias)
         self.q_norm = _p(mc.head_dim, dtype=dtype, device=device) if mc.qk_norm else None
         self.k_norm = _p(mc.head_dim, dtype=dtype, device=device) if mc.qk_norm else None
-        self.moe = SparseMoE(mc, dtype, device) if moe else None
-        if not moe:
-            self.gate_up = Linear(2 * i, h, bias=mc.mlp_bias, dtype=dtype, device=device)
-            self.down = Linear(h, i, bias=mc.mlp_bias, dtype=dtype, device=device)
+        if mc.moe_layers and mc.moe_layers[index]:
+            self.moe = SparseMoE(mc, dtype, device)
+        else:
+            self.moe = None
+            self.gate_up = linear([("mlp.gate_up_proj", 2 * i)] if fused else
+                                  [("mlp.gate_proj", i), ("mlp.up_proj", i)], h, mc.mlp_bias)
+            self.down = linear([("mlp.down_proj", h)], i, mc.mlp_bias)
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, mc: ModelConfig, dtype: torch.dtype, device: torch.device):
+    def __init__(self, mc: ModelConfig, dtype: torch.dtype, device: torch.device,
+                 quant: QuantConfig | None = None):
         super().__init__()
         self.mc = mc
         self.dtype = dtype
         self.embed = _p(mc.vocab_size, mc.hidden_size, dtype=dtype, device=device)
         windows = mc.layer_windows or [0] * mc.num_layers
-        moe = mc.moe_layers or [False] * mc.num_layers
-        self.layers = nn.ModuleList(Layer(mc, dtype, device, w, m) for w, m in zip(windows, moe))
+        self.layers = nn.ModuleList(Layer(mc, dtype, device, w, n, quant) for n, w in enumerate(windows))
         self.norm = _p(mc.hidden_size, dtype=dtype, device=device)
-        self.lm_head = Linear(mc.vocab_size, mc.hidden_size, bias=False, dtype=dtype, device=device)
+        # a tied head shares the embedding, which stays in the model dtype
+        self.lm_head = build_linear(None if mc.tie_word_embeddings else quant, [("lm_head", mc.vocab_size)],
+                                    mc.hidden_size, bias=False, dtype=dtype, device=device)
         if mc.tie_word_embeddings:
             self.lm_head.weight = self.embed
         self.scale = mc.attn_scale or mc.head_dim ** -0.5
@@ -107,19 +124,21 @@ class LlamaModel(nn.Module):
         cos_sin = self.local_cos_sin if L.window and self.local_cos_sin is not None else self._cos_sin
         q, k = mops.apply_rope(q, k, positions, cos_sin)
         k_cache, v_cache = kv[0], kv[1]
-        mops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        # FP8 KV pages: the ops quantize on write and dequantize on read with these
+        kv_scales = dict(k_scale=L.k_scale, v_scale=L.v_scale) if kv.dtype == ops.FP8 else {}
+        mops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping, **kv_scales)
         extra = {}
         if L.window or mc.attn_softcap:   # only the models that use them pass them
             extra = dict(window=L.window, softcap=mc.attn_softcap)
         if meta.cu_seqlens_q is None:
             o = mops.decode_attention(q, k_cache, v_cache, meta.block_tables, meta.context_lens,
-                                      self.scale, **extra)
+                                      self.scale, **extra, **kv_scales)
         elif (meta.no_prefix and q.is_cuda and meta.seqlens_q is not None and not extra
               and (len(meta.seqlens_q) <= 8 or not mops.has_kernel("prefill_attention"))):
             o = _sdpa_varlen(q, k, v, meta.seqlens_q, self.scale)
         else:
             o = mops.prefill_attention(q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q,
-                                      meta.context_lens, self.scale, **extra)
+                                      meta.context_lens, self.scale, **extra, **kv_scales)
         return L.o(o.reshape(t, mc.q_size))
 
     # ------------------------------------------------------------------ forward

@@ -113,19 +113,40 @@ def apply_rope_reference(q: torch.Tensor, k: torch.Tensor, positions: torch.Tens
 
 
 # ---------------------------------------------------------------- KV cache + attention
+# FP8 caches (float8_e4m3fn, `--kv-cache-dtype fp8`): the ops take the layer's per-tensor
+# k_scale / v_scale (value = fp8 * scale); write_kv quantizes, attention dequantizes.
+
+FP8 = torch.float8_e4m3fn
+
+
+def _kv_in(x: torch.Tensor, cache: torch.Tensor, scale: float) -> torch.Tensor:
+    """x as the cache stores it (FP8: divided by the scale, saturated)."""
+    if cache.dtype != FP8:
+        return x.to(cache.dtype)
+    return (x.float() / scale).clamp_(-448.0, 448.0).to(FP8)
+
+
+def _kv_out(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """Cached K or V in float32 (FP8: times its scale)."""
+    return x.float() * scale if x.dtype == FP8 else x.float()
+
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
+             slot_mapping: torch.Tensor, **kv_scales) -> None:
     kern = _kernel("write_kv", k)
     if kern is not None:
-        kern(k, v, k_cache, v_cache, slot_mapping)
+        kern(k, v, k_cache, v_cache, slot_mapping, **kv_scales)
         return
-    write_kv_reference(k, v, k_cache, v_cache, slot_mapping)
+    write_kv_reference(k, v, k_cache, v_cache, slot_mapping, **kv_scales)
 
 
 def write_kv_reference(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                       slot_mapping: torch.Tensor) -> None:
+                       slot_mapping: torch.Tensor, *, k_scale: float = 1.0, v_scale: float = 1.0) -> None:
     hk, d = k.shape[-2], k.shape[-1]
+    if k_cache.dtype == FP8:   # index_copy_ has no float8 kernel on the CPU: copy the bytes
+        k_cache.view(torch.uint8).view(-1, hk, d).index_copy_(0, slot_mapping, _kv_in(k, k_cache, k_scale).view(torch.uint8))
+        v_cache.view(torch.uint8).view(-1, hk, d).index_copy_(0, slot_mapping, _kv_in(v, v_cache, v_scale).view(torch.uint8))
+        return
     k_cache.view(-1, hk, d).index_copy_(0, slot_mapping, k)
     v_cache.view(-1, hk, d).index_copy_(0, slot_mapping, v)
 
@@ -139,14 +160,15 @@ def _gather(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      block_tables: torch.Tensor, context_lens: torch.Tensor,
-                     scale: float, *, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
+                     scale: float, *, window: int = 0, softcap: float = 0.0, **kv_scales) -> torch.Tensor:
     """window > 0: each query sees its last `window` keys (itself included);
     softcap > 0: scores become softcap * tanh(score / softcap) before the softmax."""
     kern = _kernel("decode_attention", q)
     if kern is not None:
-        return kern(q, k_cache, v_cache, block_tables, context_lens, scale, window=window, softcap=softcap)
+        return kern(q, k_cache, v_cache, block_tables, context_lens, scale, window=window, softcap=softcap,
+                    **kv_scales)
     return decode_attention_reference(q, k_cache, v_cache, block_tables, context_lens, scale,
-                                      window=window, softcap=softcap)
+                                      window=window, softcap=softcap, **kv_scales)
 
 
 def _softcap(s: torch.Tensor, softcap: float) -> torch.Tensor:
@@ -155,7 +177,8 @@ def _softcap(s: torch.Tensor, softcap: float) -> torch.Tensor:
 
 def decode_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                block_tables: torch.Tensor, context_lens: torch.Tensor,
-                               scale: float, *, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
+                               scale: float, *, window: int = 0, softcap: float = 0.0,
+                               k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
     b, hq, d = q.shape
     hk = k_cache.shape[2]
     k = _gather(k_cache, block_tables)  # [B, L, Hk, D]
@@ -167,30 +190,30 @@ def decode_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     if window:
         valid &= pos >= ctx - window
     qg = q.view(b, hk, hq // hk, d).float()
-    s = _softcap(torch.einsum("bhgd,blhd->bhgl", qg, k.float()) * scale, softcap)
+    s = _softcap(torch.einsum("bhgd,blhd->bhgl", qg, _kv_out(k, k_scale)) * scale, softcap)
     s = s.masked_fill(~valid[:, None, None, :], float("-inf"))
     p = torch.softmax(s, dim=-1)
-    o = torch.einsum("bhgl,blhd->bhgd", p, v.float())
+    o = torch.einsum("bhgl,blhd->bhgd", p, _kv_out(v, v_scale))
     return o.reshape(b, hq, d).to(q.dtype)
 
 
 def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                       block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor,
                       context_lens: torch.Tensor, scale: float, *, window: int = 0,
-                      softcap: float = 0.0) -> torch.Tensor:
+                      softcap: float = 0.0, **kv_scales) -> torch.Tensor:
     """window and softcap as in decode_attention."""
     kern = _kernel("prefill_attention", q)
     if kern is not None:
         return kern(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
-                    window=window, softcap=softcap)
+                    window=window, softcap=softcap, **kv_scales)
     return prefill_attention_reference(q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, scale,
-                                       window=window, softcap=softcap)
+                                       window=window, softcap=softcap, **kv_scales)
 
 
 def prefill_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                                 block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor,
                                 context_lens: torch.Tensor, scale: float, *, window: int = 0,
-                                softcap: float = 0.0) -> torch.Tensor:
+                                softcap: float = 0.0, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
     t, hq, d = q.shape
     hk = k_cache.shape[2]
     g = hq // hk
@@ -207,6 +230,8 @@ def prefill_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache:
         bt = block_tables[b, :npages].long()
         k = k_cache.index_select(0, bt).reshape(-1, hk, d)[:c]  # [C, Hk, D]
         v = v_cache.index_select(0, bt).reshape(-1, hk, d)[:c]
+        if k_cache.dtype == FP8:
+            k, v = _kv_out(k, k_scale).to(q.dtype), _kv_out(v, v_scale).to(q.dtype)
         qb = q[s0:s1].view(n, hk, g, d).permute(1, 2, 0, 3)  # [Hk, G, N, D]
         kb = k.permute(1, 0, 2).unsqueeze(1)  # [Hk, 1, C, D]
         vb = v.permute(1, 0, 2).unsqueeze(1)

@@ -16,6 +16,8 @@ if TYPE_CHECKING:  # the engine's types; only plan_kv needs them, and only at ru
     from .hf_config import ModelConfig
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+FP8_KV = "fp8_e4m3"                # the KV pages' dtype under --kv-cache-dtype fp8
+KV_DTYPE_BYTES = {**DTYPE_BYTES, FP8_KV: 1}
 _ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32",
             "float": "float32"}
 
@@ -43,9 +45,18 @@ def serving_dtype(requested: str, checkpoint_dtype: str | None, device_type: str
     return "bfloat16" if dtype == "float32" else dtype
 
 
+def kv_cache_dtype(requested: str, dtype: str) -> str:
+    """The KV pages' dtype: the serving dtype for `auto`, fp8_e4m3 for fp8 / fp8_e4m3."""
+    if requested == "auto":
+        return canonical_dtype(dtype)
+    if requested in ("fp8", FP8_KV):
+        return FP8_KV
+    raise EngineError(f"kv_cache_dtype {requested!r} is not auto, fp8 or fp8_e4m3")
+
+
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: str) -> int:
-    """K and V of every layer for one token."""
-    return 2 * num_layers * num_kv_heads * head_dim * DTYPE_BYTES[canonical_dtype(dtype)]
+    """K and V of every layer for one token; dtype: the pages' (a serving dtype or fp8_e4m3)."""
+    return 2 * num_layers * num_kv_heads * head_dim * KV_DTYPE_BYTES[dtype if dtype == FP8_KV else canonical_dtype(dtype)]
 
 
 @dataclass(frozen=True)
@@ -146,8 +157,9 @@ class KVPlan:
 def plan_kv(cfg: EngineConfig, mc: ModelConfig, dtype: str, device_type: str,
             cuda_mem: tuple[int, int] | None = None) -> KVPlan:
     """The pool's size and the context it allows. cuda_mem: (free, total) bytes on the
-    device after the weights are loaded (CUDA only)."""
-    pb = page_bytes(mc, cfg.block_size, dtype)
+    device after the weights are loaded (CUDA only). dtype: the serving dtype; the pages'
+    own follows cfg.kv_cache_dtype."""
+    pb = page_bytes(mc, cfg.block_size, kv_cache_dtype(cfg.kv_cache_dtype, dtype))
     want = wanted_context(cfg, mc)
     if cfg.kv_pages is not None:
         pages = cfg.kv_pages

@@ -22,6 +22,9 @@ SLOW_MODULES = {
     "test_daemon_foreign.py",  # a daemon and a foreign GPU holder, alerted within 2 s
     "test_daemon_lifecycle.py",  # daemons started, crashed, hung and stopped
     "test_engine_agreement.py",  # transformers as the reference
+    "test_fp8_checkpoints.py",  # FP8 checkpoints against transformers with W8A8 emulated
+    "test_fp8_kernels.py",  # Triton's interpreter on the FP8 kernels
+    "test_fp8_kv_and_config.py",  # engines with FP8 KV pages, teacher-forced
     "test_kernels_interpreter.py",  # Triton's CPU interpreter, one subprocess per group
     "test_server_cli.py",  # `zerod serve` subprocesses, SIGTERM drains
     "test_tui_app.py",  # Textual Pilot sessions

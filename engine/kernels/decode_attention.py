@@ -19,6 +19,8 @@ NUM_SPLITS == 1 stage 1 writes the output itself and stage 2 is skipped.
 Sliding window (WINDOW > 0, Mistral / Gemma local layers): the splits cover only the
 last WINDOW tokens. Soft-capping (SOFTCAP, Gemma 2): scores become cap * tanh(s / cap)
 before the softmax. Both are constexpr, so the plain Llama path compiles as before.
+FP8 KV pages (KV_FP8, constexpr): K and V tiles are widened to q's dtype as they are
+loaded; K's scale is folded into the score scale on the host, V's multiplies the output.
 
 No host synchronisation, no data-dependent allocation: graph-capturable.
 """
@@ -43,7 +45,7 @@ def _tanh(x):
 @triton.jit
 def _decode_split_kernel(
     q_ptr, kc_ptr, vc_ptr, bt_ptr, cl_ptr, out_ptr, mid_o_ptr, mid_lse_ptr,
-    qk_scale, cap_in, cap_out,
+    qk_scale, cap_in, cap_out, v_scale,
     stride_qb, stride_qh,
     stride_cp, stride_cs, stride_ch,
     stride_btb,
@@ -52,7 +54,7 @@ def _decode_split_kernel(
     PAGE_SIZE: tl.constexpr,
     GROUP: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr,
     BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, KV_FP8: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
@@ -86,6 +88,8 @@ def _decode_split_kernel(
         page = tl.load(bt_row + offs // PAGE_SIZE, mask=nmask, other=0).to(tl.int64)
         row = page * stride_cp + (offs % PAGE_SIZE) * stride_cs + head_off
         k = tl.load(kc_ptr + row[:, None] + d[None, :], mask=nmask[:, None], other=0.0)
+        if KV_FP8:
+            k = k.to(q.dtype)
         if SOFTCAP:
             qk = _tanh(tl.dot(q, tl.trans(k)) * cap_in) * cap_out
         else:
@@ -96,11 +100,15 @@ def _decode_split_kernel(
         p = tl.exp2(qk - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(vc_ptr + row[:, None] + d[None, :], mask=nmask[:, None], other=0.0)
+        if KV_FP8:
+            v = v.to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
 
     has = l_i > 0.0
     o = tl.where(has[:, None], acc / tl.where(has, l_i, 1.0)[:, None], 0.0)
+    if KV_FP8:
+        o = o * v_scale
     if NUM_SPLITS == 1:
         tl.store(out_ptr + b * stride_ob + qh[:, None] * stride_oh + d[None, :],
                  o.to(out_ptr.dtype.element_ty), mask=hmask[:, None])
@@ -173,8 +181,10 @@ DEFAULT_NUM_STAGES = 2
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
-                     *, window: int = 0, softcap: float = 0.0, num_splits: int | None = None, block_n: int | None = None,
+                     *, window: int = 0, softcap: float = 0.0, k_scale: float = 1.0, v_scale: float = 1.0,
+                     num_splits: int | None = None, block_n: int | None = None,
                      num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
+    """k_scale, v_scale: an FP8 cache's per-tensor scales (value = fp8 * scale)."""
     B, Hq, D = q.shape
     _, page_size, Hk, Dk = k_cache.shape
     assert Dk == D and Hq % Hk == 0, (q.shape, k_cache.shape)
@@ -198,9 +208,10 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         mid_lse = torch.empty((B, Hq, num_splits), dtype=torch.float32, device=q.device)
     else:
         mid_o = mid_lse = out  # unused
+    scale = float(scale) * k_scale   # scores of an FP8 cache: q . k8 * k_scale
     _decode_split_kernel[(B, Hk, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens, out, mid_o, mid_lse,
-        float(scale) * _LOG2E, *_softcap_factors(scale, softcap),
+        scale * _LOG2E, *_softcap_factors(scale, softcap), float(v_scale),
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0),
@@ -208,6 +219,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         Hq,
         PAGE_SIZE=page_size, GROUP=group, BLOCK_H=block_h, D=D,
         BLOCK_N=block_n, NUM_SPLITS=num_splits, WINDOW=int(window), SOFTCAP=bool(softcap),
+        KV_FP8=k_cache.dtype == torch.float8_e4m3fn,
         num_warps=num_warps or DEFAULT_NUM_WARPS,
         num_stages=num_stages or DEFAULT_NUM_STAGES,
     )

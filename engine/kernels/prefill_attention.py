@@ -16,6 +16,8 @@ query need no mask; the diagonal tiles are masked.
 Sliding window (WINDOW > 0): only the tiles holding keys within WINDOW of the block's
 queries are read, all of them masked. Soft-capping (SOFTCAP): cap * tanh(s / cap) on
 each score. Both constexpr: the plain path compiles as before.
+FP8 KV pages (KV_FP8, constexpr): tiles widened to q's dtype on load, K's scale folded
+into the score scale on the host, V's multiplying the output.
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ def _find_seq(cu_ptr, pid, B, BLOCK_M: tl.constexpr):
 def _attn_tile(acc, m_i, l_i, q, kc_ptr, vc_ptr, bt_row, head_off, n0, q_pos, kv_end,
                qk_scale, cap_in, cap_out, stride_cp, stride_cs,
                PAGE_SIZE: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
-               MASKED: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr):
+               MASKED: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+               KV_FP8: tl.constexpr):
     offs = n0 + tl.arange(0, BLOCK_N)
     d = tl.arange(0, D)
     if MASKED:
@@ -61,6 +64,8 @@ def _attn_tile(acc, m_i, l_i, q, kc_ptr, vc_ptr, bt_row, head_off, n0, q_pos, kv
         k = tl.load(kc_ptr + row[:, None] + d[None, :], mask=nmask[:, None], other=0.0)
     else:
         k = tl.load(kc_ptr + row[:, None] + d[None, :])
+    if KV_FP8:
+        k = k.to(q.dtype)
     qk = tl.dot(q, tl.trans(k))
     if SOFTCAP:
         qk = _tanh(qk * cap_in) * cap_out
@@ -84,6 +89,8 @@ def _attn_tile(acc, m_i, l_i, q, kc_ptr, vc_ptr, bt_row, head_off, n0, q_pos, kv
         v = tl.load(vc_ptr + row[:, None] + d[None, :], mask=nmask[:, None], other=0.0)
     else:
         v = tl.load(vc_ptr + row[:, None] + d[None, :])
+    if KV_FP8:
+        v = v.to(q.dtype)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
     return acc, m_new, l_i
 
@@ -91,12 +98,12 @@ def _attn_tile(acc, m_i, l_i, q, kc_ptr, vc_ptr, bt_row, head_off, n0, q_pos, kv
 @triton.jit
 def _prefill_kernel(
     q_ptr, kc_ptr, vc_ptr, bt_ptr, cu_ptr, cl_ptr, o_ptr,
-    qk_scale, cap_in, cap_out, B,
+    qk_scale, cap_in, cap_out, v_scale, B,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_cp, stride_cs, stride_ch, stride_btb,
     PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, KV_FP8: tl.constexpr,
 ):
     pid = tl.program_id(0)
     h = tl.program_id(1)
@@ -132,12 +139,14 @@ def _prefill_kernel(
         for n0 in range(0, full_end, BLOCK_N):
             acc, m_i, l_i = _attn_tile(acc, m_i, l_i, q, kc_ptr, vc_ptr, bt_row, head_off, n0,
                                        q_pos, kv_end, qk_scale, cap_in, cap_out, stride_cp, stride_cs,
-                                       PAGE_SIZE, D, BLOCK_N, False, WINDOW, SOFTCAP)
+                                       PAGE_SIZE, D, BLOCK_N, False, WINDOW, SOFTCAP, KV_FP8)
     for n0 in range(full_end, kv_end, BLOCK_N):
         acc, m_i, l_i = _attn_tile(acc, m_i, l_i, q, kc_ptr, vc_ptr, bt_row, head_off, n0,
                                    q_pos, kv_end, qk_scale, cap_in, cap_out, stride_cp, stride_cs,
-                                   PAGE_SIZE, D, BLOCK_N, True, WINDOW, SOFTCAP)
+                                   PAGE_SIZE, D, BLOCK_N, True, WINDOW, SOFTCAP, KV_FP8)
     o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
+    if KV_FP8:
+        o = o * v_scale
     tl.store(o_ptr + tok[:, None] * stride_ot + h * stride_oh + d[None, :],
              o.to(o_ptr.dtype.element_ty), mask=mmask[:, None])
 
@@ -154,7 +163,8 @@ DEFAULT_NUM_STAGES = 3
 def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                       block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor,
                       context_lens: torch.Tensor, scale: float,
-                      *, window: int = 0, softcap: float = 0.0, block_m: int | None = None, block_n: int | None = None,
+                      *, window: int = 0, softcap: float = 0.0, k_scale: float = 1.0, v_scale: float = 1.0,
+                      block_m: int | None = None, block_n: int | None = None,
                       num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
     T, Hq, D = q.shape
     _, page_size, Hk, Dk = k_cache.shape
@@ -170,13 +180,14 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     block_m = block_m or DEFAULT_BLOCK_M
     block_n = block_n or DEFAULT_BLOCK_N
     grid = (T // block_m + B, Hq)
+    scale = float(scale) * k_scale   # scores of an FP8 cache: q . k8 * k_scale
     _prefill_kernel[grid](
         q, k_cache, v_cache, block_tables, cu_seqlens_q, context_lens, out,
-        1.0 if softcap else float(scale) * _LOG2E, *_softcap_factors(scale, softcap), B,
+        1.0 if softcap else scale * _LOG2E, *_softcap_factors(scale, softcap), float(v_scale), B,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         PAGE_SIZE=page_size, GROUP=Hq // Hk, D=D, BLOCK_M=block_m, BLOCK_N=block_n,
-        WINDOW=int(window), SOFTCAP=bool(softcap),
+        WINDOW=int(window), SOFTCAP=bool(softcap), KV_FP8=k_cache.dtype == torch.float8_e4m3fn,
         num_warps=num_warps or DEFAULT_NUM_WARPS, num_stages=num_stages or DEFAULT_NUM_STAGES,
     )
     return out

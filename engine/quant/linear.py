@@ -1,0 +1,142 @@
+"""`Fp8Linear`: a projection with e4m3 weights, plugged into linear.py's seam.
+
+The model builds every projection through `build_linear`, which gives an `Fp8Linear`
+where the quantization covers the module and a plain `Linear` where it does not (the
+checkpoint's `ignore` list, the LM head under `--quantization fp8`).
+
+Buffers: `weight` float8_e4m3fn [out, in] (row-major, so `weight.t()` is the column-major
+B that `torch._scaled_mm` wants); `weight_scale` float32, one per output row (a per-tensor
+checkpoint scale is copied to each row of its part: q, k and v fused keep their own) or,
+for block weights, one per [bn, bk] block; `input_scale` float32 [1] for static
+activations (fused parts: the largest, as vLLM).
+
+The product on CUDA (compute capability >= 8.9): activations quantized per token by one
+Triton kernel, then `torch._scaled_mm` with per-row A and per-column B scales
+(cuBLASLt), or the Triton block kernel for block weights. Elsewhere, and for shapes
+cuBLASLt refuses (a dimension not a multiple of 16), the reference: weights dequantized,
+activations quantized and dequantized the same way (W8A8 emulated), one F.linear.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import EngineError
+from ..linear import Linear, param
+from . import fp8
+from .config import QuantConfig
+
+MIN_CAPABILITY = (8, 9)   # e4m3 tensor cores: Ada (sm_89), Hopper (sm_90) and newer
+
+
+def check_device(device: torch.device) -> None:
+    """FP8 GEMMs need sm_89+; the CPU runs the reference."""
+    if device.type != "cuda":
+        return
+    cc = torch.cuda.get_device_capability(device)
+    if cc < MIN_CAPABILITY:
+        raise EngineError(f"FP8 needs compute capability 8.9 or newer (Ada, Hopper); "
+                          f"{torch.cuda.get_device_name(device)} is {cc[0]}.{cc[1]}: serve an "
+                          f"unquantized checkpoint, without --quantization fp8 / --kv-cache-dtype fp8")
+
+
+class Fp8Linear(Linear):
+    def __init__(self, out_features: int, in_features: int, *, bias: bool, dtype, device,
+                 scheme: QuantConfig):
+        nn.Module.__init__(self)   # not Linear's: its weight would be allocated in `dtype` first
+        self.out_features, self.in_features = out_features, in_features
+        self.scheme = scheme
+        self.weight = param(out_features, in_features, dtype=fp8.FP8, device=device)
+        self.bias = param(out_features, dtype=dtype, device=device) if bias else None
+        if scheme.weights == "block":
+            bn, bk = scheme.block
+            shape = (-(-out_features // bn), -(-in_features // bk))
+        else:
+            shape = (out_features,)
+        self.register_buffer("weight_scale", torch.ones(shape, dtype=torch.float32, device=device))
+        self.register_buffer("input_scale", torch.zeros(1, dtype=torch.float32, device=device)
+                             if scheme.activations == "static" else None)
+        # cuBLASLt's FP8 GEMM wants K and N multiples of 16
+        self.cublas_ok = in_features % 16 == 0 and out_features % 16 == 0
+
+    # ------------------------------------------------------------------ weights
+    @torch.inference_mode()
+    def set_weight(self, w: torch.Tensor, row0: int = 0) -> None:
+        """Quantize float rows w into rows row0.. (the scheme's granularity: per-row scales
+        for tensor / channel, per-block for block, where row0 must start a block)."""
+        n = w.shape[0]
+        if self.scheme.weights == "block":
+            bn = self.scheme.block[0]
+            q, s = fp8.quantize_blocks(w.to(self.weight.device), self.scheme.block)
+            self.weight.data[row0:row0 + n].copy_(q)
+            self.weight_scale[row0 // bn:row0 // bn + s.shape[0]].copy_(s)
+        else:
+            q, s = fp8.quantize_rows(w.to(self.weight.device))
+            self.weight.data[row0:row0 + n].copy_(q)
+            self.weight_scale[row0:row0 + n].copy_(s)
+
+    def dequantized(self) -> torch.Tensor:
+        """float32 [out, in]: the weights as the checkpoint means them."""
+        if self.scheme.weights == "block":
+            return fp8.dequantize_blocks(self.weight, self.weight_scale, self.scheme.block)
+        return self.weight.float() * self.weight_scale.unsqueeze(1)
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        if x.is_cuda and self.scheme.activations != "none" and (self.cublas_ok or self.scheme.weights == "block"):
+            y = self._cuda(x2)
+        else:
+            y = self.reference(x2)
+        return y.reshape(*shape[:-1], self.out_features)
+
+    def _cuda(self, x: torch.Tensor) -> torch.Tensor:
+        from . import triton_fp8
+
+        if self.scheme.weights == "block":
+            bk = self.scheme.block[1]
+            xq, xs = triton_fp8.quantize_token_groups(x, bk)
+            y = triton_fp8.block_fp8_matmul(xq, xs, self.weight, self.weight_scale, self.scheme.block, x.dtype)
+        else:
+            xq, xs = triton_fp8.quantize_tokens(x, self.input_scale)
+            if self.input_scale is not None:
+                xs = xs.contiguous()   # rowwise scaling wants a real [T, 1] tensor
+            y = torch._scaled_mm(xq, self.weight.t(), scale_a=xs, scale_b=self.weight_scale.view(1, -1),
+                                 out_dtype=x.dtype)
+        return y if self.bias is None else y + self.bias
+
+    def reference(self, x: torch.Tensor) -> torch.Tensor:
+        """The CPU's product, and the check of the CUDA one: dequantized weights, and the
+        activations through FP8 and back as the kernels quantize them."""
+        acts = self.scheme.activations
+        if acts == "token":
+            x = fp8.qdq_groups(x, self.scheme.block[1]) if self.scheme.weights == "block" else fp8.qdq_rows(x)
+        elif acts == "static":
+            x = fp8.qdq_static(x, self.input_scale)
+        return F.linear(x, self.dequantized().to(x.dtype), self.bias)
+
+
+def build_linear(quant: QuantConfig | None, parts: list[tuple[str, int]], in_features: int,
+                 *, bias: bool, dtype, device) -> Linear:
+    """The projection of the HF modules `parts` ((name, rows), fused in order: q/k/v,
+    gate/up), quantized as the checkpoint or flag says. Fused parts must agree on
+    being ignored, and block weights must tile each part."""
+    out_features = sum(rows for _, rows in parts)
+    if quant is None:
+        return Linear(out_features, in_features, bias=bias, dtype=dtype, device=device)
+    ignored = {m: quant.ignored(m) for m, _ in parts}
+    if len(set(ignored.values())) > 1:
+        raise EngineError(f"quantization ignores {', '.join(m for m, i in ignored.items() if i)} but not "
+                          f"{', '.join(m for m, i in ignored.items() if not i)}: the engine fuses them "
+                          f"into one projection, which must be quantized alike")
+    if all(ignored.values()):
+        return Linear(out_features, in_features, bias=bias, dtype=dtype, device=device)
+    if quant.weights == "block":
+        bn, bk = quant.block
+        if any(rows % bn for _, rows in parts[:-1]):   # a fused part must start a block
+            raise EngineError(f"{parts[0][0]}: {out_features}x{in_features} does not divide into the "
+                              f"checkpoint's {bn}x{bk} weight blocks")
+    return Fp8Linear(out_features, in_features, bias=bias, dtype=dtype, device=device, scheme=quant)

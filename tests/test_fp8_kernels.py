@@ -1,0 +1,136 @@
+"""The FP8 kernels against their torch references: activation quantization per token and
+per group, the block-scaled GEMM, `Fp8Linear` through `torch._scaled_mm`, and the KV
+cache's FP8 pages in write_kv and the decode / prefill attention kernels.
+
+On the CPU through Triton's interpreter (it takes float8; one subprocess, the interpreter
+must be on before the kernels are defined; attention in fp16 there, as in
+test_kernels_interpreter.py), and on the GPU with the real kernels (@gpu). Tolerances:
+quantized values within one e4m3 step on the CPU (the interpreter truncates where the GPU
+rounds) and equal to 1e-3 on the GPU,
+products and attention to 1e-2 relative (the references dequantize in float32).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((out.double() - ref.double()).norm() / ref.double().norm().clamp(min=1e-12))
+
+
+def run_checks(device: torch.device) -> list[tuple[str, float, float]]:
+    """(case, error, tolerance) for every FP8 kernel on device."""
+    from zerod.engine import ops
+    from zerod.engine.kernels import load_kernels
+    from zerod.engine.quant import fp8, triton_fp8
+    from zerod.engine.quant.config import QuantConfig
+    from zerod.engine.quant.linear import Fp8Linear
+
+    g = torch.Generator().manual_seed(5)
+    adt = torch.bfloat16 if device.type == "cuda" else torch.float16
+    rnd = lambda *s, dt=torch.float32: torch.randn(*s, generator=g).to(device=device, dtype=dt)  # noqa: E731
+    out = []
+    # quantized values: the interpreter truncates (error up to one e4m3 step, 1/8 relative),
+    # the GPU rounds to nearest as torch does (a rare tie apart, equal)
+    qtol = 1 / 8 if device.type == "cpu" else 1e-3
+    for T, K in [(1, 256), (5, 4096), (3, 14336)]:
+        x = rnd(T, K, dt=adt)
+        q, s = triton_fp8.quantize_tokens(x)
+        rq, rs = fp8.quantize_rows(x)
+        out.append((f"quantize_tokens T={T} K={K} scale", _rel(s[:, 0], rs), 1e-6))
+        out.append((f"quantize_tokens T={T} K={K} values", _rel(q.float() * s, rq.float() * rs[:, None]), qtol))
+        st = torch.tensor([0.01], device=device)
+        q2, _ = triton_fp8.quantize_tokens(x, st)
+        out.append((f"quantize_tokens static T={T}", _rel(q2.float(), fp8.quantize(x, st).float()), qtol))
+        qg, sg = triton_fp8.quantize_token_groups(x, 128)
+        rqg, rsg = fp8.quantize_groups(x, 128)
+        out.append((f"quantize_token_groups T={T} K={K}", _rel(sg, rsg), 1e-6))
+    for M, N, K in [(1, 384, 256), (17, 256, 512), (70, 640, 384)]:
+        a, b = rnd(M, K, dt=adt), rnd(N, K) * 0.05
+        aq, as_ = triton_fp8.quantize_token_groups(a, 128)
+        bq, bs = fp8.quantize_blocks(b, (128, 128))
+        y = triton_fp8.block_fp8_matmul(aq, as_, bq, bs, (128, 128), torch.float32)
+        ref = (aq.float().view(M, -1, 128) * as_[..., None]).view(M, K) @ fp8.dequantize_blocks(bq, bs, (128, 128)).t()
+        out.append((f"block_fp8_matmul M={M} N={N} K={K}", _rel(y, ref), 1e-4))
+    if device.type == "cuda":   # torch._scaled_mm: cuBLASLt, CUDA only
+        for scheme in (QuantConfig("online", "channel", "token"), QuantConfig("fp8", "tensor", "static"),
+                       QuantConfig("fp8", "block", "token", block=(128, 128))):
+            lin = Fp8Linear(512, 256, bias=True, dtype=torch.bfloat16, device=device, scheme=scheme)
+            lin.set_weight(rnd(512, 256) * 0.05)
+            lin.bias.data.copy_(rnd(512, dt=torch.bfloat16))
+            if lin.input_scale is not None:
+                lin.input_scale.fill_(4.0 / 448)
+            for M in (1, 5, 17, 300):
+                x = rnd(M, 256, dt=torch.bfloat16)
+                out.append((f"Fp8Linear {scheme.weights}/{scheme.activations} M={M}",
+                            _rel(lin(x).float(), lin.reference(x).float()), 1e-2))
+    K_ = load_kernels()
+    # KV cache: FP8 pages with per-tensor scales
+    ks, vs = 0.02, 0.03
+    hk, d, ps, pages = 2, 64, 8, 24
+    kc = torch.zeros(pages, ps, hk, d, dtype=torch.float8_e4m3fn, device=device)
+    vc = torch.zeros_like(kc)
+    kr, vr = kc.clone(), vc.clone()
+    k, v = rnd(20, hk, d, dt=adt), rnd(20, hk, d, dt=adt)
+    slots = (ps + torch.randperm((pages - 1) * ps, generator=g)[:20]).to(device)
+    K_["write_kv"](k, v, kc, vc, slots, k_scale=ks, v_scale=vs)
+    ops.write_kv_reference(k, v, kr, vr, slots, k_scale=ks, v_scale=vs)
+    out.append(("write_kv fp8", max(_rel(kc.float() * ks, kr.float() * ks), _rel(vc.float() * vs, vr.float() * vs)),
+                qtol))
+    kc = (rnd(pages, ps, hk, d) / ks).clamp(-448, 448).to(torch.float8_e4m3fn)
+    vc = (rnd(pages, ps, hk, d) / vs).clamp(-448, 448).to(torch.float8_e4m3fn)
+    bt = torch.randperm(pages - 1, generator=g)[:20].add(1).view(2, 10).int().to(device)
+    for extra in ({}, {"window": 9}):
+        q = rnd(2, 8, d, dt=adt)
+        cl = torch.tensor([50, 77], dtype=torch.int32, device=device)
+        o = K_["decode_attention"](q, kc, vc, bt, cl, d ** -0.5, k_scale=ks, v_scale=vs, **extra)
+        r = ops.decode_attention_reference(q.float(), kc, vc, bt, cl, d ** -0.5, k_scale=ks, v_scale=vs, **extra)
+        out.append((f"decode_attention fp8 kv {extra}", _rel(o.float(), r), 1e-2))
+        ql = [7, 30]
+        cu = torch.tensor([0, 7, 37], dtype=torch.int32, device=device)
+        q = rnd(37, 8, d, dt=adt)
+        o = K_["prefill_attention"](q, kc, vc, bt, cu, cl, d ** -0.5, k_scale=ks, v_scale=vs, **extra)
+        r = ops.prefill_attention_reference(q.float(), kc, vc, bt, cu, cl, d ** -0.5, k_scale=ks, v_scale=vs, **extra)
+        out.append((f"prefill_attention fp8 kv q={ql} {extra}", _rel(o.float(), r), 1e-2))
+    return out
+
+
+def _report(res) -> str:
+    return "\n".join(f"{'ok ' if e <= t else 'BAD'} {name}: {e:.2e} (tol {t:.0e})" for name, e, t in res)
+
+
+SCRIPT = r"""
+import torch
+from kernel_checks import patch_triton_interpreter
+patch_triton_interpreter()
+from test_fp8_kernels import run_checks, _report
+res = run_checks(torch.device("cpu"))
+print(_report(res))
+print("RESULT", "ok" if all(e <= t for _, e, t in res) else "bad")
+"""
+
+
+def test_fp8_kernels_in_interpreter():
+    env = dict(os.environ, TRITON_INTERPRET="1",
+               PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    p = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert "RESULT ok" in p.stdout, p.stdout + p.stderr[-4000:]
+
+
+@pytest.mark.gpu
+def test_fp8_kernels_on_gpu():
+    res = run_checks(torch.device("cuda"))
+    assert all(e <= t for _, e, t in res), _report(res)
