@@ -73,6 +73,14 @@ def test_logits_match_transformers(moe_model):
     check_logits(d, m, ps)
 
 
+@pytest.mark.slow
+def test_fp8_weights_refused_for_experts(moe_model):
+    family, d, *_ = moe_model
+    from zerod.engine.engine import Engine, EngineConfig
+    with pytest.raises(EngineError, match="FP8 weights for mixtures of experts are not supported"):
+        Engine(EngineConfig(model=str(d), quantization="fp8", kv_pages=64))
+
+
 def _raw(**over):
     raw = {"architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 64, "intermediate_size": 96,
            "num_hidden_layers": 4, "num_attention_heads": 4, "vocab_size": 100, "num_experts": 8,
