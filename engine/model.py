@@ -8,6 +8,8 @@ extra norms after attention and after the MLP, GeGLU, scaled embeddings, soft-ca
 per-layer sliding windows (with their own RoPE base in Gemma 3).
 The forward takes a flat batch of tokens ([T]) with their positions and the attention
 metadata of the step (prefill chunks or one decode token per sequence).
+Split over tensor-parallel ranks (`tp`, parallel.py), each rank builds the model with its
+heads and MLP slice (`rank_config`), row-parallel o / down, and its rows of the vocabulary.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import ops
-from .linear import Linear, param as _p
+from .linear import Linear, VocabParallelHead, param as _p, row_linear
 from .hf_config import ModelConfig
+from .parallel import rank_config, vocab_rows
 from .rope import cos_sin_cache
 
 
@@ -35,7 +38,7 @@ class AttnMeta:
 
 
 class Layer(nn.Module):
-    def __init__(self, mc: ModelConfig, dtype, device, window: int = 0):
+    def __init__(self, mc: ModelConfig, dtype, device, window: int = 0, tp=None):
         super().__init__()
         self.window = window   # sliding window of this layer's attention; 0 = global
         h, q, kv, i = mc.hidden_size, mc.q_size, mc.kv_size, mc.intermediate_size
@@ -45,23 +48,31 @@ class Layer(nn.Module):
         self.post_attn_norm = _p(h, dtype=dtype, device=device) if mc.gemma_norms else None
         self.post_mlp_norm = _p(h, dtype=dtype, device=device) if mc.gemma_norms else None
         self.qkv = Linear(q + 2 * kv, h, bias=mc.qkv_bias, dtype=dtype, device=device)
-        self.o = Linear(h, q, bias=mc.o_bias, dtype=dtype, device=device)
+        self.o = row_linear(h, q, bias=mc.o_bias, dtype=dtype, device=device, tp=tp)
         self.q_norm = _p(mc.head_dim, dtype=dtype, device=device) if mc.qk_norm else None
         self.k_norm = _p(mc.head_dim, dtype=dtype, device=device) if mc.qk_norm else None
         self.gate_up = Linear(2 * i, h, bias=mc.mlp_bias, dtype=dtype, device=device)
-        self.down = Linear(h, i, bias=mc.mlp_bias, dtype=dtype, device=device)
+        self.down = row_linear(h, i, bias=mc.mlp_bias, dtype=dtype, device=device, tp=tp)
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, mc: ModelConfig, dtype: torch.dtype, device: torch.device):
+    def __init__(self, mc: ModelConfig, dtype: torch.dtype, device: torch.device, tp=None):
         super().__init__()
-        self.mc = mc
+        self.tp = tp
+        n = tp.world if tp is not None else 1
+        self.mc = mc = rank_config(mc, n)
         self.dtype = dtype
-        self.embed = _p(mc.vocab_size, mc.hidden_size, dtype=dtype, device=device)
+        rows = vocab_rows(mc.vocab_size, n)
+        self.vocab_start = tp.rank * rows if tp is not None else 0
+        self.embed = _p(rows, mc.hidden_size, dtype=dtype, device=device)
         windows = mc.layer_windows or [0] * mc.num_layers
-        self.layers = nn.ModuleList(Layer(mc, dtype, device, w) for w in windows)
+        self.layers = nn.ModuleList(Layer(mc, dtype, device, w, tp) for w in windows)
         self.norm = _p(mc.hidden_size, dtype=dtype, device=device)
-        self.lm_head = Linear(mc.vocab_size, mc.hidden_size, bias=False, dtype=dtype, device=device)
+        if tp is None:
+            self.lm_head = Linear(mc.vocab_size, mc.hidden_size, bias=False, dtype=dtype, device=device)
+        else:
+            self.lm_head = VocabParallelHead(mc.vocab_size, rows, mc.hidden_size, dtype=dtype,
+                                             device=device, tp=tp)
         if mc.tie_word_embeddings:
             self.lm_head.weight = self.embed
         self.scale = mc.attn_scale or mc.head_dim ** -0.5
@@ -122,7 +133,7 @@ class LlamaModel(nn.Module):
                 meta: AttnMeta) -> torch.Tensor:
         """hidden states after the final norm, [T, hidden]. kv: [layers, 2, pages, page, Hk, D]."""
         eps = self.mc.rms_norm_eps
-        h = F.embedding(input_ids, self.embed)
+        h = self._embed(input_ids)
         if self.embed_scale is not None:
             h = h * self.embed_scale
         residual = None
@@ -141,6 +152,16 @@ class LlamaModel(nn.Module):
                 h = ops.rms_norm(h, L.post_mlp_norm, eps)
         x, _ = ops.fused_add_rms_norm(h, residual, self.norm, eps)
         return x
+
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.tp is None:
+            return F.embedding(ids, self.embed)
+        # vocabulary-parallel: each rank looks up the ids in its rows, zeros the others; the sum
+        # over the ranks is the embedding
+        local = ids - self.vocab_start
+        outside = (local < 0) | (local >= self.embed.shape[0])
+        h = F.embedding(local.masked_fill(outside, 0), self.embed)
+        return self.tp.all_reduce(h.masked_fill_(outside.unsqueeze(-1), 0.0))
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(hidden).float()

@@ -195,6 +195,7 @@ class DecodeInputs:
     logit_rules: LogitRules
     logprob_rows: LogprobRows | None
     grammar: GrammarRows | None = None  # the rows with a structured-output mask
+    width: int = 0               # block-table columns an eager decode reads (no paged kernel)
 
 
 @dataclass
@@ -202,12 +203,14 @@ class StepInputs:
     upload: SlotUpload | None
     prefill: PrefillInputs | None
     decode: DecodeInputs | None
+    words: int = 0               # packed staging words (tensor parallelism ships them)
 
 
 class ModelRunner:
     def __init__(self, cfg: EngineConfig, mc: ModelConfig, model: LlamaModel, pool: KVPool,
                  device: torch.device, max_model_len: int, eos_ids: list[int]):
         self.cfg, self.mc, self.model, self.pool, self.device = cfg, mc, model, pool, device
+        self.channel = None         # tensor parallelism, rank 0: tp_channel.StepChannel
         self.cuda = device.type == "cuda"
         self.ps = pool.page_size
         self.max_model_len = max_model_len
@@ -286,6 +289,7 @@ class ModelRunner:
             if d_g is not None:
                 d.grammar = d_g
         pk.ship()
+        inputs.words = pk.used
         return inputs
 
     def _stage_upload(self, pk: Packer, reqs: list[Request]) -> SlotUpload:
@@ -394,7 +398,8 @@ class ModelRunner:
                                            dtype=np.int64, count=B)),
             reqs=decodes,
             logit_rules=self._stage_rules(pk, decodes, lambda r: r.prompt_len + r.num_scheduled),
-            logprob_rows=self._stage_logprob_rows(pk, decodes))
+            logprob_rows=self._stage_logprob_rows(pk, decodes),
+            width=max((r.prompt_len + r.num_scheduled - 1) // self.ps + 1 for r in decodes))
 
     @staticmethod
     def _stage_logprob_rows(pk: Packer, reqs: list[Request]) -> LogprobRows | None:
@@ -405,6 +410,8 @@ class ModelRunner:
 
     def launch(self, ring_idx: int, x: StepInputs) -> list[Request]:
         """The device work of a staged step, in stream order; no host sync."""
+        if self.channel is not None:   # tensor parallelism: the other ranks run the same forward
+            self.channel.send_step(x)
         if x.upload is not None:
             self._write_slot_tables(x.upload)
         ring_tokens = self.ring.tokens[ring_idx]
@@ -423,6 +430,8 @@ class ModelRunner:
             ring_tokens[len(rows):len(rows) + len(x.decode.reqs)].copy_(decode_tok, non_blocking=True)
             self._copy_logprobs(ring_idx, len(rows), logits, decode_tok, x.decode.logprob_rows)
             rows += x.decode.reqs
+        if self.channel is not None:
+            self.channel.send_tokens(prefill_tok, decode_tok)
         # the next step's decode inputs, written last: a step that raised before here
         # left last_tokens as it was, so it can be redone
         if prefill_tok is not None:
@@ -478,23 +487,29 @@ class ModelRunner:
         does), and the raw logits it was sampled from."""
         if p.tok_slots is not None:
             self.pen.record(p.tok_slots, p.positions[:p.n_real], p.tokens[:p.n_real])
-        if p.padded:
-            logits = self._prefill_padded(p)
-        else:
-            meta = AttnMeta(slot_mapping=p.slot_mapping, block_tables=self.block_table[p.slots, :p.width],
-                            context_lens=p.context_lens, cu_seqlens_q=p.cu_seqlens,
-                            no_prefix=p.no_prefix, seqlens_q=p.seqlens)
-            hidden = self.model(p.tokens, p.positions, self.pool.kv, meta)
-            if not p.sample_reqs:
-                return None, None
-            logits = self.model.logits(hidden.index_select(0, p.sample_idx))
+        logits = self.prefill_logits(p)
+        if logits is None:
+            return None, None
         final = self._logit_rules(logits, p.sample_slots, p.logit_rules, seq_lens=None)
         return self._sample(final, p.sample_slots, torch.zeros_like(p.sample_slots), p.sample_reqs,
                             p.grammar), logits
 
+    def prefill_logits(self, p: PrefillInputs) -> torch.Tensor | None:
+        """The forward of the step's prompt chunks: logits of the rows that complete a
+        prompt (None: no chunk does). Every tensor-parallel rank runs it."""
+        if p.padded:
+            return self._prefill_padded(p)
+        meta = AttnMeta(slot_mapping=p.slot_mapping, block_tables=self.block_table[p.slots, :p.width],
+                        context_lens=p.context_lens, cu_seqlens_q=p.cu_seqlens,
+                        no_prefix=p.no_prefix, seqlens_q=p.seqlens)
+        hidden = self.model(p.tokens, p.positions, self.pool.kv, meta)
+        if not p.sample_idx.numel():
+            return None
+        return self.model.logits(hidden.index_select(0, p.sample_idx))
+
     def _decode(self, d: DecodeInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """One token per decoding request, and the raw logits it was sampled from."""
-        logits = self._decode_logits(len(d.reqs), d.slots, d.positions, d.reqs)
+        logits = self.decode_logits(d)
         gen = d.positions - self.prompt_len.index_select(0, d.slots) + 1
         final = self._logit_rules(logits, d.slots, d.logit_rules, seq_lens=d.positions + 1)
         return self._sample(final, d.slots, gen, d.reqs, d.grammar), logits
@@ -593,8 +608,10 @@ class ModelRunner:
         hidden = self.model(ids, pos, self.pool.kv, meta)
         return self.model.logits(hidden)
 
-    def _decode_logits(self, B: int, slots: torch.Tensor, pos: torch.Tensor,
-                       reqs: list[Request]) -> torch.Tensor:
+    def decode_logits(self, d: DecodeInputs) -> torch.Tensor:
+        """The decode forward (a captured graph per batch bucket); every tensor-parallel
+        rank runs it."""
+        B, slots, pos = d.slots.numel(), d.slots, d.positions
         bucket = next((b for b in self.buckets if b >= B), None)
         if bucket is not None and bucket in self.graphs:
             g, out = self.graphs[bucket]
@@ -608,7 +625,7 @@ class ModelRunner:
         if self.cuda and self.model.ops.has_kernel("decode_attention"):
             w = self.W   # the kernel reads only the pages it needs; same launch shape as the graphs
         else:
-            w = max((r.prompt_len + r.num_scheduled - 1) // self.ps + 1 for r in reqs)
+            w = d.width
         return self._decode_forward(slots, pos, w)
 
     @torch.inference_mode()
@@ -638,6 +655,8 @@ class ModelRunner:
             self.buckets = buckets
             log.info("captured decode CUDA graphs for batch sizes %s", buckets)
         except Exception as exc:  # noqa: BLE001
+            if self.model.tp is not None:   # the ranks must all replay or all run eager
+                raise
             log.warning("CUDA graph capture failed (%s); decode runs eager", exc)
             self.graphs.clear()
             self.buckets = []
@@ -649,6 +668,8 @@ class ModelRunner:
             self._capture_prefill_graphs(pool)
             log.info("captured prefill CUDA graphs for %s padded tokens", sorted(self.pgraphs))
         except Exception as exc:  # noqa: BLE001
+            if self.model.tp is not None:
+                raise
             log.warning("prefill CUDA graph capture failed (%s); prompts prefill eager", exc)
             self.pgraphs.clear()
             self.pad_prefill = False
@@ -662,6 +683,8 @@ class ModelRunner:
         of prompt[:split], a chunked prefill of prompt[split:-1] over that cached prefix,
         then one (eager) decode step for the last token."""
         n = len(prompt)
+        if self.model.tp is not None:
+            raise ValueError("score_last runs one process's forward; it has no tensor-parallel form")
         if not 1 <= split <= n - 1:
             raise ValueError("need 1 <= split <= len(prompt) - 1")
         pages = self.pool.reserve(self.pool.pages_for(n))
