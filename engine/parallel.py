@@ -82,6 +82,10 @@ def kv_head_start(mc: ModelConfig, rank: int, n: int) -> int:
     return rank * mc.num_kv_heads // n      # replicated: the head its query heads read
 
 
+# torch 2.13 renamed all_gather_into_tensor (rank r's input at rows r*T of the output)
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -111,7 +115,7 @@ class TPGroup:
         """[T, C] on every rank -> [T, world * C], rank r's columns at r*C."""
         t, c = x.shape
         out = torch.empty(self.world * t, c, dtype=x.dtype, device=x.device)
-        dist.all_gather_into_tensor(out, x.contiguous())
+        _all_gather(out, x.contiguous())
         return out.view(self.world, t, c).permute(1, 0, 2).reshape(t, self.world * c)
 
     def broadcast(self, x: torch.Tensor) -> torch.Tensor:

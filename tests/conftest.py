@@ -22,6 +22,7 @@ SLOW_MODULES = {
     "test_daemon_foreign.py",  # a daemon and a foreign GPU holder, alerted within 2 s
     "test_daemon_lifecycle.py",  # daemons started, crashed, hung and stopped
     "test_engine_agreement.py",  # transformers as the reference
+    "test_engine_tp.py",  # tensor-parallel ranks as processes (gloo), `zerod serve -tp 2`
     "test_kernels_interpreter.py",  # Triton's CPU interpreter, one subprocess per group
     "test_server_cli.py",  # `zerod serve` subprocesses, SIGTERM drains
     "test_tui_app.py",  # Textual Pilot sessions
