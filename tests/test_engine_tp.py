@@ -223,3 +223,48 @@ def test_a_killed_rank0_takes_its_workers_along(served):
     p.kill()
     p.wait(10)
     assert _wait_gone(workers, 10) == [], "a worker outlived its rank 0"
+
+
+# ---------------------------------------------------------------------- two GPUs
+
+@pytest.mark.gpu
+def test_tp2_on_two_gpus_with_graphs_equals_transformers(llama):
+    """NCCL ranks on cuda:0 and cuda:1, decode and prefill graphs captured with their
+    all-reduces inside: float32 greedy tokens still equal transformers'."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"needs 2 GPUs, this host has {torch.cuda.device_count()}")
+    d, ps, ref = llama
+    eng = Engine(EngineConfig(model=str(d), device="cuda", dtype="float32", block_size=16,
+                              kv_pages=400, tensor_parallel_size=2))
+    assert eng.stats().cuda_graphs, "decode graphs were not captured"
+    eng.start()
+    try:
+        sp = SamplingParams(max_tokens=NEW, temperature=0.0, ignore_eos=True)
+        batched = [r["token_ids"] for r in generate(eng, ps, sp)]
+        alone = [generate(eng, [p], sp)[0]["token_ids"] for p in ps[:3]]   # graphs at batch 1
+    finally:
+        eng.shutdown(0)
+    assert batched == ref
+    assert alone == ref[:3]
+
+
+@pytest.mark.gpu
+def test_tp2_bf16_on_two_gpus_follows_tp1(tmp_path):
+    """bf16 (the serving dtype): TP=2's first greedy tokens follow TP=1's (the sums run
+    in another order, so only the start of each continuation is compared)."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"needs 2 GPUs, this host has {torch.cuda.device_count()}")
+    make_checkpoint(tmp_path, "llama", hidden_size=256, num_heads=8, num_kv_heads=2,
+                    intermediate_size=512, seed=3, dtype="bfloat16")
+    ps = prompts(load_model_config(tmp_path).vocab_size)
+    sp = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+    got = {}
+    for tp in (1, 2):
+        eng = Engine(EngineConfig(model=str(tmp_path), device="cuda", kv_pages=400, tensor_parallel_size=tp))
+        eng.start()
+        try:
+            got[tp] = [r["token_ids"][:2] for r in generate(eng, ps, sp)]
+        finally:
+            eng.shutdown(0)
+    same = sum(a == b for a, b in zip(got[1], got[2]))
+    assert same >= len(ps) - 1, (got[1], got[2])
