@@ -399,7 +399,14 @@ class ModelRunner:
             reqs=decodes,
             logit_rules=self._stage_rules(pk, decodes, lambda r: r.prompt_len + r.num_scheduled),
             logprob_rows=self._stage_logprob_rows(pk, decodes),
-            width=max((r.prompt_len + r.num_scheduled - 1) // self.ps + 1 for r in decodes))
+            width=self._decode_width(decodes))
+
+    def _decode_width(self, decodes: list[Request]) -> int:
+        """Block-table columns a decode reads: all of them for the paged kernel (one launch
+        shape, as the graphs), else the longest request's pages."""
+        if self.cuda and self.model.ops.has_kernel("decode_attention"):
+            return self.W
+        return max((r.prompt_len + r.num_scheduled - 1) // self.ps + 1 for r in decodes)
 
     @staticmethod
     def _stage_logprob_rows(pk: Packer, reqs: list[Request]) -> LogprobRows | None:
@@ -622,11 +629,7 @@ class ModelRunner:
                 self.g_pos[B:bucket].zero_()
             g.replay()
             return out[:B]
-        if self.cuda and self.model.ops.has_kernel("decode_attention"):
-            w = self.W   # the kernel reads only the pages it needs; same launch shape as the graphs
-        else:
-            w = d.width
-        return self._decode_forward(slots, pos, w)
+        return self._decode_forward(slots, pos, d.width)
 
     @torch.inference_mode()
     def capture_graphs(self) -> None:

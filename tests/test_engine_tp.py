@@ -268,3 +268,27 @@ def test_tp2_bf16_on_two_gpus_follows_tp1(tmp_path):
             eng.shutdown(0)
     same = sum(a == b for a, b in zip(got[1], got[2]))
     assert same >= len(ps) - 1, (got[1], got[2])
+
+
+@pytest.mark.gpu
+def test_tp2_decode_step_has_no_host_sync_on_rank0(llama):
+    """The step channel and the collectives queue in stream order: rank 0's step loop never
+    waits for the GPU (the header goes over gloo, host to host)."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"needs 2 GPUs, this host has {torch.cuda.device_count()}")
+    d, ps, _ = llama
+    eng = Engine(EngineConfig(model=str(d), device="cuda", dtype="bfloat16", kv_pages=256,
+                              max_num_seqs=8, tensor_parallel_size=2))
+    eng.start()
+    try:
+        sp = SamplingParams(max_tokens=16, temperature=0.5, ignore_eos=True)
+        generate(eng, ps[:2], sp)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            r = generate(eng, ps[2:4], sp)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        assert [x["finish_reason"] for x in r] == ["length", "length"]
+        assert eng.stats().healthy
+    finally:
+        eng.shutdown(0)
