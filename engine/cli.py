@@ -162,6 +162,10 @@ def _check_model(ctx, param, value):
               help="KV page size in tokens (a power of two).")
 @click.option("--device", type=Device(), default=_DEFAULT["device"], show_default=True,
               help="cpu, cuda, cuda:N; auto = cuda if available.")
+@click.option("--tensor-parallel-size", "-tp", type=click.IntRange(min=1),
+              default=_DEFAULT["tensor_parallel_size"], show_default=True,
+              help="Split the model over N GPUs (the first N visible: set CUDA_VISIBLE_DEVICES), "
+                   "one process per GPU; on the CPU, N processes.")
 @click.option("--enforce-eager", is_flag=True, default=_DEFAULT["enforce_eager"],
               help="CUDA: no CUDA graphs.")
 @click.option("--seed", type=int, default=_DEFAULT["seed"], show_default=True,
@@ -200,7 +204,7 @@ def serve(model, served_model_name, tokenizer, dtype, load_format, quantization,
           max_num_seqs, max_num_batched_tokens, max_prefill_tokens_idle, enable_prefix_caching,
           target_itl_ms, target_ttft_ms, min_prefill_chunk, max_waiting,
           gpu_memory_utilization, kv_pages,
-          kv_cache_memory_bytes, block_size, device, enforce_eager, seed, host, port, api_key,
+          kv_cache_memory_bytes, block_size, device, tensor_parallel_size, enforce_eager, seed, host, port, api_key,
           drain_timeout, default_max_tokens, allowed_origins, allowed_methods, allowed_headers,
           allow_credentials, chat_template, enable_auto_tool_choice, tool_call_parser,
           log_level):
@@ -237,7 +241,8 @@ def serve(model, served_model_name, tokenizer, dtype, load_format, quantization,
             target_ttft_ms=target_ttft_ms, min_prefill_chunk=min_prefill_chunk,
             gpu_memory_utilization=gpu_memory_utilization, kv_pages=kv_pages,
             kv_cache_memory_bytes=kv_cache_memory_bytes, block_size=block_size,
-            device=device, enforce_eager=enforce_eager, seed=seed)
+            device=device, tensor_parallel_size=tensor_parallel_size,
+            enforce_eager=enforce_eager, seed=seed)
     except EngineError as exc:
         raise click.UsageError(str(exc)) from None
     _warn_exposure(host, api_key)

@@ -62,6 +62,7 @@ class EngineConfig:
     target_itl_ms: float = 50.0
     target_ttft_ms: float = 100.0
     min_prefill_chunk: int = 256
+    tensor_parallel_size: int = 1          # ranks (GPUs) the model is split over (parallel.py)
 
     @property
     def prefill_token_cap(self) -> int:
@@ -93,6 +94,9 @@ class EngineConfig:
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and 0 < v < 1e6):
                 bad(f"{name} must be a number of milliseconds in (0, 1e6)")
+        if isinstance(self.tensor_parallel_size, bool) or not isinstance(self.tensor_parallel_size, int) \
+                or self.tensor_parallel_size < 1:
+            bad("tensor_parallel_size must be a whole number >= 1")
         if self.min_prefill_chunk < 1:
             bad("min_prefill_chunk must be >= 1")
         if self.max_waiting < 0:

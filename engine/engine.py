@@ -13,6 +13,7 @@ import contextlib
 import gc
 import itertools
 import logging
+import os
 import queue
 import random
 import threading
@@ -29,6 +30,7 @@ from .kv_pool import KVPool, kv_torch_dtype
 from .loader import build_model
 from .metrics import EngineMetrics
 from .model_runner import ModelRunner
+from .parallel import TPGroup, Workers, check_tp
 from .output import FinishRecord, OutputPoller, StepRecord, set_os_thread_name
 from .request import Request, RequestOutput, SamplingParams
 from .sampler import row_class
@@ -38,6 +40,7 @@ from .quant.linear import check_device as check_fp8_device
 from .sizing import FP8_KV, kv_cache_dtype, plan_kv, serving_dtype, wanted_context
 from .structured import GrammarCompiler
 from .tokenizer import Tokenizer
+from .tp_channel import StepChannel
 
 __all__ = ["Engine", "EngineConfig", "EngineError", "EngineStats", "RequestOutput",
            "RequestRejected", "SamplingParams"]
@@ -45,6 +48,7 @@ __all__ = ["Engine", "EngineConfig", "EngineError", "EngineStats", "RequestOutpu
 log = logging.getLogger("zerod.engine")
 
 SLOW_LAUNCH_S = 0.1   # a step whose host side takes longer is logged
+EXIT_RANK_LOST = 3    # the process's exit status when a tensor-parallel rank is lost
 
 
 def _resolve_device(name: str) -> torch.device:
@@ -63,6 +67,47 @@ def _cuda_free_total(dev: torch.device) -> tuple[int, int]:
     torch.cuda.synchronize(dev)
     torch.cuda.empty_cache()
     return torch.cuda.mem_get_info(dev)
+
+
+def build_rank(cfg: EngineConfig, model_dir: Path, dev: torch.device, tp: TPGroup | None,
+               eos_ids: list[int] = ()) -> ModelRunner:
+    """One rank's device side: weights (its shard under tensor parallelism), the KV pool
+    sized from what they leave (the least any rank has left, so every rank gets the same
+    pages), the runner, graphs, warm-up. Every rank runs it in the same order: each step
+    of it that communicates does so collectively."""
+    mc = load_model_config(model_dir)
+    dtype_name = serving_dtype(cfg.dtype, mc.torch_dtype, dev.type)
+    dtype = parse_dtype(dtype_name)
+    quant = resolve_quant(mc.quant, cfg.quantization)
+    kv_dtype = kv_cache_dtype(cfg.kv_cache_dtype, dtype_name)
+    if quant is not None and mc.num_experts:
+        raise EngineError(f"{mc.architecture}: FP8 weights for mixtures of experts are not supported "
+                          f"(the fused experts kernel runs in the model dtype); serve it unquantized "
+                          f"(--kv-cache-dtype fp8 works)")
+    if quant is not None or kv_dtype == FP8_KV:
+        check_fp8_device(dev)
+    model = build_model(mc, model_dir, "dummy" if cfg.load_format == "dummy" else "safetensors",
+                        dtype, dev, seed=cfg.seed, quant=quant, tp=tp)
+    if dev.type == "cuda" and not model.ops.head_dim_kernels:
+        log.warning("head_dim %d is not a power of two >= 16: attention runs the torch reference",
+                    mc.head_dim)
+    mem = _cuda_free_total(dev) if dev.type == "cuda" and cfg.kv_pages is None else None
+    if tp is not None and mem is not None:
+        mem = tuple(tp.host_min(list(mem)))
+    plan = plan_kv(cfg, mc, dtype_name, dev.type, mem)
+    if plan.max_model_len < wanted_context(cfg, mc) and (tp is None or tp.rank == 0):
+        log.info("max_model_len capped to %d tokens (the KV pool's size)", plan.max_model_len)
+    pool = KVPool(model.mc, plan.num_pages, cfg.block_size, kv_torch_dtype(kv_dtype, dtype), dev)  # this rank's KV heads
+    runner = ModelRunner(cfg, mc, model, pool, dev, plan.max_model_len, list(eos_ids))
+    runner.capture_graphs()
+    if dev.type == "cuda":
+        try:
+            runner.warmup()
+        except Exception as exc:  # noqa: BLE001 - a slower first request, not a failed start
+            if tp is not None:   # the other ranks are in its collectives
+                raise
+            log.warning("prefill warm-up failed (%s); kernels compile on first use", exc)
+    return runner
 
 
 def is_cuda_fatal(exc: BaseException) -> bool:
@@ -118,37 +163,38 @@ class Engine:
                  self.max_model_len, bool(self.runner.graphs), self.ready_seconds)
 
     def _build_device_side(self) -> None:
-        """Weights, then the KV pool sized from what they leave, the runner, graphs, warm-up."""
-        cfg, mc, dev = self.config, self.model_config, self.device
-        dtype_name = serving_dtype(cfg.dtype, mc.torch_dtype, dev.type)
-        self.dtype = parse_dtype(dtype_name)
-        quant = resolve_quant(mc.quant, cfg.quantization)
-        kv_dtype = kv_cache_dtype(cfg.kv_cache_dtype, dtype_name)
-        if quant is not None and mc.num_experts:
-            raise EngineError(f"{mc.architecture}: FP8 weights for mixtures of experts are not supported "
-                              f"(the fused experts kernel runs in the model dtype); serve it unquantized "
-                              f"(--kv-cache-dtype fp8 works)")
-        if quant is not None or kv_dtype == FP8_KV:
-            check_fp8_device(dev)
-        self.model = build_model(mc, self.model_dir, "dummy" if cfg.load_format == "dummy" else "safetensors",
-                                 self.dtype, dev, seed=cfg.seed, quant=quant)
-        if dev.type == "cuda" and not self.model.ops.head_dim_kernels:
-            log.warning("head_dim %d is not a power of two >= 16: attention runs the torch reference",
-                        mc.head_dim)
-        plan = plan_kv(cfg, mc, dtype_name, dev.type,
-                       _cuda_free_total(dev) if dev.type == "cuda" and cfg.kv_pages is None else None)
-        if plan.max_model_len < wanted_context(cfg, mc):
-            log.info("max_model_len capped to %d tokens (the KV pool's size)", plan.max_model_len)
-        self.max_model_len = plan.max_model_len
-        self.pool = KVPool(mc, plan.num_pages, cfg.block_size, kv_torch_dtype(kv_dtype, self.dtype), dev)
-        self.runner = ModelRunner(cfg, mc, self.model, self.pool, dev, self.max_model_len,
-                                  self.tokenizer.eos_token_ids)
-        self.runner.capture_graphs()
-        if dev.type == "cuda":
+        """The tensor-parallel group if any (parallel.py), then this rank's model runner."""
+        cfg = self.config
+        self.tp = self.workers = None
+        check_tp(self.model_config, cfg.tensor_parallel_size, self.device,
+                 quantized=self.model_config.quant is not None or cfg.quantization is not None)
+        if cfg.tensor_parallel_size > 1:
+            self.workers = Workers(cfg, self.model_dir, self.device, on_lost=self._on_rank_lost)
             try:
-                self.runner.warmup()
-            except Exception as exc:  # noqa: BLE001 - a slower first request, not a failed start
-                log.warning("prefill warm-up failed (%s); kernels compile on first use", exc)
+                self.tp = TPGroup(0, cfg.tensor_parallel_size, self.device, self.workers.init_method)
+                self.runner = build_rank(cfg, self.model_dir, self.device, self.tp,
+                                         self.tokenizer.eos_token_ids)
+            except BaseException:
+                self.workers.kill()
+                if self.tp is not None:
+                    self.tp.destroy()
+                raise
+            self.runner.channel = StepChannel(self.tp, self.runner.staging, cfg.max_num_seqs)
+        else:
+            self.runner = build_rank(cfg, self.model_dir, self.device, None, self.tokenizer.eos_token_ids)
+        self.model, self.pool = self.runner.model, self.runner.pool
+        self.dtype, self.max_model_len = self.model.dtype, self.runner.max_model_len
+
+    def _on_rank_lost(self, why: str) -> None:
+        """A rank is gone (or rank 0 left the ranks out of step): the group cannot go on.
+        Fail health and exit non-zero so the supervisor restarts the whole group."""
+        self._healthy = False
+        self._error = why
+        log.critical("%s; the tensor-parallel group cannot go on: exiting", why)
+        if self.workers is not None:
+            self.workers.kill()
+        logging.shutdown()
+        os._exit(EXIT_RANK_LOST)
 
     @staticmethod
     def _model_dir(model: str) -> Path:
@@ -194,6 +240,9 @@ class Engine:
             params = params.for_vocab(vs)
         except ValueError as exc:
             raise RequestRejected(400, str(exc)) from None
+        if params.prompt_logprobs is not None and self.tp is not None:
+            raise RequestRejected(400, "prompt_logprobs (and echo with logprobs) is not supported "
+                                       "with --tensor-parallel-size > 1 yet")
         max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len - n
         if max_tokens < 1 or n + max_tokens > self.max_model_len:
             raise RequestRejected(400, f"prompt ({n} tokens) + max_tokens ({max_tokens}) exceeds the "
@@ -237,8 +286,26 @@ class Engine:
     def shutdown(self, drain_timeout: float = 0.0) -> None:
         """Stop admitting; wait up to drain_timeout for running requests, abort the rest, join."""
         self._accepting = False
-        if not self._started:
-            return
+        if self._started:
+            self._stop_loop(drain_timeout)
+        if self.workers is not None:
+            self._stop_group()
+
+    def _stop_group(self) -> None:
+        """STOP to the workers (only from a step loop that is no longer running: the
+        channel is its), then wait for them; kill what does not stop."""
+        workers, self.workers = self.workers, None
+        workers.closing = True
+        if not self._loop.is_alive():
+            try:
+                self.runner.channel.send_stop()
+            except Exception as exc:  # noqa: BLE001 - a worker already gone
+                log.warning("tensor-parallel stop message failed (%s)", exc)
+            workers.stop()
+            self.tp.destroy()
+        workers.kill()
+
+    def _stop_loop(self, drain_timeout: float) -> None:
         deadline = time.monotonic() + max(drain_timeout, 0.0)
         while time.monotonic() < deadline and (self.scheduler.by_id or self.scheduler.num_waiting):
             time.sleep(0.01)
@@ -348,7 +415,10 @@ class Engine:
         try:
             self._launch(batch)
         except Exception as exc:  # noqa: BLE001 - isolate the culprit, keep serving
-            if is_cuda_fatal(exc):
+            if self.tp is not None:   # the other ranks may be inside this step's collectives
+                self._fail(batch.requests(), exc, fatal=True)
+                self._on_rank_lost(f"rank 0's step failed ({type(exc).__name__}: {exc})")
+            elif is_cuda_fatal(exc):
                 self._fail(batch.requests(), exc, fatal=True)
             elif len(batch) == 1:
                 self._fail(batch.requests(), exc)

@@ -31,3 +31,40 @@ class Linear(nn.Module):
     # forward makes seven calls per layer: call forward directly.
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward(x)
+
+
+# ---------------------------------------------------------------------- tensor-parallel shards
+# A column-parallel projection (qkv, gate_up) is a plain `Linear` over the rank's rows: its
+# output is the rank's heads / MLP slice and needs no communication. The two below end in a
+# collective; `tp` is the rank's parallel.TPGroup.
+
+class RowParallelLinear(Linear):
+    """o and down: the rank's columns of W times its slice of x, summed over the ranks
+    (all-reduce); the bias is added once, after the sum."""
+
+    def __init__(self, out_features: int, in_features: int, *, bias: bool, dtype, device, tp):
+        super().__init__(out_features, in_features, bias=bias, dtype=dtype, device=device)
+        self.tp = tp
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.tp.all_reduce(F.linear(x, self.weight))
+        return y if self.bias is None else y + self.bias
+
+
+class VocabParallelHead(Linear):
+    """The LM head over the rank's rows of the vocabulary (vocab_rows each, the last rank's
+    tail zero padding); the logits are all-gathered, so every rank returns [T, vocab]."""
+
+    def __init__(self, vocab: int, rows: int, in_features: int, *, dtype, device, tp):
+        super().__init__(rows, in_features, bias=False, dtype=dtype, device=device)
+        self.vocab, self.tp = vocab, tp
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.tp.all_gather_cols(F.linear(x, self.weight))[:, :self.vocab]
+
+
+def row_linear(out_features: int, in_features: int, *, bias: bool, dtype, device, tp) -> Linear:
+    """A row-parallel projection: the plain Linear when the model is not split."""
+    if tp is None:
+        return Linear(out_features, in_features, bias=bias, dtype=dtype, device=device)
+    return RowParallelLinear(out_features, in_features, bias=bias, dtype=dtype, device=device, tp=tp)

@@ -9,6 +9,8 @@ per-layer sliding windows (with their own RoPE base in Gemma 3). A mixture-of-ex
 layer's MLP is moe.SparseMoE (the layers mc.moe_layers names).
 The forward takes a flat batch of tokens ([T]) with their positions and the attention
 metadata of the step (prefill chunks or one decode token per sequence).
+Split over tensor-parallel ranks (`tp`, parallel.py), each rank builds the model with its
+heads and MLP slice (`rank_config`), row-parallel o / down, and its rows of the vocabulary.
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import ops
-from .linear import param as _p
+from .linear import VocabParallelHead, param as _p, row_linear
 from .hf_config import ModelConfig
 from .moe import SparseMoE
+from .parallel import rank_config, vocab_rows
 from .quant.config import QuantConfig
 from .quant.linear import build_linear
 from .rope import cos_sin_cache
@@ -40,7 +43,7 @@ class AttnMeta:
 
 class Layer(nn.Module):
     def __init__(self, mc: ModelConfig, dtype, device, window: int = 0, index: int = 0,
-                 quant: QuantConfig | None = None):
+                 quant: QuantConfig | None = None, tp=None):
         super().__init__()
         self.window = window   # sliding window of this layer's attention; 0 = global
         self.k_scale = self.v_scale = 1.0   # FP8 KV cache: the checkpoint's scales, else 1
@@ -59,7 +62,9 @@ class Layer(nn.Module):
         self.qkv = linear([("self_attn.qkv_proj", q + 2 * kv)] if fused else
                           [("self_attn.q_proj", q), ("self_attn.k_proj", kv), ("self_attn.v_proj", kv)],
                           h, mc.qkv_bias)
-        self.o = linear([("self_attn.o_proj", h)], q, mc.o_bias)
+        # split over ranks (parallel.check_tp refuses FP8 there): o and down sum the ranks' parts
+        self.o = (row_linear(h, q, bias=mc.o_bias, dtype=dtype, device=device, tp=tp) if tp is not None
+                  else linear([("self_attn.o_proj", h)], q, mc.o_bias))
         self.q_norm = _p(mc.head_dim, dtype=dtype, device=device) if mc.qk_norm else None
         self.k_norm = _p(mc.head_dim, dtype=dtype, device=device) if mc.qk_norm else None
         if mc.moe_layers and mc.moe_layers[index]:
@@ -68,22 +73,31 @@ class Layer(nn.Module):
             self.moe = None
             self.gate_up = linear([("mlp.gate_up_proj", 2 * i)] if fused else
                                   [("mlp.gate_proj", i), ("mlp.up_proj", i)], h, mc.mlp_bias)
-            self.down = linear([("mlp.down_proj", h)], i, mc.mlp_bias)
+            self.down = (row_linear(h, i, bias=mc.mlp_bias, dtype=dtype, device=device, tp=tp)
+                         if tp is not None else linear([("mlp.down_proj", h)], i, mc.mlp_bias))
 
 
 class LlamaModel(nn.Module):
     def __init__(self, mc: ModelConfig, dtype: torch.dtype, device: torch.device,
-                 quant: QuantConfig | None = None):
+                 quant: QuantConfig | None = None, tp=None):
         super().__init__()
-        self.mc = mc
+        self.tp = tp
+        world = tp.world if tp is not None else 1
+        self.mc = mc = rank_config(mc, world)
         self.dtype = dtype
-        self.embed = _p(mc.vocab_size, mc.hidden_size, dtype=dtype, device=device)
+        rows = vocab_rows(mc.vocab_size, world)
+        self.vocab_start = tp.rank * rows if tp is not None else 0
+        self.embed = _p(rows, mc.hidden_size, dtype=dtype, device=device)
         windows = mc.layer_windows or [0] * mc.num_layers
-        self.layers = nn.ModuleList(Layer(mc, dtype, device, w, n, quant) for n, w in enumerate(windows))
+        self.layers = nn.ModuleList(Layer(mc, dtype, device, w, i, quant, tp) for i, w in enumerate(windows))
         self.norm = _p(mc.hidden_size, dtype=dtype, device=device)
-        # a tied head shares the embedding, which stays in the model dtype
-        self.lm_head = build_linear(None if mc.tie_word_embeddings else quant, [("lm_head", mc.vocab_size)],
-                                    mc.hidden_size, bias=False, dtype=dtype, device=device)
+        if tp is None:
+            # a tied head shares the embedding, which stays in the model dtype
+            self.lm_head = build_linear(None if mc.tie_word_embeddings else quant, [("lm_head", mc.vocab_size)],
+                                        mc.hidden_size, bias=False, dtype=dtype, device=device)
+        else:
+            self.lm_head = VocabParallelHead(mc.vocab_size, rows, mc.hidden_size, dtype=dtype,
+                                             device=device, tp=tp)
         if mc.tie_word_embeddings:
             self.lm_head.weight = self.embed
         self.scale = mc.attn_scale or mc.head_dim ** -0.5
@@ -146,7 +160,7 @@ class LlamaModel(nn.Module):
                 meta: AttnMeta) -> torch.Tensor:
         """hidden states after the final norm, [T, hidden]. kv: [layers, 2, pages, page, Hk, D]."""
         eps = self.mc.rms_norm_eps
-        h = F.embedding(input_ids, self.embed)
+        h = self._embed(input_ids)
         if self.embed_scale is not None:
             h = h * self.embed_scale
         residual = None
@@ -165,6 +179,16 @@ class LlamaModel(nn.Module):
                 h = ops.rms_norm(h, L.post_mlp_norm, eps)
         x, _ = ops.fused_add_rms_norm(h, residual, self.norm, eps)
         return x
+
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.tp is None:
+            return F.embedding(ids, self.embed)
+        # vocabulary-parallel: each rank looks up the ids in its rows, zeros the others; the sum
+        # over the ranks is the embedding
+        local = ids - self.vocab_start
+        outside = (local < 0) | (local >= self.embed.shape[0])
+        h = F.embedding(local.masked_fill(outside, 0), self.embed)
+        return self.tp.all_reduce(h.masked_fill_(outside.unsqueeze(-1), 0.0))
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(hidden).float()

@@ -198,6 +198,7 @@ class DecodeInputs:
     logit_rules: LogitRules
     logprob_rows: LogprobRows | None
     grammar: GrammarRows | None = None  # the rows with a structured-output mask
+    width: int = 0               # block-table columns an eager decode reads (no paged kernel)
 
 
 @dataclass
@@ -207,12 +208,14 @@ class StepInputs:
     decode: DecodeInputs | None
     uses: Uses                   # the features some request may use (row_features.py)
     masked: list[Request] | None = None   # the sampled rows with a grammar (MaskStaging order)
+    words: int = 0               # packed staging words (tensor parallelism ships them)
 
 
 class ModelRunner:
     def __init__(self, cfg: EngineConfig, mc: ModelConfig, model: LlamaModel, pool: KVPool,
                  device: torch.device, max_model_len: int, eos_ids: list[int]):
         self.cfg, self.mc, self.model, self.pool, self.device = cfg, mc, model, pool, device
+        self.channel = None         # tensor parallelism, rank 0: tp_channel.StepChannel
         self.cuda = device.type == "cuda"
         self.ps = pool.page_size
         self.max_model_len = max_model_len
@@ -294,6 +297,7 @@ class ModelRunner:
             if d_g is not None:
                 d.grammar = d_g
         pk.ship()
+        inputs.words = pk.used
         return inputs
 
     def _stage_upload(self, pk: Packer, reqs: list[Request]) -> SlotUpload:
@@ -405,7 +409,15 @@ class ModelRunner:
                                            dtype=np.int64, count=B)),
             reqs=decodes,
             logit_rules=self._stage_rules(pk, decodes, lambda r: r.prompt_len + r.num_scheduled, u),
-            logprob_rows=self._stage_logprob_rows(pk, decodes, u))
+            logprob_rows=self._stage_logprob_rows(pk, decodes, u),
+            width=self._decode_width(decodes))
+
+    def _decode_width(self, decodes: list[Request]) -> int:
+        """Block-table columns a decode reads: all of them for the paged kernel (one launch
+        shape, as the graphs), else the longest request's pages."""
+        if self.cuda and self.model.ops.has_kernel("decode_attention"):
+            return self.W
+        return max((r.prompt_len + r.num_scheduled - 1) // self.ps + 1 for r in decodes)
 
     @staticmethod
     def _stage_logprob_rows(pk: Packer, reqs: list[Request], u: Uses) -> LogprobRows | None:
@@ -418,6 +430,8 @@ class ModelRunner:
 
     def launch(self, ring_idx: int, x: StepInputs) -> list[Request]:
         """The device work of a staged step, in stream order; no host sync."""
+        if self.channel is not None:   # tensor parallelism: the other ranks run the same forward
+            self.channel.send_step(x)
         if x.upload is not None:
             self._write_slot_tables(x.upload)
         ring_tokens = self.ring.tokens[ring_idx]
@@ -431,8 +445,10 @@ class ModelRunner:
         # CPU while the GPU runs the forwards (MaskStaging.fill waits for the last step's
         # ids). (A padded prefill's graph output is read before any other graph replays:
         # it runs only in steps without decodes.)
-        p_logits = self._prefill_logits(p, ring_idx) if p is not None else None
-        d_logits = self._decode_logits(len(d.reqs), d.slots, d.positions, d.reqs) if d is not None else None
+        if p is not None and p.tok_slots is not None:   # the penalties' token history
+            self.pen.record(p.tok_slots, p.positions[:p.n_real], p.tokens[:p.n_real])
+        p_logits = self.prefill_logits(p, ring_idx) if p is not None else None
+        d_logits = self.decode_logits(d) if d is not None else None
         if x.masked is not None:
             self.masks.fill(ring_idx, x.masked)
         if p_logits is not None:
@@ -449,6 +465,8 @@ class ModelRunner:
             ring_tokens[len(rows):len(rows) + len(d.reqs)].copy_(decode_tok, non_blocking=True)
             self._copy_logprobs(ring_idx, len(rows), d_logits, decode_tok, d.logprob_rows)
             rows += d.reqs
+        if self.channel is not None:   # every rank's next decode input
+            self.channel.send_tokens(prefill_tok, decode_tok)
         # the next step's decode inputs, written last: a step that raised before here
         # left last_tokens as it was, so it can be redone
         if prefill_tok is not None:
@@ -501,25 +519,22 @@ class ModelRunner:
             self.pen.bias_ids.index_copy_(0, u.bias_slots, u.bias_ids)
             self.pen.bias_vals.index_copy_(0, u.bias_slots, u.bias_vals)
 
-    def _prefill_logits(self, p: PrefillInputs, ring_idx: int) -> torch.Tensor | None:
-        """The raw logits of every chunk that completes its prompt (None: no chunk does).
-        Prompt logprobs go to the ring."""
-        if p.tok_slots is not None:
-            self.pen.record(p.tok_slots, p.positions[:p.n_real], p.tokens[:p.n_real])
+    def prefill_logits(self, p: PrefillInputs, ring_idx: int = -1) -> torch.Tensor | None:
+        """The forward of the step's prompt chunks: the raw logits of the rows that complete
+        a prompt (None: no chunk does). Every tensor-parallel rank runs it; prompt logprobs
+        (rank 0 alone, so refused under tensor parallelism) go to ring slot ring_idx."""
         if p.padded:
-            logits = self._prefill_padded(p)
-        else:
-            meta = AttnMeta(slot_mapping=p.slot_mapping, block_tables=self.block_table[p.slots, :p.width],
-                            context_lens=p.context_lens, cu_seqlens_q=p.cu_seqlens,
-                            no_prefix=p.no_prefix, seqlens_q=p.seqlens)
-            hidden = self.model(p.tokens, p.positions, self.pool.kv, meta)
-            if p.prompt_rows is not None:
-                self.ring.prompt[ring_idx] = p.prompt_rows
-                plp.compute(self.model.logits, hidden, p.prompt_rows, *self.ring.prompt_buffers(ring_idx))
-            if not p.sample_reqs:
-                return None
-            logits = self.model.logits(hidden.index_select(0, p.sample_idx))
-        return logits
+            return self._prefill_padded(p)
+        meta = AttnMeta(slot_mapping=p.slot_mapping, block_tables=self.block_table[p.slots, :p.width],
+                        context_lens=p.context_lens, cu_seqlens_q=p.cu_seqlens,
+                        no_prefix=p.no_prefix, seqlens_q=p.seqlens)
+        hidden = self.model(p.tokens, p.positions, self.pool.kv, meta)
+        if p.prompt_rows is not None:
+            self.ring.prompt[ring_idx] = p.prompt_rows
+            plp.compute(self.model.logits, hidden, p.prompt_rows, *self.ring.prompt_buffers(ring_idx))
+        if not p.sample_idx.numel():
+            return None
+        return self.model.logits(hidden.index_select(0, p.sample_idx))
 
     def _logit_rules(self, logits: torch.Tensor, slots: torch.Tensor, rules: LogitRules,
                      seq_lens: torch.Tensor | None) -> torch.Tensor:
@@ -619,8 +634,10 @@ class ModelRunner:
         hidden = self.model(ids, pos, self.pool.kv, meta)
         return self.model.logits(hidden)
 
-    def _decode_logits(self, B: int, slots: torch.Tensor, pos: torch.Tensor,
-                       reqs: list[Request]) -> torch.Tensor:
+    def decode_logits(self, d: DecodeInputs) -> torch.Tensor:
+        """The decode forward (a captured graph per batch bucket); every tensor-parallel
+        rank runs it."""
+        B, slots, pos = d.slots.numel(), d.slots, d.positions
         bucket = next((b for b in self.buckets if b >= B), None)
         if bucket is not None and bucket in self.graphs:
             g, out = self.graphs[bucket]
@@ -631,11 +648,7 @@ class ModelRunner:
                 self.g_pos[B:bucket].zero_()
             g.replay()
             return out[:B]
-        if self.cuda and self.model.ops.has_kernel("decode_attention"):
-            w = self.W   # the kernel reads only the pages it needs; same launch shape as the graphs
-        else:
-            w = max((r.prompt_len + r.num_scheduled - 1) // self.ps + 1 for r in reqs)
-        return self._decode_forward(slots, pos, w)
+        return self._decode_forward(slots, pos, d.width)
 
     @torch.inference_mode()
     def capture_graphs(self) -> None:
@@ -664,6 +677,8 @@ class ModelRunner:
             self.buckets = buckets
             log.info("captured decode CUDA graphs for batch sizes %s", buckets)
         except Exception as exc:  # noqa: BLE001
+            if self.model.tp is not None:   # the ranks must all replay or all run eager
+                raise
             log.warning("CUDA graph capture failed (%s); decode runs eager", exc)
             self.graphs.clear()
             self.buckets = []
@@ -675,6 +690,8 @@ class ModelRunner:
             self._capture_prefill_graphs(pool)
             log.info("captured prefill CUDA graphs for %s padded tokens", sorted(self.pgraphs))
         except Exception as exc:  # noqa: BLE001
+            if self.model.tp is not None:
+                raise
             log.warning("prefill CUDA graph capture failed (%s); prompts prefill eager", exc)
             self.pgraphs.clear()
             self.pad_prefill = False
@@ -688,6 +705,8 @@ class ModelRunner:
         of prompt[:split], a chunked prefill of prompt[split:-1] over that cached prefix,
         then one (eager) decode step for the last token."""
         n = len(prompt)
+        if self.model.tp is not None:
+            raise ValueError("score_last runs one process's forward; it has no tensor-parallel form")
         if not 1 <= split <= n - 1:
             raise ValueError("need 1 <= split <= len(prompt) - 1")
         pages = self.pool.reserve(self.pool.pages_for(n))

@@ -101,8 +101,16 @@ def param_count(raw: dict) -> int | None:
     return len(moe.sparse) * (attn + 2 * hidden) + mlps + embed + hidden
 
 
-def page_bytes(mc: ModelConfig, page_size: int, dtype: str) -> int:
-    return page_size * kv_bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, dtype)
+def kv_heads_per_rank(num_kv_heads: int, tp: int) -> int:
+    """KV heads one tensor-parallel rank holds: its share, or one replicated head when
+    the ranks outnumber them."""
+    return max(num_kv_heads // tp, 1)
+
+
+def page_bytes(mc: ModelConfig, page_size: int, dtype: str, tp: int = 1) -> int:
+    """One KV page on one GPU (a rank holds only its KV heads)."""
+    return page_size * kv_bytes_per_token(mc.num_layers, kv_heads_per_rank(mc.num_kv_heads, tp),
+                                          mc.head_dim, dtype)
 
 
 def activation_headroom(cfg: EngineConfig, mc: ModelConfig) -> int:
@@ -157,9 +165,9 @@ class KVPlan:
 def plan_kv(cfg: EngineConfig, mc: ModelConfig, dtype: str, device_type: str,
             cuda_mem: tuple[int, int] | None = None) -> KVPlan:
     """The pool's size and the context it allows. cuda_mem: (free, total) bytes on the
-    device after the weights are loaded (CUDA only). dtype: the serving dtype; the pages'
-    own follows cfg.kv_cache_dtype."""
-    pb = page_bytes(mc, cfg.block_size, kv_cache_dtype(cfg.kv_cache_dtype, dtype))
+    device after the weights are loaded (CUDA only; with tensor parallelism, the least of
+    the ranks' GPUs). dtype: the serving dtype; the pages' own follows cfg.kv_cache_dtype."""
+    pb = page_bytes(mc, cfg.block_size, kv_cache_dtype(cfg.kv_cache_dtype, dtype), cfg.tensor_parallel_size)
     want = wanted_context(cfg, mc)
     if cfg.kv_pages is not None:
         pages = cfg.kv_pages

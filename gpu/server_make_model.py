@@ -1,10 +1,11 @@
 """Write a config-only model directory for `zerod serve --load-format dummy`.
 
-    python3 gpu/server_make_model.py DIR [--shape 8b|tiny]
+    python3 gpu/server_make_model.py DIR [--shape 8b|70b|tiny]
 
 8b: the Llama-3-8B shape of docs/perf.md (32 layers, hidden 4096, 32 heads, 8 KV
 heads, intermediate 14336, vocab 128256, rope_theta 500000, max_position_embeddings
-32768, as bench/hf_compare.py builds it); tiny: a CPU smoke-test shape.
+32768, as bench/hf_compare.py builds it); 70b: Llama-3-70B (80 layers, hidden 8192, 64 heads,
+8 KV heads, intermediate 28672); tiny: a CPU smoke-test shape.
 The tokenizer is the demo one (zerod.engine.demo.write_tokenizer): prompts are token ids
 anyway, and the detokenizer emits "" for sampled ids beyond its vocabulary.
 No weights are written: dummy loading draws them on the device.
@@ -23,6 +24,10 @@ SHAPES = {
     "8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
                max_position_embeddings=32768),
+    # Llama-3-70B (tensor parallelism: gpu/tp_bench.sh)
+    "70b": dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+                num_attention_heads=64, num_key_value_heads=8, vocab_size=128256,
+                max_position_embeddings=8192),
     "tiny": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, vocab_size=1024,
                  max_position_embeddings=4096),

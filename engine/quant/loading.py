@@ -20,14 +20,16 @@ from .linear import Fp8Linear
 Loader = Callable[[torch.Tensor, str], None]
 
 
-def fp8_loaders(model, base: dict[str, tuple[torch.Tensor, int, int]]) -> tuple[dict[str, Loader], set[str]]:
+def fp8_loaders(model, base: dict) -> tuple[dict[str, Loader], set[str]]:
     """(loaders, optional names): for every checkpoint tensor that belongs to an
-    Fp8Linear, a loader replacing the plain copy of `base` (HF name -> (parameter, row
-    offset, rows)); the KV scales are optional (a checkpoint without them keeps 1.0)."""
+    Fp8Linear, a loader replacing the plain copy of `base` (HF name -> loader._Target:
+    parameter, row offset, the tensor's shape); the KV scales are optional (a checkpoint
+    without them keeps 1.0). Never split over tensor-parallel ranks (parallel.check_tp)."""
     owner = {id(m.weight): m for m in model.modules() if isinstance(m, Fp8Linear)}
     loaders: dict[str, Loader] = {}
-    for name, (param, off, rows) in base.items():
-        m = owner.get(id(param))
+    for name, tgt in base.items():
+        m = owner.get(id(tgt.param))
+        off, rows = tgt.off, tgt.shape[0]
         if m is None or not name.endswith(".weight"):
             continue
         prefix = name[:-len("weight")]
