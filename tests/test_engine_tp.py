@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from dataclasses import replace
 from pathlib import Path
@@ -199,6 +200,15 @@ def test_served_tp2_answers_over_http(served, llama):
     want = _run(d, 1, [ps[4]], sp)[0]
     assert want["token_ids"] == ref[4][:len(want["token_ids"])]
     assert out["choices"][0]["text"] == want["text"]
+    # prompt logprobs need every rank's LM head: refused in OpenAI's shape, the engine goes on
+    body = json.dumps({"model": d.name, "prompt": ps[4], "max_tokens": 2, "echo": True,
+                       "logprobs": 1}).encode()
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=60)
+    assert e.value.code == 400
+    assert "tensor-parallel-size" in json.load(e.value)["error"]["message"]
 
 
 def test_sigterm_stops_every_rank(served):
