@@ -16,6 +16,7 @@
 set -u
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+. gpu/wheels.sh psutil   # packages the device image lacks (psutil, xgrammar, ...), carried in .whl
 OUT=${OUT:-/tmp/zerod-out}
 R="$OUT/tp"
 mkdir -p "$R"
