@@ -27,6 +27,7 @@ from .hf_config import load_model_config, parse_dtype
 from .interface import EngineStats
 from .kv_pool import KVPool
 from .loader import build_model
+from .lora import LoraAdapter, LoraError, LoraManager
 from .metrics import EngineMetrics
 from .model_runner import ModelRunner
 from .output import FinishRecord, OutputPoller, StepRecord, set_os_thread_name
@@ -86,7 +87,7 @@ class Engine:
         with torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext():
             self._build_device_side()
 
-        self.scheduler = Scheduler(cfg, self.pool)
+        self.scheduler = Scheduler(cfg, self.pool, self.loras)
         self.metrics = EngineMetrics(self._snapshot, self.model_name)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._ids = itertools.count()
@@ -119,6 +120,7 @@ class Engine:
         self.dtype = parse_dtype(dtype_name)
         self.model = build_model(mc, self.model_dir, "dummy" if cfg.load_format == "dummy" else "safetensors",
                                  self.dtype, dev, seed=cfg.seed)
+        self.loras = self._build_loras() if cfg.enable_lora else None   # slabs before the KV pool
         if dev.type == "cuda" and not self.model.ops.head_dim_kernels:
             log.warning("head_dim %d is not a power of two >= 16: attention runs the torch reference",
                         mc.head_dim)
@@ -129,13 +131,30 @@ class Engine:
         self.max_model_len = plan.max_model_len
         self.pool = KVPool(mc, plan.num_pages, cfg.block_size, self.dtype, dev)
         self.runner = ModelRunner(cfg, mc, self.model, self.pool, dev, self.max_model_len,
-                                  self.tokenizer.eos_token_ids)
+                                  self.tokenizer.eos_token_ids,
+                                  lora=self.loras.batch if self.loras is not None else None)
         self.runner.capture_graphs()
         if dev.type == "cuda":
             try:
                 self.runner.warmup()
             except Exception as exc:  # noqa: BLE001 - a slower first request, not a failed start
                 log.warning("prefill warm-up failed (%s); kernels compile on first use", exc)
+
+    def _build_loras(self) -> LoraManager:
+        """The LoRA slabs on the device, and the --lora-modules adapters registered (a
+        broken one fails the start, naming it)."""
+        cfg = self.config
+        try:
+            loras = LoraManager(self.model, self.model_config, cfg.max_loras, cfg.max_lora_rank,
+                                cfg.max_cpu_loras or cfg.max_loras)
+        except torch.OutOfMemoryError:
+            raise EngineError(f"the LoRA slabs (--max-loras {cfg.max_loras} x --max-lora-rank "
+                              f"{cfg.max_lora_rank}) do not fit on {self.device}") from None
+        for name, path, base in cfg.lora_modules:
+            if name == self.model_name:
+                raise EngineError(f"LoRA adapter {name!r} has the base model's name")
+            loras.add(name, path, base)
+        return loras
 
     @staticmethod
     def _model_dir(model: str) -> Path:
@@ -164,7 +183,9 @@ class Engine:
         self._loop.start()
 
     def submit(self, prompt_ids: list[int], params: SamplingParams | None,
-               on_output: Callable[[RequestOutput], None], after: str | None = None) -> str:
+               on_output: Callable[[RequestOutput], None], after: str | None = None,
+               lora: str | None = None) -> str:
+        """lora: the name of a LoRA adapter to run the request with (None: the base)."""
         params = params or SamplingParams()
         n = len(prompt_ids)
         if not self._accepting:
@@ -188,6 +209,7 @@ class Engine:
         if self.pool.pages_for(n + max_tokens) > self.pool.total:
             raise RequestRejected(400, f"prompt + max_tokens ({n + max_tokens} tokens) can never fit in the "
                                        f"KV pool ({self.pool.total * self.pool.page_size} tokens)")
+        adapter = self._adapter(lora) if lora is not None else None
         if not self.scheduler.claim_wait_place():
             raise RequestRejected(429, f"the wait line is full ({self.config.max_waiting} requests)",
                                   retry_after=1.0)
@@ -195,11 +217,41 @@ class Engine:
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
         req = Request(rid, list(prompt_ids), params, on_output, max_tokens, seed,
                       sample_class=row_class(params.temperature, params.top_k, params.top_p,
-                                                   params.min_p), after=after)
+                                                   params.min_p), after=after, lora=adapter)
         if params.grammar is not None:   # each engine request walks the grammar on its own
             req.grammar = self.grammar_compiler.new_state(params.grammar)
         self._inbox.put(("submit", req))
+        if adapter is not None:
+            self.metrics.lora_request(adapter.name)
         return rid
+
+    # ------------------------------------------------------------------ LoRA adapters
+    def _adapter(self, name: str) -> LoraAdapter:
+        adapter = self.loras.get(name) if self.loras is not None else None
+        if adapter is None:
+            raise RequestRejected(404, f"The model `{name}` does not exist: no base model or "
+                                       f"LoRA adapter of that name is loaded")
+        return adapter
+
+    def lora_adapters(self) -> list[LoraAdapter]:
+        """The adapters requests can name now (empty without --enable-lora)."""
+        return self.loras.names() if self.loras is not None else []
+
+    def load_lora(self, name: str, path: str) -> None:
+        """Register a PEFT adapter (reads its files: call off the event loop). Raises
+        LoraError naming what is wrong, EngineError without --enable-lora."""
+        if self.loras is None:
+            raise EngineError("LoRA is not enabled on this engine (start it with --enable-lora)")
+        if name == self.model_name:
+            raise LoraError(f"LoRA adapter {name!r} has the base model's name")
+        self.loras.add(name, path)
+
+    def unload_lora(self, name: str) -> None:
+        """New requests for `name` are refused at once; those already submitted finish on
+        its weights. KeyError when no adapter has that name."""
+        if self.loras is None:
+            raise KeyError(name)
+        self.loras.remove(name)
 
     @property
     def grammar_compiler(self) -> GrammarCompiler:
@@ -289,6 +341,9 @@ class Engine:
             if self._stop.is_set():
                 return
             batch = self.scheduler.schedule()
+            while self.scheduler.failed:   # refused at admission (an adapter's files went bad)
+                r, msg = self.scheduler.failed.pop()
+                self.poller.put(FinishRecord(r, "error", error=msg))
             self._running_count = self.scheduler.num_running
             idle = not batch
             if batch:

@@ -18,6 +18,8 @@ def param(*shape, dtype, device) -> nn.Parameter:
 
 
 class Linear(nn.Module):
+    lora = None   # engine/lora's LoraProjection of this projection, with --enable-lora
+
     def __init__(self, out_features: int, in_features: int, *, bias: bool, dtype, device):
         super().__init__()
         self.out_features, self.in_features = out_features, in_features
@@ -25,7 +27,10 @@ class Linear(nn.Module):
         self.bias = param(out_features, dtype=dtype, device=device) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        y = F.linear(x, self.weight, self.bias)
+        if self.lora is not None:
+            y = self.lora(x, y)
+        return y
 
     # nn.Module.__call__'s hook machinery costs microseconds per call, and an eager
     # forward makes seven calls per layer: call forward directly.
