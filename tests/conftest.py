@@ -24,7 +24,8 @@ SLOW_MODULES = {
     "test_engine_agreement.py",  # transformers as the reference
     "test_kernels_interpreter.py",  # Triton's CPU interpreter, one subprocess per group
     "test_lora_engine.py",  # transformers + peft as the reference
-    "test_lora_server.py",  # servers with adapters loaded and unloaded under load  # Triton's CPU interpreter, one subprocess per group
+    "test_lora_server.py",  # servers with adapters loaded and unloaded under load
+    "test_lora_kernels.py",  # the LoRA kernels in Triton's interpreter
     "test_server_cli.py",  # `zerod serve` subprocesses, SIGTERM drains
     "test_tui_app.py",  # Textual Pilot sessions
     "test_tui_real_daemon.py",  # the dashboard on a real daemon
