@@ -381,6 +381,8 @@ class OpenAIServer:
         for k, v in stats.items():
             if isinstance(v, (int, float, str, bool)) or v is None:
                 body.setdefault(k, v)
+        if hasattr(self.engine, "lora_adapters"):   # the daemon shows them (zerod top)
+            body["lora_adapters"] = [a.name for a in self._adapters()]
         return _json(body, 200 if status == "ok" else 503)
 
     async def metrics(self, request: web.Request) -> web.Response:
