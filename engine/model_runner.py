@@ -747,7 +747,9 @@ class ModelRunner:
                                     context_lens=torch.full((n_seqs,), ctx, dtype=torch.int32, device=dev),
                                     cu_seqlens_q=torch.arange(0, T + 1, L, dtype=torch.int32, device=dev),
                                     no_prefix=prefix == 0, seqlens_q=[L] * n_seqs)
-                    hidden = self.model(torch.zeros(T, dtype=torch.int64, device=dev), pos, self.pool.kv, meta)
-                    self.model.logits(hidden[L - 1::L])
+                    # with LoRA, its kernels too (rows of slot 0: launched, nothing added)
+                    for rows in (None, torch.zeros(T, dtype=torch.int32, device=dev)) if self.lora else (None,):
+                        hidden = self._forward(torch.zeros(T, dtype=torch.int64, device=dev), pos, meta, rows)
+                        self.model.logits(hidden[L - 1::L])
         if self.cuda:
             torch.cuda.synchronize(dev)

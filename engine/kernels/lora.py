@@ -107,8 +107,9 @@ def lora_shrink(x: torch.Tensor, A: torch.Tensor, order: torch.Tensor, starts: t
     S, R, _ = A.shape
     x = x if x.stride(-1) == 1 else x.contiguous()
     bm, bk = _block_m(T), 64
-    # enough K splits that a step with a few rows per adapter still fills the GPU
-    splits = max(1, min(32, K // 256))
+    # enough K splits that a step with a few rows per adapter still fills the GPU; a big
+    # prefill has programs enough without (and would pay T x R floats per split)
+    splits = max(1, min(32, K // 256, 2048 // max(T, 1)))
     k_per_split = triton.cdiv(triton.cdiv(K, splits), bk) * bk
     splits = triton.cdiv(K, k_per_split)
     part = torch.empty(splits, T, R, dtype=torch.float32, device=x.device)
