@@ -138,7 +138,3 @@ class LoraManager:
                                                adapter.rank, adapter.scale)
             self._keep_host(adapter)
             return adapter
-
-    def resident(self) -> list[str]:
-        """Names of the adapters on the device now (for stats)."""
-        return [a.name for a in self._holder.values()]
