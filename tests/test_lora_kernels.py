@@ -142,7 +142,8 @@ def test_engine_on_cuda_serves_adapters_through_graphs(adapters):
         assert eng.runner.lora_graphs == graphs, "loading an adapter recaptured graphs"
         torch.cuda.set_sync_debug_mode("error")
         try:
-            generate(eng, [(ps[0], names[0]), (ps[1], None)], SamplingParams(max_tokens=6, ignore_eos=True))
+            # names[2] is resident (just used): writing an adapter's slot is a copy that syncs
+            generate(eng, [(ps[0], names[2]), (ps[1], None)], SamplingParams(max_tokens=6, ignore_eos=True))
         finally:
             torch.cuda.set_sync_debug_mode(0)
     finally:
