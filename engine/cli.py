@@ -219,7 +219,8 @@ def _check_model(ctx, param, value):
                    "llama3_json (Llama 3.x).")
 @click.option("--enable-lora", is_flag=True, default=_DEFAULT["enable_lora"],
               help="Serve LoRA adapters: a request names one in `model`.")
-@click.option("--lora-modules", multiple=True, callback=_lora_modules, metavar="NAME=PATH",
+@click.option("--lora-modules", multiple=True, default=_DEFAULT["lora_modules"], callback=_lora_modules,
+              metavar="NAME=PATH",
               help="LoRA adapters (PEFT directories) served from the start: name=path or "
                    "vLLM's JSON '{\"name\": ..., \"path\": ..., \"base_model_name\": ...}'; "
                    "several after one flag, or the flag repeated.")
