@@ -75,6 +75,36 @@ class JsonList(click.ParamType):
         return v
 
 
+class ServeCommand(click.Command):
+    """Takes vLLM's `--lora-modules a=PATH b=PATH` (several values after one flag) as
+    well as the flag repeated: click options take one value each."""
+
+    def parse_args(self, ctx, args):
+        out, i = [], 0
+        while i < len(args):
+            a = args[i]
+            i += 1
+            if a != "--lora-modules":
+                out.append(a)
+                continue
+            values = []
+            while i < len(args) and not args[i].startswith("-"):
+                values.append(args[i])
+                i += 1
+            # none: the bare flag, which click refuses naming it
+            out += [x for v in values for x in ("--lora-modules", v)] or [a]
+        return super().parse_args(ctx, out)
+
+
+def _lora_modules(ctx, param, values):
+    from zerod.engine.lora.manager import parse_lora_module
+
+    try:
+        return tuple(parse_lora_module(v) for v in values)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 def _check_model(ctx, param, value):
     if value == "demo":
         return value
@@ -92,7 +122,8 @@ def _check_model(ctx, param, value):
     return str(p)
 
 
-@click.command("serve", context_settings={**CONTEXT_SETTINGS, "max_content_width": 100})
+@click.command("serve", cls=ServeCommand,
+               context_settings={**CONTEXT_SETTINGS, "max_content_width": 100})
 @click.option("--model", required=True, callback=_check_model,
               help="Checkpoint directory (HF layout: config.json, *.safetensors, "
                    "tokenizer.json), or 'demo' for the built-in tiny random model.")
@@ -198,6 +229,23 @@ def _check_model(ctx, param, value):
 @click.option("--tool-call-parser", type=click.Choice(PARSERS), default=None,
               help="How tool calls are read from the output: hermes (Hermes, Qwen) or "
                    "llama3_json (Llama 3.x).")
+@click.option("--enable-lora", is_flag=True, default=_DEFAULT["enable_lora"],
+              help="Serve LoRA adapters: a request names one in `model`.")
+@click.option("--lora-modules", multiple=True, default=_DEFAULT["lora_modules"], callback=_lora_modules,
+              metavar="NAME=PATH",
+              help="LoRA adapters (PEFT directories) served from the start: name=path or "
+                   "vLLM's JSON '{\"name\": ..., \"path\": ..., \"base_model_name\": ...}'; "
+                   "several after one flag, or the flag repeated.")
+@click.option("--max-loras", type=click.IntRange(1, 256), default=_DEFAULT["max_loras"],
+              show_default=True, help="LoRA adapters on the device at once (fixed slabs; "
+                                      "a batch mixes up to this many).")
+@click.option("--max-lora-rank", type=click.IntRange(1, 512), default=_DEFAULT["max_lora_rank"],
+              show_default=True, help="Largest LoRA rank served (sizes the slabs).")
+@click.option("--max-cpu-loras", type=click.IntRange(min=1), default=_DEFAULT["max_cpu_loras"],
+              help="LoRA adapters kept in host memory (others are read again from disk when "
+                   "asked for). Default: --max-loras.")
+@click.option("--allow-runtime-lora", is_flag=True, default=False,
+              help="Serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 def serve(model, served_model_name, tokenizer, dtype, load_format, quantization, kv_cache_dtype, max_model_len,
@@ -207,6 +255,7 @@ def serve(model, served_model_name, tokenizer, dtype, load_format, quantization,
           kv_cache_memory_bytes, block_size, device, tensor_parallel_size, enforce_eager, seed, host, port, api_key,
           drain_timeout, default_max_tokens, allowed_origins, allowed_methods, allowed_headers,
           allow_credentials, chat_template, enable_auto_tool_choice, tool_call_parser,
+          enable_lora, lora_modules, max_loras, max_lora_rank, max_cpu_loras, allow_runtime_lora,
           log_level):
     """Serve MODEL over an OpenAI-compatible HTTP API (/v1/completions,
     /v1/chat/completions, /v1/models, /health, /metrics)."""
@@ -215,6 +264,8 @@ def serve(model, served_model_name, tokenizer, dtype, load_format, quantization,
         raise click.BadParameter("must be a power of two", param_hint="--block-size")
     if enable_auto_tool_choice and tool_call_parser is None:
         raise click.UsageError("--enable-auto-tool-choice needs --tool-call-parser")
+    if (lora_modules or allow_runtime_lora) and not enable_lora:
+        raise click.UsageError("--lora-modules and --allow-runtime-lora need --enable-lora")
     template = None
     if chat_template is not None:
         from zerod.engine.tokenizer import compile_chat_template
@@ -242,7 +293,9 @@ def serve(model, served_model_name, tokenizer, dtype, load_format, quantization,
             gpu_memory_utilization=gpu_memory_utilization, kv_pages=kv_pages,
             kv_cache_memory_bytes=kv_cache_memory_bytes, block_size=block_size,
             device=device, tensor_parallel_size=tensor_parallel_size,
-            enforce_eager=enforce_eager, seed=seed)
+            enforce_eager=enforce_eager, seed=seed,
+            enable_lora=enable_lora, lora_modules=lora_modules, max_loras=max_loras,
+            max_lora_rank=max_lora_rank, max_cpu_loras=max_cpu_loras)
     except EngineError as exc:
         raise click.UsageError(str(exc)) from None
     _warn_exposure(host, api_key)
@@ -289,7 +342,7 @@ def serve(model, served_model_name, tokenizer, dtype, load_format, quantization,
                                 default_max_tokens=default_max_tokens, cors=cors,
                                 on_ready=ready,
                                 tool_parser=tool_call_parser if enable_auto_tool_choice
-                                else None))
+                                else None, allow_runtime_lora=allow_runtime_lora))
     except EngineError as exc:
         click.echo(f"zerod serve: error: {exc}", err=True)
         code = 1

@@ -63,6 +63,14 @@ class EngineConfig:
     target_ttft_ms: float = 100.0
     min_prefill_chunk: int = 256
     tensor_parallel_size: int = 1          # ranks (GPUs) the model is split over (parallel.py)
+    # multi-LoRA (engine/lora): adapters (name, path, base_model_name or None) served at
+    # start; slabs for max_loras adapters of rank <= max_lora_rank on the device at once,
+    # host copies of max_cpu_loras (default: max_loras)
+    enable_lora: bool = False
+    lora_modules: tuple = ()
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
 
     @property
     def prefill_token_cap(self) -> int:
@@ -111,3 +119,11 @@ class EngineConfig:
             bad("kv_pages must be >= 2 (page 0 is a scratch page)")
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
             bad("kv_cache_memory_bytes must be > 0")
+        if self.lora_modules and not self.enable_lora:
+            bad("lora_modules need enable_lora")
+        if not 1 <= self.max_loras <= 256:
+            bad("max_loras must be in [1, 256]")
+        if not 1 <= self.max_lora_rank <= 512:
+            bad("max_lora_rank must be in [1, 512]")
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            bad(f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras})")

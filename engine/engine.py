@@ -28,6 +28,7 @@ from .hf_config import load_model_config, parse_dtype
 from .interface import EngineStats
 from .kv_pool import KVPool, kv_torch_dtype
 from .loader import build_model
+from .lora import LoraAdapter, LoraError, LoraManager
 from .metrics import EngineMetrics
 from .model_runner import ModelRunner
 from .parallel import TPGroup, Workers, check_tp
@@ -70,11 +71,11 @@ def _cuda_free_total(dev: torch.device) -> tuple[int, int]:
 
 
 def build_rank(cfg: EngineConfig, model_dir: Path, dev: torch.device, tp: TPGroup | None,
-               eos_ids: list[int] = ()) -> ModelRunner:
-    """One rank's device side: weights (its shard under tensor parallelism), the KV pool
-    sized from what they leave (the least any rank has left, so every rank gets the same
-    pages), the runner, graphs, warm-up. Every rank runs it in the same order: each step
-    of it that communicates does so collectively."""
+               eos_ids: list[int] = ()) -> tuple[ModelRunner, LoraManager | None]:
+    """One rank's device side: weights (its shard under tensor parallelism), the LoRA slabs
+    (--enable-lora; one GPU only), the KV pool sized from what they leave (the least any
+    rank has left, so every rank gets the same pages), the runner, graphs, warm-up. Every
+    rank runs it in the same order: each step of it that communicates does so collectively."""
     mc = load_model_config(model_dir)
     dtype_name = serving_dtype(cfg.dtype, mc.torch_dtype, dev.type)
     dtype = parse_dtype(dtype_name)
@@ -88,6 +89,7 @@ def build_rank(cfg: EngineConfig, model_dir: Path, dev: torch.device, tp: TPGrou
         check_fp8_device(dev)
     model = build_model(mc, model_dir, "dummy" if cfg.load_format == "dummy" else "safetensors",
                         dtype, dev, seed=cfg.seed, quant=quant, tp=tp)
+    loras = build_loras(cfg, model, mc, dev) if cfg.enable_lora else None   # slabs before the KV pool
     if dev.type == "cuda" and not model.ops.head_dim_kernels:
         log.warning("head_dim %d is not a power of two >= 16: attention runs the torch reference",
                     mc.head_dim)
@@ -98,7 +100,8 @@ def build_rank(cfg: EngineConfig, model_dir: Path, dev: torch.device, tp: TPGrou
     if plan.max_model_len < wanted_context(cfg, mc) and (tp is None or tp.rank == 0):
         log.info("max_model_len capped to %d tokens (the KV pool's size)", plan.max_model_len)
     pool = KVPool(model.mc, plan.num_pages, cfg.block_size, kv_torch_dtype(kv_dtype, dtype), dev)  # this rank's KV heads
-    runner = ModelRunner(cfg, mc, model, pool, dev, plan.max_model_len, list(eos_ids))
+    runner = ModelRunner(cfg, mc, model, pool, dev, plan.max_model_len, list(eos_ids),
+                         lora=loras.batch if loras is not None else None)
     runner.capture_graphs()
     if dev.type == "cuda":
         try:
@@ -107,7 +110,20 @@ def build_rank(cfg: EngineConfig, model_dir: Path, dev: torch.device, tp: TPGrou
             if tp is not None:   # the other ranks are in its collectives
                 raise
             log.warning("prefill warm-up failed (%s); kernels compile on first use", exc)
-    return runner
+    return runner, loras
+
+
+def build_loras(cfg: EngineConfig, model, mc, dev: torch.device) -> LoraManager:
+    """The LoRA slabs on the device, and the --lora-modules adapters registered (a broken
+    one fails the start, naming it)."""
+    try:
+        loras = LoraManager(model, mc, cfg.max_loras, cfg.max_lora_rank, cfg.max_cpu_loras or cfg.max_loras)
+    except torch.OutOfMemoryError:
+        raise EngineError(f"the LoRA slabs (--max-loras {cfg.max_loras} x --max-lora-rank "
+                          f"{cfg.max_lora_rank}) do not fit on {dev}") from None
+    for name, path, base in cfg.lora_modules:
+        loras.add(name, path, base)
+    return loras
 
 
 def is_cuda_fatal(exc: BaseException) -> bool:
@@ -133,7 +149,7 @@ class Engine:
         with torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext():
             self._build_device_side()
 
-        self.scheduler = Scheduler(cfg, self.pool, ring_window(mc.layer_windows))
+        self.scheduler = Scheduler(cfg, self.pool, self.loras, ring_window(mc.layer_windows))
         if self.scheduler.ring and cfg.enable_prefix_caching:
             log.info("every layer slides (window %d): each request holds a ring of %d KV pages; "
                      "prefix caching is off for this model", ring_window(mc.layer_windows),
@@ -167,13 +183,17 @@ class Engine:
         cfg = self.config
         self.tp = self.workers = None
         check_tp(self.model_config, cfg.tensor_parallel_size, self.device,
-                 quantized=self.model_config.quant is not None or cfg.quantization is not None)
+                 quantized=self.model_config.quant is not None or cfg.quantization is not None,
+                 lora=cfg.enable_lora)
+        for name, _, _ in cfg.lora_modules:
+            if name == self.model_name:
+                raise EngineError(f"LoRA adapter {name!r} has the base model's name")
         if cfg.tensor_parallel_size > 1:
             self.workers = Workers(cfg, self.model_dir, self.device, on_lost=self._on_rank_lost)
             try:
                 self.tp = TPGroup(0, cfg.tensor_parallel_size, self.device, self.workers.init_method)
-                self.runner = build_rank(cfg, self.model_dir, self.device, self.tp,
-                                         self.tokenizer.eos_token_ids)
+                self.runner, self.loras = build_rank(cfg, self.model_dir, self.device, self.tp,
+                                                     self.tokenizer.eos_token_ids)
             except BaseException:
                 self.workers.kill()
                 if self.tp is not None:
@@ -181,7 +201,8 @@ class Engine:
                 raise
             self.runner.channel = StepChannel(self.tp, self.runner.staging, cfg.max_num_seqs)
         else:
-            self.runner = build_rank(cfg, self.model_dir, self.device, None, self.tokenizer.eos_token_ids)
+            self.runner, self.loras = build_rank(cfg, self.model_dir, self.device, None,
+                                                 self.tokenizer.eos_token_ids)
         self.model, self.pool = self.runner.model, self.runner.pool
         self.dtype, self.max_model_len = self.model.dtype, self.runner.max_model_len
 
@@ -223,7 +244,9 @@ class Engine:
         self._loop.start()
 
     def submit(self, prompt_ids: list[int], params: SamplingParams | None,
-               on_output: Callable[[RequestOutput], None], after: str | None = None) -> str:
+               on_output: Callable[[RequestOutput], None], after: str | None = None,
+               lora: str | None = None) -> str:
+        """lora: the name of a LoRA adapter to run the request with (None: the base)."""
         params = params or SamplingParams()
         n = len(prompt_ids)
         if not self._accepting:
@@ -250,6 +273,7 @@ class Engine:
         if self.pool.pages_for(n + max_tokens) > self.pool.total:
             raise RequestRejected(400, f"prompt + max_tokens ({n + max_tokens} tokens) can never fit in the "
                                        f"KV pool ({self.pool.total * self.pool.page_size} tokens)")
+        adapter = self._adapter(lora) if lora is not None else None
         if not self.scheduler.claim_wait_place():
             raise RequestRejected(429, f"the wait line is full ({self.config.max_waiting} requests)",
                                   retry_after=1.0)
@@ -257,11 +281,41 @@ class Engine:
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
         req = Request(rid, list(prompt_ids), params, on_output, max_tokens, seed,
                       sample_class=row_class(params.temperature, params.top_k, params.top_p,
-                                                   params.min_p), after=after)
+                                                   params.min_p), after=after, lora=adapter)
         if params.grammar is not None:   # each engine request walks the grammar on its own
             req.grammar = self.grammar_compiler.new_state(params.grammar)
         self._inbox.put(("submit", req))
+        if adapter is not None:
+            self.metrics.lora_request(adapter.name)
         return rid
+
+    # ------------------------------------------------------------------ LoRA adapters
+    def _adapter(self, name: str) -> LoraAdapter:
+        adapter = self.loras.get(name) if self.loras is not None else None
+        if adapter is None:
+            raise RequestRejected(404, f"The model `{name}` does not exist: no base model or "
+                                       f"LoRA adapter of that name is loaded")
+        return adapter
+
+    def lora_adapters(self) -> list[LoraAdapter]:
+        """The adapters requests can name now (empty without --enable-lora)."""
+        return self.loras.names() if self.loras is not None else []
+
+    def load_lora(self, name: str, path: str) -> None:
+        """Register a PEFT adapter (reads its files: call off the event loop). Raises
+        LoraError naming what is wrong, EngineError without --enable-lora."""
+        if self.loras is None:
+            raise EngineError("LoRA is not enabled on this engine (start it with --enable-lora)")
+        if name == self.model_name:
+            raise LoraError(f"LoRA adapter {name!r} has the base model's name")
+        self.loras.add(name, path)
+
+    def unload_lora(self, name: str) -> None:
+        """New requests for `name` are refused at once; those already submitted finish on
+        its weights. KeyError when no adapter has that name."""
+        if self.loras is None:
+            raise KeyError(name)
+        self.loras.remove(name)
 
     @property
     def grammar_compiler(self) -> GrammarCompiler:
@@ -369,6 +423,9 @@ class Engine:
             if self._stop.is_set():
                 return
             batch = self.scheduler.schedule()
+            while self.scheduler.failed:   # refused at admission (an adapter's files went bad)
+                r, msg = self.scheduler.failed.pop()
+                self.poller.put(FinishRecord(r, "error", error=msg))
             self._running_count = self.scheduler.num_running
             idle = not batch
             if batch:

@@ -50,11 +50,13 @@ class EngineLike(Protocol):
     metrics: Any             # has .registry, a prometheus_client CollectorRegistry
 
     def submit(self, prompt_ids: list[int], params: SamplingParams,
-               on_output: Callable[[RequestOutput], None], after: str | None = None) -> str:
-        """Queue a request; returns its id. Raises RequestRejected (400/429/503).
+               on_output: Callable[[RequestOutput], None], after: str | None = None,
+               lora: str | None = None) -> str:
+        """Queue a request; returns its id. Raises RequestRejected (400/404/429/503).
         after: the id of a request with the same prompt (a sibling of n > 1), submitted
         just before: this one is admitted once that one's prompt is prefilled, so it
-        shares the prompt's KV pages through the prefix cache."""
+        shares the prompt's KV pages through the prefix cache. lora: a LoRA adapter's
+        name (the server passes it only to engines with `lora_adapters`)."""
         ...
 
     def abort(self, request_id: str) -> None: ...

@@ -18,6 +18,8 @@ def param(*shape, dtype, device) -> nn.Parameter:
 
 
 class Linear(nn.Module):
+    lora = None   # engine/lora's LoraProjection of this projection, with --enable-lora
+
     def __init__(self, out_features: int, in_features: int, *, bias: bool, dtype, device):
         super().__init__()
         self.out_features, self.in_features = out_features, in_features
@@ -25,12 +27,15 @@ class Linear(nn.Module):
         self.bias = param(out_features, dtype=dtype, device=device) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The base product (subclasses: quantized, split over ranks)."""
         return F.linear(x, self.weight, self.bias)
 
     # nn.Module.__call__'s hook machinery costs microseconds per call, and an eager
-    # forward makes seven calls per layer: call forward directly.
+    # forward makes seven calls per layer: call forward directly. LoRA's delta comes after
+    # the base product, whatever computes it.
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward(x)
+        y = self.forward(x)
+        return y if self.lora is None else self.lora(x, y)
 
 
 # ---------------------------------------------------------------------- tensor-parallel shards

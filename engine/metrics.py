@@ -37,6 +37,7 @@ STEP_SECONDS = "zerod_engine_step_seconds"
 PREFIX_CACHE_QUERIES_TOTAL = "zerod_engine_prefix_cache_queries_total"
 PREFIX_CACHE_HITS_TOTAL = "zerod_engine_prefix_cache_hits_total"
 PREFIX_CACHE_PAGES = "zerod_engine_prefix_cache_pages"
+LORA_REQUESTS_TOTAL = "zerod_engine_lora_requests_total"   # by lora_name: requests accepted per adapter
 
 # vLLM's names for the same facts (vllm/v1/metrics/loggers.py), labelled by model_name.
 VLLM_NUM_REQUESTS_RUNNING = "vllm:num_requests_running"
@@ -151,8 +152,14 @@ class EngineMetrics:
             self.requests_total.labels(finished_reason=reason)
         for reason in VLLM_SUCCESS_REASONS:
             self.request_success.labels(model_name, reason)
+        self.lora_requests = Counter(_family(LORA_REQUESTS_TOTAL), "Requests accepted for each LoRA "
+                                     "adapter.", ["lora_name"], registry=r)
         self.model_name = model_name
         r.register(_EngineCollector(snapshot, model_name))
+
+    def lora_request(self, name: str) -> None:
+        """Count a request accepted for LoRA adapter `name`."""
+        self.lora_requests.labels(lora_name=name).inc()
 
     def finished(self, reason: str) -> None:
         """Count a request that ended with `reason` (stop | length | abort | error)."""

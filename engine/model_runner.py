@@ -10,6 +10,11 @@ input: the CPU never needs a token back to schedule the next step, so it prepare
 launches step N+1 while step N runs. No host sync inside a step (CUDA), the same code
 path on the CPU.
 
+With LoRA, each slot's adapter slot is one more per-slot table (`lora_slot`): a decode step
+gathers its rows' adapters by slot inside the step, so the decode CUDA graphs (captured
+twice: with the LoRA path and without, for steps where no row has an adapter) replay for
+any mix of adapters; loading an adapter writes into fixed slabs and recaptures nothing.
+
 A step is staged (host: numpy into the pinned buffer; `StepInputs`) and then launched
 (device); `last_tokens` is written by the launch's last ops, after everything that can
 raise, so a step that fails can be redone.
@@ -26,6 +31,8 @@ import torch
 from .config import EngineConfig
 from .hf_config import ModelConfig, cos_sin_cache
 from .kv_pool import KVPool
+from .lora.delta import use_kernels as lora_kernels
+from .lora.slabs import LoraBatch
 from .model import AttnMeta, LlamaModel
 from . import prompt_logprobs as plp
 from .logprobs import logprobs_of
@@ -148,6 +155,7 @@ class SlotUpload:
     bias_slots: torch.Tensor | None  # int64 [Ab]: the new requests with a logit_bias
     bias_ids: torch.Tensor | None    # int64 [Ab, MAX_LOGIT_BIAS]
     bias_vals: torch.Tensor | None   # float32 [Ab, MAX_LOGIT_BIAS]
+    lora_slot: torch.Tensor | None = None  # int32 [A]: each one's adapter slot (with LoRA)
 
 
 @dataclass
@@ -172,6 +180,7 @@ class PrefillInputs:
     padded: int                  # > 0: a lone prompt padded to this many tokens (a CUDA graph)
     grammar: GrammarRows | None = None  # the sampled rows with a structured-output mask
     prompt_rows: plp.PromptRows | None = None  # the prompt rows whose logprobs were asked for
+    lora_rows: torch.Tensor | None = None  # int32 [T]: each token's adapter slot (None: no adapter)
 
 
 @dataclass
@@ -199,6 +208,7 @@ class DecodeInputs:
     logprob_rows: LogprobRows | None
     grammar: GrammarRows | None = None  # the rows with a structured-output mask
     width: int = 0               # block-table columns an eager decode reads (no paged kernel)
+    lora: bool = False           # some row has a LoRA adapter
 
 
 @dataclass
@@ -213,9 +223,11 @@ class StepInputs:
 
 class ModelRunner:
     def __init__(self, cfg: EngineConfig, mc: ModelConfig, model: LlamaModel, pool: KVPool,
-                 device: torch.device, max_model_len: int, eos_ids: list[int]):
+                 device: torch.device, max_model_len: int, eos_ids: list[int],
+                 lora: LoraBatch | None = None):
         self.cfg, self.mc, self.model, self.pool, self.device = cfg, mc, model, pool, device
         self.channel = None         # tensor parallelism, rank 0: tp_channel.StepChannel
+        self.lora = lora   # the model's LoRA rows (None: no --enable-lora)
         self.cuda = device.type == "cuda"
         self.ps = pool.page_size
         self.max_model_len = max_model_len
@@ -235,6 +247,7 @@ class ModelRunner:
         self.min_p = torch.zeros(S + 1, dtype=torch.float32, device=dev)
         self.pen = PenaltyTables(S + 1, max_model_len, dev)
         self.last_tokens = torch.zeros(S + 1, dtype=torch.int64, device=dev)
+        self.lora_slot = torch.zeros(S + 1, dtype=torch.int32, device=dev)
         self.eos = torch.tensor(eos_ids or [0], dtype=torch.int64, device=dev)
         # host ring of sampled ids + pinned input staging, one per ring slot
         self.ring = HostRing(cfg.ring_depth, S, device, prompt_rows=cfg.prefill_token_cap)
@@ -244,11 +257,12 @@ class ModelRunner:
         # token + 4 per chunk (chunks <= tokens) + 2 per prompt-logprob row (rows <= tokens);
         # decode 2 per request; penalty / bias rows
         # 2 per sampled row; logprob rows 2 per sampled row; grammar rows 1 per sampled
-        # row; + alignment of each field
-        self.staging = Staging(3 * pool.num_pages + (15 + 2 + 2 + 1 + 451) * S + 10 * T + 128,
+        # row; LoRA: 1 per request + 1 per token; + alignment of each field
+        self.staging = Staging(3 * pool.num_pages + (15 + 2 + 2 + 1 + 451 + 1) * S + 11 * T + 128,
                                cfg.ring_depth, dev, self.cuda)
         # decode graph buffers
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.lora_graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.g_slots = torch.full((S,), self.pad_slot, dtype=torch.int64, device=dev)
         self.g_pos = torch.zeros(S, dtype=torch.int64, device=dev)
         self.buckets: list[int] = []
@@ -321,6 +335,7 @@ class ModelRunner:
             presence=pk.float32([r.params.presence_penalty for r in reqs]),
             frequency=pk.float32([r.params.frequency_penalty for r in reqs]),
             repetition=pk.float32([r.params.repetition_penalty for r in reqs]),
+            lora_slot=pk.int32([r.lora_slot for r in reqs]) if self.lora is not None else None,
             **self._stage_bias(pk, [r for r in reqs if r.params.logit_bias]))
 
     @staticmethod
@@ -349,9 +364,11 @@ class ModelRunner:
 
     def _stage_prefill(self, pk: Packer, chunks: list[Chunk], pad: bool, u: Uses) -> PrefillInputs:
         ps = self.ps
-        # prompt logprobs read the prompt's hidden rows: the eager path keeps them
+        # prompt logprobs read the prompt's hidden rows, and the padded graphs are base-only:
+        # the eager path keeps both
         want_plp = u.prompt_logprobs and any(c.req.params.prompt_logprobs is not None for c in chunks)
-        padded = self._prefill_bucket(chunks) if pad and not want_plp else 0
+        with_lora = any(c.req.lora_slot for c in chunks)
+        padded = self._prefill_bucket(chunks) if pad and not want_plp and not with_lora else 0
         if padded:
             # the prompt, then a dummy sequence on the scratch page up to the padded size
             c = chunks[0]
@@ -399,7 +416,9 @@ class ModelRunner:
             seqlens=[c.n for c in chunks],
             width=max((c.start + c.n + ps - 1) // ps for c in chunks),
             no_prefix=all(c.start == 0 for c in chunks),
-            padded=padded, prompt_rows=prompt_rows)
+            padded=padded, prompt_rows=prompt_rows,
+            lora_rows=pk.int32(np.repeat([c.req.lora_slot for c in chunks], [c.n for c in chunks]))
+            if with_lora else None)
 
     def _stage_decode(self, pk: Packer, decodes: list[Request], u: Uses) -> DecodeInputs:
         B = len(decodes)
@@ -410,7 +429,8 @@ class ModelRunner:
             reqs=decodes,
             logit_rules=self._stage_rules(pk, decodes, lambda r: r.prompt_len + r.num_scheduled, u),
             logprob_rows=self._stage_logprob_rows(pk, decodes, u),
-            width=self._decode_width(decodes))
+            width=self._decode_width(decodes),
+            lora=self.lora is not None and any(r.lora_slot for r in decodes))
 
     def _decode_width(self, decodes: list[Request]) -> int:
         """Block-table columns a decode reads: all of them for the paged kernel (one launch
@@ -515,6 +535,8 @@ class ModelRunner:
         self.pen.presence.index_copy_(0, u.slots, u.presence)
         self.pen.frequency.index_copy_(0, u.slots, u.frequency)
         self.pen.repetition.index_copy_(0, u.slots, u.repetition)
+        if u.lora_slot is not None:
+            self.lora_slot.index_copy_(0, u.slots, u.lora_slot)
         if u.bias_slots is not None:
             self.pen.bias_ids.index_copy_(0, u.bias_slots, u.bias_ids)
             self.pen.bias_vals.index_copy_(0, u.bias_slots, u.bias_vals)
@@ -528,7 +550,7 @@ class ModelRunner:
         meta = AttnMeta(slot_mapping=p.slot_mapping, block_tables=self.block_table[p.slots, :p.width],
                         context_lens=p.context_lens, cu_seqlens_q=p.cu_seqlens,
                         no_prefix=p.no_prefix, seqlens_q=p.seqlens)
-        hidden = self.model(p.tokens, p.positions, self.pool.kv, meta)
+        hidden = self._forward(p.tokens, p.positions, meta, p.lora_rows)
         if p.prompt_rows is not None:
             self.ring.prompt[ring_idx] = p.prompt_rows
             plp.compute(self.model.logits, hidden, p.prompt_rows, *self.ring.prompt_buffers(ring_idx))
@@ -548,6 +570,17 @@ class ModelRunner:
         if rules.bias_rows is not None:
             logits = self.pen.add_bias(logits, rules.bias_rows, slots.index_select(0, rules.bias_rows))
         return logits
+
+    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, meta: AttnMeta,
+                 lora_rows: torch.Tensor | None) -> torch.Tensor:
+        """The model's forward; with lora_rows (each token's adapter slot) through the LoRA path."""
+        if lora_rows is None:
+            return self.model(tokens, positions, self.pool.kv, meta)
+        self.lora.set(lora_rows, grouped=lora_kernels(self.device))
+        try:
+            return self.model(tokens, positions, self.pool.kv, meta)
+        finally:
+            self.lora.clear()
 
     # ------------------------------------------------------------------ padded prefill
     def _prefill_bucket(self, chunks: list[Chunk]) -> int:
@@ -624,23 +657,25 @@ class ModelRunner:
                       min_p=self.min_p.index_select(0, slots) if need_min_p else None)
 
     # ------------------------------------------------------------------ decode
-    def _decode_forward(self, slots: torch.Tensor, pos: torch.Tensor, w: int) -> torch.Tensor:
+    def _decode_forward(self, slots: torch.Tensor, pos: torch.Tensor, w: int,
+                        lora: bool = False) -> torch.Tensor:
         ids = self.last_tokens.index_select(0, slots)
         bt = self.block_table.index_select(0, slots)[:, :w]
         pg = self.block_table.index_select(0, slots).gather(1, (pos // self.ps).unsqueeze(1)).squeeze(1)
         smap = pg.long() * self.ps + pos % self.ps
         meta = AttnMeta(slot_mapping=smap, block_tables=bt, context_lens=(pos + 1).to(torch.int32),
                         cu_seqlens_q=None)
-        hidden = self.model(ids, pos, self.pool.kv, meta)
+        hidden = self._forward(ids, pos, meta, self.lora_slot.index_select(0, slots) if lora else None)
         return self.model.logits(hidden)
 
     def decode_logits(self, d: DecodeInputs) -> torch.Tensor:
-        """The decode forward (a captured graph per batch bucket); every tensor-parallel
-        rank runs it."""
+        """The decode forward (a captured graph per batch bucket, with or without the LoRA
+        path); every tensor-parallel rank runs it."""
         B, slots, pos = d.slots.numel(), d.slots, d.positions
         bucket = next((b for b in self.buckets if b >= B), None)
-        if bucket is not None and bucket in self.graphs:
-            g, out = self.graphs[bucket]
+        graphs = self.lora_graphs if d.lora else self.graphs
+        if bucket is not None and bucket in graphs:
+            g, out = graphs[bucket]
             self.g_slots[:B].copy_(slots)
             self.g_pos[:B].copy_(pos)
             if bucket > B:
@@ -648,7 +683,7 @@ class ModelRunner:
                 self.g_pos[B:bucket].zero_()
             g.replay()
             return out[:B]
-        return self._decode_forward(slots, pos, d.width)
+        return self._decode_forward(slots, pos, d.width, d.lora)
 
     @torch.inference_mode()
     def capture_graphs(self) -> None:
@@ -664,15 +699,19 @@ class ModelRunner:
         try:
             self.g_slots.fill_(self.pad_slot)
             self.g_pos.zero_()
-            for _ in range(2):  # warm up (cuBLAS handles, Triton autotune)
-                self._decode_forward(self.g_slots[:buckets[-1]], self.g_pos[:buckets[-1]], self.W)
+            ways = ((False, self.graphs), (True, self.lora_graphs)) if self.lora is not None \
+                else ((False, self.graphs),)
+            for lora, _ in ways:
+                for _ in range(2):  # warm up (cuBLAS handles, Triton autotune)
+                    self._decode_forward(self.g_slots[:buckets[-1]], self.g_pos[:buckets[-1]], self.W, lora)
             torch.cuda.synchronize()
-            for bs in reversed(buckets):
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, pool=pool):
-                    out = self._decode_forward(self.g_slots[:bs], self.g_pos[:bs], self.W)
-                pool = g.pool()
-                self.graphs[bs] = (g, out)
+            for lora, graphs in ways:
+                for bs in reversed(buckets):
+                    g = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(g, pool=pool):
+                        out = self._decode_forward(self.g_slots[:bs], self.g_pos[:bs], self.W, lora)
+                    pool = g.pool()
+                    graphs[bs] = (g, out)
             torch.cuda.synchronize()
             self.buckets = buckets
             log.info("captured decode CUDA graphs for batch sizes %s", buckets)
@@ -681,6 +720,7 @@ class ModelRunner:
                 raise
             log.warning("CUDA graph capture failed (%s); decode runs eager", exc)
             self.graphs.clear()
+            self.lora_graphs.clear()
             self.buckets = []
             torch.cuda.synchronize()
             return
@@ -753,7 +793,9 @@ class ModelRunner:
                                     context_lens=torch.full((n_seqs,), ctx, dtype=torch.int32, device=dev),
                                     cu_seqlens_q=torch.arange(0, T + 1, L, dtype=torch.int32, device=dev),
                                     no_prefix=prefix == 0, seqlens_q=[L] * n_seqs)
-                    hidden = self.model(torch.zeros(T, dtype=torch.int64, device=dev), pos, self.pool.kv, meta)
-                    self.model.logits(hidden[L - 1::L])
+                    # with LoRA, its kernels too (rows of slot 0: launched, nothing added)
+                    for rows in (None, torch.zeros(T, dtype=torch.int32, device=dev)) if self.lora else (None,):
+                        hidden = self._forward(torch.zeros(T, dtype=torch.int64, device=dev), pos, meta, rows)
+                        self.model.logits(hidden[L - 1::L])
         if self.cuda:
             torch.cuda.synchronize(dev)

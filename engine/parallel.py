@@ -36,10 +36,14 @@ WORKER_MODULE = "zerod.engine.tp_worker"
 INIT_TIMEOUT_S = 600          # a 70B checkpoint's slices load before the first collective
 
 
-def check_tp(mc: ModelConfig, n: int, device: torch.device, quantized: bool = False) -> None:
+def check_tp(mc: ModelConfig, n: int, device: torch.device, quantized: bool = False,
+             lora: bool = False) -> None:
     """Refuse, naming the reason, a degree this model or host cannot be split over."""
     if n == 1:
         return
+    if lora:
+        raise EngineError("--tensor-parallel-size > 1 is not supported with --enable-lora yet "
+                          "(the adapters' slabs are not split over the ranks)")
     if quantized:
         raise EngineError("--tensor-parallel-size > 1 is not supported with FP8 weights yet "
                           "(serve the bfloat16 checkpoint split, or FP8 on one GPU)")

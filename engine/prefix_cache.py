@@ -1,8 +1,8 @@
 """Prefix caching over the KV page pool: full pages of prompt KV, found again by content.
 
 A full page is identified by its token chain: the key of page i is (uid of page i-1, the
-page's token ids), with the chain rooted at `root` (None for the base model; the LoRA
-adapter later). Keys are compared exactly (a dict of tuples), so a hit is never a hash
+page's token ids), with the chain rooted at `root` (None for the base model, the adapter's
+("lora", uid) for a LoRA request: its KV is that adapter's, never shared with another). Keys are compared exactly (a dict of tuples), so a hit is never a hash
 collision. Every published page has a reference count:
 
 - a request that matches a chain takes a reference on each page of it and reserves only the

@@ -817,11 +817,29 @@ def chat_logprobs(entries: list[TokenLogprob], tok_str: Callable[[int], str]) ->
 
 
 def models_response(names: list[str], max_model_len: int, root: str,
-                    created: int) -> dict[str, Any]:
+                    created: int, adapters: list[tuple[str, str, str | None]] = ()) -> dict[str, Any]:
+    """The served names, then each LoRA adapter (name, path, base model name or None) as
+    vLLM lists them: root = its path, parent = its base (default: the first served name)."""
     return {"object": "list", "data": [
         {"id": n, "object": "model", "created": created, "owned_by": "zerod",
          "root": root, "parent": None, "max_model_len": max_model_len}
-        for n in names]}
+        for n in names] + [
+        {"id": n, "object": "model", "created": created, "owned_by": "zerod",
+         "root": path, "parent": parent or names[0], "max_model_len": max_model_len}
+        for n, path, parent in adapters]}
+
+
+def parse_lora_request(body: Any, with_path: bool) -> tuple[str, str | None]:
+    """The body of /v1/load_lora_adapter ({lora_name, lora_path}) or
+    /v1/unload_lora_adapter ({lora_name}) -> (name, path or None)."""
+    if not isinstance(body, dict):
+        raise bad("the request body must be a JSON object")
+    fields = ("lora_name", "lora_path") if with_path else ("lora_name",)
+    for f in fields:
+        v = body.get(f)
+        if not isinstance(v, str) or not v.strip():
+            raise bad(f"'{f}' must be a non-empty string", f)
+    return body["lora_name"].strip(), body["lora_path"].strip() if with_path else None
 
 
 DONE = b"data: [DONE]\n\n"

@@ -13,6 +13,7 @@ from .logprobs import MAX_LOGPROBS
 from .tokenizer import IncrementalDetokenizer
 
 if TYPE_CHECKING:
+    from .lora import LoraAdapter
     from .prefix_cache import PageChain
     from .structured import GrammarState
 
@@ -159,10 +160,12 @@ class Request:
     grammar: GrammarState | None = None  # structured outputs: advanced by the poller
     arrival: float = field(default_factory=time.monotonic)
     after: str | None = None      # a sibling (n > 1): the request with its prompt, whose prefill it waits for
+    lora: LoraAdapter | None = None  # the LoRA adapter it runs with (None: the base model)
     # step-loop side
     pages: list[int] = field(default_factory=list)
     slot: int = -1
     on_device: bool = False       # its slot-table rows (pages, sampling params) are written
+    lora_slot: int = 0            # its adapter's device slot while admitted (0: none)
     num_prefilled: int = 0        # prompt tokens whose KV is in the cache
     num_cached: int = 0           # of which the prefix cache had before the request came
     chain: PageChain | None = None  # its published prefix pages (prefix_cache.py)

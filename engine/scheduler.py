@@ -18,7 +18,9 @@ A request moves waiting -> prefilling -> decoding and leaves from any of them (d
 stopped, aborted, failed). Admission asks the prefix cache first: the pages of the
 longest cached chain of the prompt are shared (not reserved again) and `num_prefilled`
 starts past them; once a chunk's step is launched, its full pages are published for the
-requests after it (prefix_cache.py). LoRA adapter slots belong beside the KV reservation.
+requests after it (prefix_cache.py). A request with a LoRA adapter also takes its
+adapter's device slot at admission (loading it there if needed; none free: it waits, FIFO
+as for pages), and its prefix chain is rooted at the adapter (its KV is the adapter's).
 
 Sliding windows: when every layer of the model attends only within its window (Mistral,
 Mixtral with sliding_window), a request reserves a ring of pages, the window plus one
@@ -40,6 +42,7 @@ from dataclasses import dataclass, field
 
 from .config import EngineConfig
 from .kv_pool import KVPool
+from .lora import LoraError, LoraManager
 from .prefix_cache import PrefixCache
 from .request import Request
 from .row_features import ALL, FeatureCounts, Uses
@@ -101,10 +104,13 @@ def ring_pages(window: int, chunk_cap: int, page_size: int) -> int:
 
 
 class Scheduler:
-    def __init__(self, cfg: EngineConfig, pool: KVPool, window: int = 0):
+    def __init__(self, cfg: EngineConfig, pool: KVPool, loras: LoraManager | None = None,
+                 window: int = 0):
         """window: ring_window of the model (0: every request keeps its whole context)."""
         self.cfg = cfg
         self.pool = pool
+        self.loras = loras
+        self.failed: list[tuple[Request, str]] = []   # refused at admission; the engine reports them
         self.ring = ring_pages(window, cfg.prefill_token_cap, pool.page_size) if window else 0
         self.cache = PrefixCache(pool, enabled=cfg.enable_prefix_caching and not window)
         self.cost = StepCost()            # fed by the output poller
@@ -169,6 +175,9 @@ class Scheduler:
         r.released = True
         self.cache.release(list(dict.fromkeys(r.pages)))   # a ring's pages appear many times
         r.pages = []
+        if r.lora_slot:
+            self.loras.release(r.lora_slot)
+            r.lora_slot = 0
         if r.slot >= 0:
             self._free_slots.append(r.slot)
             r.slot = -1
@@ -216,13 +225,22 @@ class Scheduler:
                 break                      # its prompt's pages come from its lead next step
             # a repetition penalty reads the whole prompt from the token history, and prompt
             # logprobs its hidden states, which only a prefill makes: such a request
-            # prefills all of it (its own cache root: no hit)
+            # prefills all of it (its own cache root: no hit); an adapter's KV is its own
             p = r.params
-            root = r.id if p.repetition_penalty != 1.0 or p.prompt_logprobs is not None else None
+            root = r.id if p.repetition_penalty != 1.0 or p.prompt_logprobs is not None else (
+                ("lora", r.lora.uid) if r.lora is not None else None)
+            lora_slot = self._lora_slot(r)
+            if lora_slot is None:
+                break                      # every adapter slot is held: FIFO, wait
+            if lora_slot < 0:
+                continue                   # refused (its adapter could not be loaded)
             span = self.pool.pages_for(r.prompt_len + r.max_tokens)
             got = self.cache.reserve(r.prompt_ids, min(span, self.ring) if self.ring else span, root)
             if got is None:
+                if lora_slot:
+                    self.loras.release(lora_slot)
                 break                      # FIFO: nobody overtakes the head of the line
+            r.lora_slot = lora_slot
             self.waiting.popleft()
             self.waiting_tokens -= r.prompt_len
             self._left_wait_line()
@@ -232,6 +250,21 @@ class Scheduler:
             r.num_prefilled = r.num_cached = len(r.chain.uids) * self.pool.page_size
             r.slot = self._free_slots.pop()
             self.prefilling.append(r)
+
+    def _lora_slot(self, r: Request) -> int | None:
+        """The device slot of r's adapter (0: none; None: no slot free now; -1: r is
+        refused, out of the wait line and on self.failed)."""
+        if r.lora is None:
+            return 0
+        try:
+            return self.loras.acquire(r.lora)
+        except LoraError as exc:
+            self.waiting.popleft()
+            self.waiting_tokens -= r.prompt_len
+            self._left_wait_line()
+            self._release(r)
+            self.failed.append((r, str(exc)))
+            return -1
 
     def _lead_prefilling(self, r: Request) -> bool:
         """A sibling (n > 1) waits while the request it follows is still prefilling the

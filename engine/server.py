@@ -2,7 +2,8 @@
 
 Endpoints: GET /v1/models, POST /v1/completions, POST /v1/chat/completions (stream
 true/false), POST /tokenize, POST /detokenize, GET /version, GET /health, GET /metrics,
-GET /openapi.json. See docs/engine-server.md. Every answer carries X-Request-Id and, for
+GET /openapi.json; with --allow-runtime-lora, POST /v1/load_lora_adapter and
+/v1/unload_lora_adapter. A request names a LoRA adapter in `model`. See docs/engine-server.md. Every answer carries X-Request-Id and, for
 an allowed origin, CORS headers (cors.py).
 The connection-level limits and error shapes live in http_edge.py.
 
@@ -162,10 +163,12 @@ class OpenAIServer:
                  api_key: str | None = None, drain_timeout: float = 30.0,
                  default_max_tokens: int | None = None,
                  edge: EdgeLimits | None = None, cors: CorsPolicy | None = None,
-                 tool_parser: str | None = None) -> None:
+                 tool_parser: str | None = None, allow_runtime_lora: bool = False) -> None:
         """tool_parser: --tool-call-parser, given with --enable-auto-tool-choice (None:
-        tool_choice "auto" is refused)."""
+        tool_choice "auto" is refused). allow_runtime_lora: serve the LoRA load / unload
+        endpoints (--allow-runtime-lora)."""
         self.engine = engine
+        self.allow_runtime_lora = allow_runtime_lora
         self.tool_parser = tool_parser
         self.cors = cors or CorsPolicy()
         self.default_max_tokens = default_max_tokens
@@ -202,6 +205,8 @@ class OpenAIServer:
         app.router.add_post("/tokenize", self.tokenize)
         app.router.add_post("/detokenize", self.detokenize)
         app.router.add_get("/version", self.version)
+        app.router.add_post("/v1/load_lora_adapter", self.load_lora_adapter)
+        app.router.add_post("/v1/unload_lora_adapter", self.unload_lora_adapter)
         app.on_response_prepare.append(self._response_headers)
         app.on_startup.append(self._on_startup)
         app.on_cleanup.append(self._on_cleanup)
@@ -281,8 +286,48 @@ class OpenAIServer:
     # ----------------------------------------------------------------- simple endpoints
 
     async def models(self, request: web.Request) -> web.Response:
+        adapters = [(a.name, a.path, a.base_model_name) for a in self._adapters()]
         return _json(P.models_response(self.model_names, self.max_model_len,
-                                       self.engine.model_path, self.created))
+                                       self.engine.model_path, self.created, adapters))
+
+    # ----------------------------------------------------------------- LoRA adapters
+
+    def _adapters(self) -> list[Any]:
+        """The engine's LoRA adapters now (none for an engine without LoRA)."""
+        listing = getattr(self.engine, "lora_adapters", None)
+        return listing() if listing is not None else []
+
+    def _runtime_lora(self, path: str) -> None:
+        if not self.allow_runtime_lora:   # vLLM serves no such route without its switch
+            raise P.APIError(404, f"{path} is off: start the server with --allow-runtime-lora "
+                             "to load and unload LoRA adapters while it runs")
+
+    async def load_lora_adapter(self, request: web.Request) -> web.Response:
+        from zerod.engine.config import EngineError
+
+        self._runtime_lora(request.path)
+        name, path = P.parse_lora_request(await self._body(request), with_path=True)
+        if name in self.model_names:
+            raise P.bad(f"'{name}' is the base model's name", "lora_name")
+        if any(a.name == name for a in self._adapters()):
+            raise P.bad(f"The lora adapter '{name}' has already been loaded.", "lora_name")
+        try:   # reads the adapter's files: off the event loop
+            await self.loop.run_in_executor(self.tokenize_pool, self.engine.load_lora, name, path)
+        except EngineError as exc:   # LoraError is one: names what is wrong
+            raise P.bad(str(exc), "lora_path") from None
+        log.info("LoRA adapter %r loaded from %s", name, path)
+        return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
+
+    async def unload_lora_adapter(self, request: web.Request) -> web.Response:
+        self._runtime_lora(request.path)
+        name, _ = P.parse_lora_request(await self._body(request), with_path=False)
+        try:
+            self.engine.unload_lora(name)
+        except (KeyError, AttributeError):
+            raise P.APIError(404, f"The lora adapter '{name}' cannot be found.",
+                             param="lora_name", code="model_not_found") from None
+        log.info("LoRA adapter %r unloaded (its requests in flight finish)", name)
+        return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
 
     async def version(self, request: web.Request) -> web.Response:
         from zerod import __version__
@@ -336,6 +381,8 @@ class OpenAIServer:
         for k, v in stats.items():
             if isinstance(v, (int, float, str, bool)) or v is None:
                 body.setdefault(k, v)
+        if hasattr(self.engine, "lora_adapters"):   # the daemon shows them (zerod top)
+            body["lora_adapters"] = [a.name for a in self._adapters()]
         return _json(body, 200 if status == "ok" else 503)
 
     async def metrics(self, request: web.Request) -> web.Response:
@@ -370,10 +417,14 @@ class OpenAIServer:
         return P.parse_body(raw)
 
     def _model(self, name: str | None) -> str:
+        """The served name or LoRA adapter a request names (None: the default model)."""
         if name is None or name in self.model_names:
             return name or self.default_model
+        adapters = [a.name for a in self._adapters()]
+        if name in adapters:
+            return name
         raise P.APIError(404, f"The model `{name}` does not exist. This server serves: "
-                         f"{', '.join(self.model_names)}", param="model",
+                         f"{', '.join(self.model_names + adapters)}", param="model",
                          code="model_not_found")
 
     async def _prompt_ids(self, req: P.CompletionRequest, prompt: str | list[int] | None = None
@@ -447,7 +498,7 @@ class OpenAIServer:
         st.rid = []
         self.inflight.add(st)
         try:
-            self._submit(request, plan, st)
+            self._submit(request, plan, st, None if model in self.model_names else model)
             if req.stream and req.tool_choice != "none":
                 return await self._stream_tools(request, req, st, model, plan)
             if req.stream:
@@ -458,17 +509,19 @@ class OpenAIServer:
             if not st.finished:
                 self._abort(st)
 
-    def _submit(self, request: web.Request, plan: _Choices, st: _Req) -> None:
+    def _submit(self, request: web.Request, plan: _Choices, st: _Req, lora: str | None) -> None:
         """Queue every choice's engine request (a sibling of n > 1 after its first, so it
-        shares the prompt's KV pages); a refusal aborts those already queued."""
+        shares the prompt's KV pages), with LoRA adapter `lora` if not None; a refusal
+        aborts those already queued."""
         multi = len(plan.choices) > 1
+        kw = {"lora": lora} if lora is not None else {}
         try:
             for i, (ids, params, lead) in enumerate(plan.choices):
                 cb = self.router.callback(st, i if multi else None)
                 if lead is None:
-                    st.rid.append(self.engine.submit(ids, params, cb))
+                    st.rid.append(self.engine.submit(ids, params, cb, **kw))
                 else:
-                    st.rid.append(self.engine.submit(ids, params, cb, after=st.rid[lead]))
+                    st.rid.append(self.engine.submit(ids, params, cb, after=st.rid[lead], **kw))
             log.debug("request %s is engine request(s) %s", request[REQUEST_ID], st.rid)
         except RequestRejected as exc:
             self._abort(st)
@@ -477,7 +530,7 @@ class OpenAIServer:
                 ra = exc.retry_after if exc.retry_after is not None else 1
                 headers["Retry-After"] = str(max(1, int(-(-float(ra) // 1))))
             raise P.APIError(int(exc.status), exc.message, headers=headers,
-                             code="rate_limit_exceeded" if exc.status == 429 else None
+                             code={429: "rate_limit_exceeded", 404: "model_not_found"}.get(exc.status)
                              ) from None
 
     def _abort(self, st: _Req) -> None:
@@ -908,10 +961,11 @@ async def serve_async(engine: EngineLike, sock: socket.socket, *, served_model_n
                       on_ready: Callable[[int], None] | None = None,
                       stop_event: asyncio.Event | None = None,
                       handle_signals: bool = True,
-                      tool_parser: str | None = None) -> None:
+                      tool_parser: str | None = None, allow_runtime_lora: bool = False) -> None:
     server = OpenAIServer(engine, served_model_names=served_model_names, api_key=api_key,
                           drain_timeout=drain_timeout, default_max_tokens=default_max_tokens,
-                          edge=edge, cors=cors, tool_parser=tool_parser)
+                          edge=edge, cors=cors, tool_parser=tool_parser,
+                          allow_runtime_lora=allow_runtime_lora)
     loop = asyncio.get_running_loop()
     stop = stop_event or asyncio.Event()
     if handle_signals:

@@ -61,7 +61,7 @@ def serve(rank: int, cfg: EngineConfig, model_dir: Path, device_type: str, init_
         torch.cuda.set_device(dev)
     tp = TPGroup(rank, cfg.tensor_parallel_size, dev, init_method)
     try:
-        runner = build_rank(cfg, model_dir, dev, tp)
+        runner, _ = build_rank(cfg, model_dir, dev, tp)
         channel = StepChannel(tp, runner.staging, cfg.max_num_seqs)
         log.info("tensor-parallel rank %d ready on %s", rank, dev)
         while (step := channel.recv_step()) is not None:

@@ -27,6 +27,9 @@ SLOW_MODULES = {
     "test_fp8_kernels.py",  # Triton's interpreter on the FP8 kernels
     "test_fp8_kv_and_config.py",  # engines with FP8 KV pages, teacher-forced
     "test_kernels_interpreter.py",  # Triton's CPU interpreter, one subprocess per group
+    "test_lora_engine.py",  # transformers + peft as the reference
+    "test_lora_server.py",  # servers with adapters loaded and unloaded under load
+    "test_lora_kernels.py",  # the LoRA kernels in Triton's interpreter
     "test_server_cli.py",  # `zerod serve` subprocesses, SIGTERM drains
     "test_tui_app.py",  # Textual Pilot sessions
     "test_tui_real_daemon.py",  # the dashboard on a real daemon

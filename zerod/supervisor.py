@@ -191,7 +191,10 @@ class EngineSupervisor:
                 log.warning("%s", impostor)
                 self._impostor_said = impostor
             return False, impostor
+        self.lora_adapters = _lora_adapters(body)
         return True, "HTTP 200"
+
+    lora_adapters: list[str] = []   # the LoRA adapters its last /health answer named
 
     def _impostor(self, body: bytes) -> str | None:
         """Why this /health answer is not our child's, or None when it is."""
@@ -402,3 +405,12 @@ def _describe_rc(rc: int) -> str:
         except ValueError:
             return f"signal {-rc}"
     return f"exit code {rc}"
+
+
+def _lora_adapters(body: bytes) -> list[str]:
+    """The LoRA adapter names a zerod serve /health answer lists ([] for other engines)."""
+    try:
+        names = json.loads(body).get("lora_adapters")
+    except (ValueError, AttributeError):
+        return []
+    return [n for n in names if isinstance(n, str)] if isinstance(names, list) else []

@@ -84,6 +84,7 @@ class EngineView:
             "prefix_cache_queries_total": num(names.PREFIX_CACHE_QUERIES_TOTAL),
             "prefix_cache_hits_total": num(names.PREFIX_CACHE_HITS_TOTAL),
             "prefix_cache_pages": num(names.PREFIX_CACHE_PAGES),
+            "lora_adapters": list(self.supervisor.lora_adapters),
             "history": {k: lat["history"].get(k, []) for k in HISTORY_KEYS},
         }
 

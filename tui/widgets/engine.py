@@ -58,6 +58,9 @@ class EnginePanel(Vertical):
             title.append(f" · {st.get('kind')}")
         if st.get("model"):
             title.append(f" · {st.get('model')}")
+        loras = engine.get("lora_adapters") or []
+        if loras:   # LoRA adapters served beside the model
+            title.append(f" + {len(loras)} LoRA" if narrow else f" + LoRA {', '.join(loras)}", "dim")
         set_title(self, title)
         firing = {str((a.get("labels") or {}).get("slo", "")) for a in (alerts.get("alerts") or [])
                   if isinstance(a, dict) and a.get("state") == "firing" and a.get("alertname") == "LatencyRegression"}

@@ -1,0 +1,56 @@
+"""y += scale * (x A_iᵀ) B_iᵀ for each row with its adapter slot i (the scale is in B).
+
+On CUDA with the Triton kernels (engine/kernels/lora.py): a shrink over the stacked A of
+the projection, then an expand into each output segment, both tiled over the rows grouped
+by slot so that each adapter's matrices are read once per tile, and slot 0 (base rows)
+skipped. Elsewhere the torch reference: one bmm over the gathered slabs per half.
+`ops.kernels_disabled({"lora"})` forces the reference (tests compare the two).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import ops
+from ..kernels import CUDA_KERNELS
+from .slabs import LoraBatch
+
+KERNEL = "lora"   # the name ops.kernels_disabled() takes
+
+
+def _kernels():
+    if not CUDA_KERNELS or KERNEL in ops.DISABLED:   # no Triton here: no LoRA kernels either
+        return None
+    from ..kernels import lora
+
+    return lora
+
+
+def use_kernels(device: torch.device) -> bool:
+    """Whether a forward on `device` runs the Triton kernels (they need rows grouped)."""
+    return device.type == "cuda" and _kernels() is not None
+
+
+def add_lora(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+             segments: tuple[int, ...], batch: LoraBatch) -> torch.Tensor:
+    k = _kernels() if x.is_cuda and batch.order is not None else None
+    if k is not None:
+        xa = k.lora_shrink(x, A, batch.order, batch.starts, batch.counts)
+        k.lora_expand(y, xa, B, segments, batch.order, batch.starts, batch.counts)
+        return y
+    return lora_reference(y, x, A, B, segments, batch.idx)
+
+
+def lora_reference(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                   segments: tuple[int, ...], idx: torch.Tensor) -> torch.Tensor:
+    """The delta in float32 over the slabs gathered per row (slot 0 adds zeros)."""
+    idx = idx.long()
+    R = B.shape[2]
+    xa = torch.bmm(A.index_select(0, idx).float(), x.float().unsqueeze(2))    # [T, nseg*R, 1]
+    b = B.index_select(0, idx).float()                                          # [T, out, R]
+    parts, n0 = [], 0
+    for j, n in enumerate(segments):
+        parts.append(torch.bmm(b[:, n0:n0 + n], xa[:, j * R:(j + 1) * R]).squeeze(2))
+        n0 += n
+    delta = parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+    return (y.float() + delta).to(y.dtype)

@@ -1,0 +1,111 @@
+"""The fixed device buffers adapters live in, and the adapter of each row of a forward.
+
+Per projection of every layer: A [max_loras + 1, segments * max_rank, in] and
+B [max_loras + 1, out, max_rank]. Slot 0 is "no adapter" and stays zero, so a base row
+adds an exact zero whatever path computes it. The fused projections (qkv, gate_up) stack
+their modules' A matrices (one shrink for all of them) and keep each module's B in its
+own output rows (segment j of the output reads shrink columns [j*R, (j+1)*R)). The slabs
+are allocated once, before the KV pool is sized; loading an adapter writes into them, so
+CUDA graphs captured over them stay valid.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..hf_config import ModelConfig
+from .adapter import LoraAdapter
+
+# our projection -> its HF modules, in the order of its output segments
+SEGMENTS = {"qkv": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",),
+            "gate_up": ("gate_proj", "up_proj"), "down": ("down_proj",)}
+FUSED = {"qkv_proj": "qkv", "gate_up_proj": "gate_up"}   # Phi-3 stores these fused
+
+
+class LoraBatch:
+    """The adapter slot of each token row of the forward being run (None: no row has one,
+    the LoRA path is skipped). The runner sets it around a forward; every projection of
+    that forward reads it. `order` / `starts` / `counts`: the rows grouped by slot (a
+    counting sort on the device, no host sync), which the Triton kernels tile over."""
+
+    def __init__(self, num_slots: int):
+        self.num_slots = num_slots
+        self.idx: torch.Tensor | None = None       # int32 [T]
+        self.order: torch.Tensor | None = None     # int32 [T]: rows sorted by slot
+        self.starts: torch.Tensor | None = None    # int32 [S]: first sorted row of each slot
+        self.counts: torch.Tensor | None = None    # int32 [S]: rows of each slot
+
+    def set(self, idx: torch.Tensor, grouped: bool) -> None:
+        self.idx = idx
+        if not grouped:
+            return
+        idx64 = idx.long()
+        onehot = idx64.unsqueeze(1) == torch.arange(self.num_slots, device=idx.device)
+        counts = onehot.sum(0)
+        starts = counts.cumsum(0) - counts
+        rank_in_slot = onehot.long().cumsum(0).gather(1, idx64.unsqueeze(1)).squeeze(1) - 1
+        dest = starts.index_select(0, idx64) + rank_in_slot
+        order = torch.empty_like(idx64)
+        order.scatter_(0, dest, torch.arange(idx.shape[0], device=idx.device))
+        self.order, self.starts, self.counts = order.int(), starts.int(), counts.int()
+
+    def clear(self) -> None:
+        self.idx = self.order = self.starts = self.counts = None
+
+
+class LoraProjection:
+    """The LoRA slabs of one projection; `Linear` calls it after its base product."""
+
+    __slots__ = ("A", "B", "batch", "max_rank", "segments")
+
+    def __init__(self, segments: tuple[int, ...], n_in: int, max_rank: int, batch: LoraBatch,
+                 dtype: torch.dtype, device: torch.device):
+        S = batch.num_slots
+        self.segments = segments                  # output sizes of the fused modules
+        self.max_rank = max_rank
+        self.batch = batch
+        self.A = torch.zeros(S, len(segments) * max_rank, n_in, dtype=dtype, device=device)
+        self.B = torch.zeros(S, sum(segments), max_rank, dtype=dtype, device=device)
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if self.batch.idx is None:
+            return y
+        from .delta import add_lora
+
+        return add_lora(y, x, self.A, self.B, self.segments, self.batch)
+
+
+def attach(model, mc: ModelConfig, max_loras: int, max_rank: int) -> LoraBatch:
+    """Give every decoder projection of `model` its slabs; returns the shared LoraBatch."""
+    batch = LoraBatch(max_loras + 1)
+    h, q, kv, i = mc.hidden_size, mc.q_size, mc.kv_size, mc.intermediate_size
+    shapes = {"qkv": ((q, kv, kv), h), "o": ((h,), q), "gate_up": ((i, i), h), "down": ((h,), i)}
+    for L in model.layers:
+        for proj, (segments, n_in) in shapes.items():
+            getattr(L, proj).lora = LoraProjection(segments, n_in, max_rank, batch,
+                                                   model.dtype, model.embed.device)
+    return batch
+
+
+@torch.inference_mode()
+def write_slot(model, slot: int, adapter: LoraAdapter) -> None:
+    """Write `adapter` into device slot `slot` (> 0) of every projection's slabs, zeros
+    where it has no matrix. In stream order: steps launched before still read the old
+    contents, steps after read the new ones."""
+    for L in model.layers:
+        for proj in SEGMENTS:
+            p = getattr(L, proj).lora
+            p.A[slot].zero_()
+            p.B[slot].zero_()
+    for (layer, module), (a, b) in adapter.weights.items():
+        proj = FUSED.get(module) or next(k for k, mods in SEGMENTS.items() if module in mods)
+        p = getattr(model.layers[layer], proj).lora
+        R, r = p.max_rank, a.shape[0]
+        parts = (range(len(p.segments)) if module in FUSED
+                 else [SEGMENTS[proj].index(module)])
+        for j in parts:
+            n0 = sum(p.segments[:j])
+            n = p.segments[j]
+            p.A[slot, j * R:j * R + r].copy_(a)
+            rows = b[n0:n0 + n] if module in FUSED else b
+            p.B[slot, n0:n0 + n, :r].copy_(rows)

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Issue 15's H200 figures in one call (~4 min): the LoRA GPU tests (kernels vs the torch
+# reference, adapters through the decode CUDA graphs), then one server (8B shape, dummy
+# base, --enable-lora --max-loras 8, eight rank-16 adapters on every projection, written as
+# PEFT files with random weights): 200 streams (24 in / 128 out) spread over the 8 adapters
+# vs the base model alone (target >= 80 %), and batch-1 decode with an adapter vs the base
+# (target >= 90 %). Results: $OUT/lora.tgz; a table last. SMOKE=1: the same on the CPU
+# with a tiny shape.
+set -u
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+FINAL=${OUT:-/tmp/zerod-lora}; mkdir -p "$FINAL"
+W=/tmp/lora; rm -rf "$W"; mkdir -p "$W"
+SHAPE=8b; SERVE_X="--dtype bfloat16 --max-model-len 8192 --max-num-seqs 256"
+S200="--streams 200 --requests 400"; B1="--streams 1 --requests 4 --input-len 16 --output-len 256"
+if [ "${SMOKE:-0}" = 1 ]; then
+  SHAPE=tiny; SERVE_X="--dtype float32 --device cpu --max-model-len 1024 --max-num-seqs 64"
+  S200="--streams 16 --requests 16 --output-len 8"; B1="--streams 1 --requests 2 --input-len 16 --output-len 8"
+else
+  $PY -m pytest tests/test_lora_kernels.py -q -p no:randomly -p no:cacheprovider 2>&1 | tee "$W/gpu_tests.txt" | tail -3
+fi
+M=/tmp/zerod-dummy-$SHAPE
+$PY gpu/server_make_model.py "$M" --shape $SHAPE > /dev/null || exit 1
+$PY gpu/lora_bench.py adapters "$M" "$W/adapters" 8 16 || exit 1
+MODS=""; for i in 0 1 2 3 4 5 6 7; do MODS="$MODS a$i=$W/adapters/a$i"; done
+# shellcheck disable=SC2086
+$PY -m zerod serve --model "$M" --served-model-name base --load-format dummy --port 8000 $SERVE_X \
+    --gpu-memory-utilization 0.90 --enable-lora --max-loras 8 --max-lora-rank 16 --lora-modules $MODS \
+    > "$W/serve.log" 2>&1 &
+SPID=$!
+for _ in $(seq 1 1200); do curl -sf -o /dev/null http://127.0.0.1:8000/health && break; sleep 0.25; done
+U=http://127.0.0.1:8000
+L="$PY gpu/lora_bench.py load $U"
+ALL8=a0,a1,a2,a3,a4,a5,a6,a7
+# shellcheck disable=SC2086
+timeout 120 $L "$W/base200.json" --models base $S200 > "$W/base200.txt" 2>&1
+# shellcheck disable=SC2086
+timeout 120 $L "$W/lora200.json" --models $ALL8 $S200 > "$W/lora200.txt" 2>&1
+# shellcheck disable=SC2086
+timeout 120 $L "$W/base1.json" --models base $B1 > "$W/base1.txt" 2>&1
+# shellcheck disable=SC2086
+timeout 120 $L "$W/lora1.json" --models a0 $B1 > "$W/lora1.txt" 2>&1
+curl -s $U/v1/models > "$W/models.json"
+curl -s $U/metrics > "$W/metrics.txt"
+kill -TERM $SPID; wait $SPID
+tar czf "$FINAL/lora.tgz" -C "$W" --exclude adapters .
+$PY - "$W" <<'PYEOF'
+import json, os, sys
+W = sys.argv[1]
+def s(name):
+    try:
+        return json.load(open(os.path.join(W, name + ".json")))
+    except (OSError, ValueError):
+        return None
+for a, b, key, what, target in (
+        ("base200", "lora200", "output_throughput", "200 streams over 8 rank-16 adapters", 0.80),
+        ("base1", "lora1", "decode_tok_s_per_request", "batch-1 decode with an adapter", 0.90)):
+    x, y = s(a), s(b)
+    if not x or not y:
+        print(f"{what}: not measured (see {a}.txt / {b}.txt)"); continue
+    r = y[key] / x[key] if x[key] else 0.0
+    print(f"{what}: {y[key]:,.1f} vs base {x[key]:,.1f} tok/s = {r:.1%} (target >= {target:.0%}: "
+          f"{'met' if r >= target else 'NOT met'}); failed {y['failed'] + x['failed']}")
+PYEOF

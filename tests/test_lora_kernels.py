@@ -1,0 +1,150 @@
+"""The LoRA shrink/expand kernels (engine/kernels/lora.py) against the torch reference:
+on the CPU through Triton's interpreter, and on a CUDA GPU (bf16, fp16, fp32), where the
+engine also runs adapters through its decode CUDA graphs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from zerod.engine.lora.delta import lora_reference
+from zerod.engine.lora.slabs import LoraBatch
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# (rows, segments of the output, max rank, slots incl. 0): decode- and prefill-sized
+# batches, fused qkv (GQA) and gate_up, a plain projection, a rank below the tile
+CASES = [(1, (64, 32, 32), 16, 5), (7, (48,), 8, 3), (40, (96, 96), 16, 9),
+         (300, (64, 32, 32), 16, 4), (33, (80,), 4, 2)]
+
+
+def check_kernels(device: str, dtype: torch.dtype, tol: float) -> list[str]:
+    """Failures (empty: all match) of the kernels vs the reference over CASES."""
+    from zerod.engine.kernels.lora import lora_expand, lora_shrink
+
+    g = torch.Generator().manual_seed(1)
+    bad = []
+    for T, segs, R, S in CASES:
+        n_in = 72
+        A = torch.randn(S, len(segs) * R, n_in, generator=g) * 0.2
+        B = torch.randn(S, sum(segs), R, generator=g) * 0.2
+        A[0].zero_()
+        B[0].zero_()
+        x = torch.randn(T, n_in, generator=g)
+        y = torch.randn(T, sum(segs), generator=g)
+        idx = torch.randint(0, S, (T,), generator=g, dtype=torch.int32)
+        A, B, x, y, idx = (t.to(device) for t in (A, B, x, y, idx))
+        A, B, x, y = (t.to(dtype) for t in (A, B, x, y))
+        want = lora_reference(y.clone(), x, A, B, segs, idx).float()
+        batch = LoraBatch(S)
+        batch.set(idx, grouped=True)
+        got = y.clone()
+        xa = lora_shrink(x, A, batch.order, batch.starts, batch.counts)
+        lora_expand(got, xa, B, segs, batch.order, batch.starts, batch.counts)
+        err = (got.float() - want).abs().max().item()
+        base = idx == 0
+        if err > tol * (1 + want.abs().max().item()):
+            bad.append(f"T={T} segs={segs} R={R} S={S} {dtype}: max error {err:.3g}")
+        elif not torch.equal(got[base], y[base]):
+            bad.append(f"T={T} segs={segs} R={R} S={S} {dtype}: a base row changed")
+    return bad
+
+
+SCRIPT = r"""
+import torch
+from kernel_checks import patch_triton_interpreter
+patch_triton_interpreter()
+from test_lora_kernels import check_kernels
+bad = check_kernels("cpu", torch.float32, 1e-4) + check_kernels("cpu", torch.float16, 2e-2)
+print("\n".join(bad))
+print("RESULT", "bad" if bad else "ok")
+"""
+
+
+def test_kernels_in_interpreter():
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1",
+               PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    p = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert "RESULT ok" in p.stdout, p.stdout + p.stderr[-4000:]
+
+
+def test_grouping_is_a_stable_sort_by_slot():
+    batch = LoraBatch(4)
+    idx = torch.tensor([2, 0, 3, 2, 0, 2, 1], dtype=torch.int32)
+    batch.set(idx, grouped=True)
+    assert batch.order.tolist() == sorted(range(7), key=lambda t: (idx[t].item(), t))
+    assert batch.counts.tolist() == [2, 1, 3, 1]
+    assert batch.starts.tolist() == [0, 2, 3, 6]
+
+
+# ---------------------------------------------------------------------- on the GPU
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, 3e-2), (torch.float16, 4e-3),
+                                       (torch.float32, 1e-5)])
+def test_kernels_match_reference_on_cuda(dtype, tol):
+    from zerod.engine.kernels import CUDA_KERNELS
+
+    if not CUDA_KERNELS:
+        pytest.skip("no Triton kernels on this GPU")
+    assert check_kernels("cuda", dtype, tol) == []
+
+
+@pytest.fixture(scope="module")
+def adapters(tmp_path_factory):
+    from families_support import hf_greedy, prompts
+    from lora_support import ADAPTERS, base_checkpoint, make_adapter
+
+    d = tmp_path_factory.mktemp("lora-gpu")
+    base = base_checkpoint(d / "base")
+    ps = prompts(300)[:4]
+    paths, want = {}, {}
+    for seed, (name, cfg) in enumerate(ADAPTERS.items()):
+        paths[name] = d / name
+        want[name] = hf_greedy(make_adapter(base, paths[name], seed, **cfg), ps, 8)
+    return base, paths, ps, want
+
+
+@pytest.mark.gpu
+def test_engine_on_cuda_serves_adapters_through_graphs(adapters):
+    """fp32 on the GPU: each adapter's greedy output is PEFT's, mixed in one batch, through
+    the LoRA decode graphs; loading another adapter recaptures nothing; a decode step
+    with adapters has no host sync."""
+    from lora_support import generate
+    from zerod.engine.engine import Engine, EngineConfig, SamplingParams
+
+    base, paths, ps, want = adapters
+    names = list(paths)
+    eng = Engine(EngineConfig(model=str(base), device="cuda", dtype="float32", kv_pages=256,
+                              max_model_len=128, max_num_seqs=32, enable_lora=True, max_loras=2,
+                              lora_modules=tuple((n, str(paths[n]), None) for n in names[:2])))
+    assert eng.runner.lora_graphs and eng.runner.graphs
+    graphs = dict(eng.runner.lora_graphs)
+    eng.start()
+    try:
+        sp = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+        jobs = [(p, n) for p in ps for n in names[:2] + [None]]
+        got = generate(eng, jobs, sp)
+        for (p, n), r in zip(jobs, got):
+            if n is not None:
+                assert r["token_ids"] == want[n][ps.index(p)], f"adapter {n} on CUDA"
+        eng.load_lora(names[2], str(paths[names[2]]))
+        got = generate(eng, [(p, names[2]) for p in ps], sp)
+        assert [r["token_ids"] for r in got] == want[names[2]]
+        assert eng.runner.lora_graphs == graphs, "loading an adapter recaptured graphs"
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            # names[2] is resident (just used): writing an adapter's slot is a copy that syncs
+            generate(eng, [(ps[0], names[2]), (ps[1], None)], SamplingParams(max_tokens=6, ignore_eos=True))
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    finally:
+        eng.shutdown(0)
