@@ -54,7 +54,7 @@ def _decode_split_kernel(
     PAGE_SIZE: tl.constexpr,
     GROUP: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr,
     BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, KV_FP8: tl.constexpr,
+    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, KV_FP8: tl.constexpr, PRECISION: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
@@ -91,9 +91,9 @@ def _decode_split_kernel(
         if KV_FP8:
             k = k.to(q.dtype)
         if SOFTCAP:
-            qk = _tanh(tl.dot(q, tl.trans(k)) * cap_in) * cap_out
+            qk = _tanh(tl.dot(q, tl.trans(k), input_precision=PRECISION) * cap_in) * cap_out
         else:
-            qk = tl.dot(q, tl.trans(k)) * qk_scale
+            qk = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
         qk = tl.where(nmask[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         alpha = tl.exp2(m_i - m_new)
@@ -102,7 +102,7 @@ def _decode_split_kernel(
         v = tl.load(vc_ptr + row[:, None] + d[None, :], mask=nmask[:, None], other=0.0)
         if KV_FP8:
             v = v.to(q.dtype)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
 
     has = l_i > 0.0
@@ -167,6 +167,12 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_tokens: int, sm_count: 
     return 1 if s <= 1 else triton.next_power_of_2(s)
 
 
+def dot_precision(dtype: torch.dtype) -> str:
+    """tl.dot's input precision: float32 stays IEEE (a float32 model is the exact reference
+    the tests compare with; TF32 would round q.k to 10 bits), 16-bit inputs are unaffected."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
 def _softcap_factors(scale: float, softcap: float) -> tuple[float, float]:
     """(cap_in, cap_out): score = tanh(qk * cap_in) * cap_out, in the exp2 domain."""
     if not softcap:
@@ -219,7 +225,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         Hq,
         PAGE_SIZE=page_size, GROUP=group, BLOCK_H=block_h, D=D,
         BLOCK_N=block_n, NUM_SPLITS=num_splits, WINDOW=int(window), SOFTCAP=bool(softcap),
-        KV_FP8=k_cache.dtype == torch.float8_e4m3fn,
+        KV_FP8=k_cache.dtype == torch.float8_e4m3fn, PRECISION=dot_precision(q.dtype),
         num_warps=num_warps or DEFAULT_NUM_WARPS,
         num_stages=num_stages or DEFAULT_NUM_STAGES,
     )

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .decode_attention import _softcap_factors, _tanh
+from .decode_attention import _softcap_factors, _tanh, dot_precision
 
 _LOG2E = 1.4426950408889634
 
@@ -51,7 +51,7 @@ def _attn_tile(acc, m_i, l_i, q, kc_ptr, vc_ptr, bt_row, head_off, n0, q_pos, kv
                qk_scale, cap_in, cap_out, stride_cp, stride_cs,
                PAGE_SIZE: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr,
                MASKED: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
-               KV_FP8: tl.constexpr):
+               KV_FP8: tl.constexpr, PRECISION: tl.constexpr):
     offs = n0 + tl.arange(0, BLOCK_N)
     d = tl.arange(0, D)
     if MASKED:
@@ -66,7 +66,7 @@ def _attn_tile(acc, m_i, l_i, q, kc_ptr, vc_ptr, bt_row, head_off, n0, q_pos, kv
         k = tl.load(kc_ptr + row[:, None] + d[None, :])
     if KV_FP8:
         k = k.to(q.dtype)
-    qk = tl.dot(q, tl.trans(k))
+    qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)
     if SOFTCAP:
         qk = _tanh(qk * cap_in) * cap_out
     if MASKED:
@@ -91,7 +91,7 @@ def _attn_tile(acc, m_i, l_i, q, kc_ptr, vc_ptr, bt_row, head_off, n0, q_pos, kv
         v = tl.load(vc_ptr + row[:, None] + d[None, :])
     if KV_FP8:
         v = v.to(q.dtype)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
     return acc, m_new, l_i
 
 
@@ -103,7 +103,7 @@ def _prefill_kernel(
     stride_cp, stride_cs, stride_ch, stride_btb,
     PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, KV_FP8: tl.constexpr,
+    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, KV_FP8: tl.constexpr, PRECISION: tl.constexpr,
 ):
     pid = tl.program_id(0)
     h = tl.program_id(1)
@@ -139,11 +139,13 @@ def _prefill_kernel(
         for n0 in range(0, full_end, BLOCK_N):
             acc, m_i, l_i = _attn_tile(acc, m_i, l_i, q, kc_ptr, vc_ptr, bt_row, head_off, n0,
                                        q_pos, kv_end, qk_scale, cap_in, cap_out, stride_cp, stride_cs,
-                                       PAGE_SIZE, D, BLOCK_N, False, WINDOW, SOFTCAP, KV_FP8)
+                                       PAGE_SIZE, D, BLOCK_N, False, WINDOW, SOFTCAP, KV_FP8,
+                                       PRECISION)
     for n0 in range(full_end, kv_end, BLOCK_N):
         acc, m_i, l_i = _attn_tile(acc, m_i, l_i, q, kc_ptr, vc_ptr, bt_row, head_off, n0,
                                    q_pos, kv_end, qk_scale, cap_in, cap_out, stride_cp, stride_cs,
-                                   PAGE_SIZE, D, BLOCK_N, True, WINDOW, SOFTCAP, KV_FP8)
+                                   PAGE_SIZE, D, BLOCK_N, True, WINDOW, SOFTCAP, KV_FP8,
+                                   PRECISION)
     o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
     if KV_FP8:
         o = o * v_scale
@@ -188,6 +190,7 @@ def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         PAGE_SIZE=page_size, GROUP=Hq // Hk, D=D, BLOCK_M=block_m, BLOCK_N=block_n,
         WINDOW=int(window), SOFTCAP=bool(softcap), KV_FP8=k_cache.dtype == torch.float8_e4m3fn,
+        PRECISION=dot_precision(q.dtype),
         num_warps=num_warps or DEFAULT_NUM_WARPS, num_stages=num_stages or DEFAULT_NUM_STAGES,
     )
     return out
