@@ -110,22 +110,34 @@ def test_missing_scale_is_named(base, tmp_path):
         S.engine(q)
 
 
+def _logprobs(d, seq, **kw) -> torch.Tensor:
+    eng = S.engine(d, **kw)
+    try:
+        return S.engine_logprobs(eng, seq)
+    finally:
+        eng.shutdown(0)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", ["channel", "block"])
 def test_fp8_on_gpu_matches_the_cpu_reference(base, tmp_path, fmt):
-    """The real kernels (per-token quant + torch._scaled_mm, the Triton block GEMM, FP8 KV
-    pages) in bf16 with CUDA graphs, against the CPU's float32 reference of the same
-    checkpoint: mean |Δ log p| <= 0.1 (bf16 activations against float32), and greedy
-    serving runs through the captured graphs."""
+    """The real kernels (Triton W8A16 at small M, per-token quant + torch._scaled_mm or the
+    Triton block GEMM above it, FP8 KV pages) in bf16 with CUDA graphs, against the CPU's
+    float32 reference of the same checkpoint with the same FP8 KV pages.
+
+    The bound is what bf16 costs, measured on the CPU by its reference path run in bf16:
+    FP8 activations make this tiny model sensitive to bf16 (a rounding next to an e4m3
+    boundary moves a value a whole e4m3 step), ~0.19 mean |Δ log p| against float32,
+    six times the unquantized model's 0.03. The GPU must stay within 1.5x of it (its first
+    H200 run, 0.177 against float32 KV, equalled the CPU bf16 run's 0.177); a wrong scale,
+    block or part order costs whole units."""
     src, seq, _ = base
     q = S.write_fp8(src, tmp_path / fmt, fmt)
-    cpu = S.engine(q)
-    try:
-        ref = S.engine_logprobs(cpu, seq)
-    finally:
-        cpu.shutdown(0)
-    gpu = S.engine(q, device="cuda", kv_cache_dtype="fp8", kv_pages=None, gpu_memory_utilization=0.3,
-                   max_model_len=256, max_num_seqs=8)
+    truth = _logprobs(q, seq, kv_cache_dtype="fp8")
+    bf16_cost = _mean(_logprobs(q, seq, kv_cache_dtype="fp8", dtype="bfloat16"), truth)
+    # a pool of kv_pages (S.engine's), not a share of the GPU: an engine built earlier in
+    # this process leaves its memory in torch's cache
+    gpu = S.engine(q, device="cuda", kv_cache_dtype="fp8", max_model_len=128, max_num_seqs=8)
     gpu.start()
     try:
         assert gpu.runner.graphs, "decode CUDA graphs were not captured"
@@ -133,5 +145,6 @@ def test_fp8_on_gpu_matches_the_cpu_reference(base, tmp_path, fmt):
         out = generate(gpu, [seq[:5], seq[:9]], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
     finally:
         gpu.shutdown(0)
-    assert _mean(got, ref) <= 0.1
+    err = _mean(got, truth)
+    assert err <= 1.5 * bf16_cost, f"{fmt}: mean |Δ log p| {err:.3f} on the GPU, {bf16_cost:.3f} for bf16 on the CPU"
     assert [len(o["token_ids"]) for o in out] == [8, 8]
