@@ -13,8 +13,11 @@ the float32 accumulator: once at the end per output channel, or per K tile for
 [bn, bk]-block scales (a K tile never crosses a block).
 
 Every choice (tiles, split) is made on the host from the shapes: the same M gives the
-same launch, so a captured CUDA graph stays valid, and nothing synchronises. The tile
-defaults are the H200 measurement's (gpu/fp8_gemm_bench.py sweeps them).
+same launch, so a captured CUDA graph stays valid, and nothing synchronises. K and the
+split's length are run-time arguments, so a model compiles a handful of variants (tile
+height, block scales, split or not, bias), not one per shape and batch. The tile
+defaults are first estimates that gpu/fp8_gemm_bench.py sweeps on the device. Triton's
+interpreter loops to a run-time bound with tests/kernel_checks.py's patch.
 """
 
 from __future__ import annotations
@@ -33,8 +36,8 @@ PARTIAL_BLOCK = 1024
 
 
 @triton.jit
-def _w8a16_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, stride_xm, stride_wn, stride_sn, stride_ym, stride_ys,
-                  K: tl.constexpr, K_SPLIT: tl.constexpr, GROUP_N: tl.constexpr, GROUP_K: tl.constexpr,
+def _w8a16_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, K_SPLIT, GROUP_N, GROUP_K,
+                  stride_xm, stride_wn, stride_sn, stride_ym, stride_ys,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                   BLOCKWISE: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr):
     pid_n = tl.program_id(0)
@@ -128,9 +131,8 @@ def w8a16_matmul(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: to
     bm = block_m(M)
     bn_, bk_ = block or (1, 1)
     _w8a16_kernel[(triton.cdiv(N, block_n), split, triton.cdiv(M, bm))](
-        x, w, scale, bias if bias is not None else scale, partial, M, N, x.stride(0), w.stride(0),
-        scale.stride(0), N, M * N, K=K, K_SPLIT=k_split, GROUP_N=bn_, GROUP_K=bk_,
-        BLOCK_M=bm, BLOCK_N=block_n, BLOCK_K=block_k, BLOCKWISE=block is not None,
+        x, w, scale, bias if bias is not None else scale, partial, M, N, K, k_split, bn_, bk_,
+        x.stride(0), w.stride(0), scale.stride(0), N, M * N, BLOCK_M=bm, BLOCK_N=block_n, BLOCK_K=block_k, BLOCKWISE=block is not None,
         HAS_BIAS=bias is not None, PARTIAL=split > 1, num_warps=4, num_stages=4)
     if split > 1:
         _sum_splits_kernel[(triton.cdiv(M * N, PARTIAL_BLOCK),)](
