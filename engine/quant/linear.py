@@ -12,7 +12,7 @@ activations (fused parts: the largest, as vLLM).
 
 The product on CUDA (compute capability >= 8.9), chosen by M (the step's tokens: a host
 decision on the shape, so each captured decode graph keeps its path):
-- M <= W8A16_MAX_M (decode): triton_w8a16, bf16 activations as they are times the e4m3
+- M <= W8A16_MAX_M (decode), bf16 / fp16: triton_w8a16, the activations as they are times the e4m3
   weights, scales on the float32 accumulator; no activation quantization (more exact
   than W8A8, and what reads only the weight bytes). Weight-only checkpoints take it at
   every M.
@@ -99,9 +99,9 @@ class Fp8Linear(Linear):
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
         if x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and self.takes_w8a16(x2.shape[0]):
-            y = self._w8a16(x2)
+            y = self.w8a16(x2)
         elif x.is_cuda and self.scheme.activations != "none" and (self.cublas_ok or self.scheme.weights == "block"):
-            y = self._w8a8(x2)
+            y = self.w8a8(x2)
         else:
             y = self.reference(x2)
         return y.reshape(*shape[:-1], self.out_features)
@@ -112,13 +112,15 @@ class Fp8Linear(Linear):
         block = self.scheme.weights == "block"
         return self.scheme.activations == "none" or m <= W8A16_MAX_M["block" if block else "row"]
 
-    def _w8a16(self, x: torch.Tensor) -> torch.Tensor:
+    def w8a16(self, x: torch.Tensor) -> torch.Tensor:
+        """x [M, K] bf16 / fp16 times the dequantized weights, in one Triton GEMM (+ its split-K sum)."""
         from .triton_w8a16 import w8a16_matmul
 
         return w8a16_matmul(x, self.weight, self.weight_scale, self.bias,
                             self.scheme.block if self.scheme.weights == "block" else None)
 
-    def _w8a8(self, x: torch.Tensor) -> torch.Tensor:
+    def w8a8(self, x: torch.Tensor) -> torch.Tensor:
+        """x quantized as the scheme says, then the FP8 GEMM (cuBLASLt, or Triton for blocks)."""
         from . import triton_fp8
 
         if self.scheme.weights == "block":

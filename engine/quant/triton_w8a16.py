@@ -72,12 +72,11 @@ def _w8a16_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, K_SPLIT, GROUP_N, 
 
 
 @triton.jit
-def _sum_splits_kernel(p_ptr, b_ptr, y_ptr, MN, N, SPLITS: tl.constexpr, HAS_BIAS: tl.constexpr,
-                       BLOCK: tl.constexpr):
+def _sum_splits_kernel(p_ptr, b_ptr, y_ptr, MN, N, SPLITS, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < MN
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
-    for s in tl.static_range(SPLITS):
+    for s in range(SPLITS):
         acc += tl.load(p_ptr + s * MN + offs, mask=ok, other=0.0)
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs % N, mask=ok, other=0.0).to(tl.float32)
