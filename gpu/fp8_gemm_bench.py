@@ -9,7 +9,9 @@ For qkv 6144x4096, o 4096x4096, gate_up 28672x4096, down 4096x14336 and M in
   w8a16      per-channel weights: the Triton W8A16 kernel (Fp8Linear.w8a16)
   w8a8-blk   128x128 block weights: per-token-group quant + the Triton block GEMM
   w8a16-blk  128x128 block weights: the W8A16 kernel with block scales
-Each is checked against the dequantized float32 reference first (nothing is timed if one
+and `quant`, the per-token activation quantization alone (part of w8a8's time): what
+fusing it into the RMSNorm before qkv and gate_up would save at most, per projection.
+Each FP8 product is checked against the dequantized float32 reference first (nothing is timed if one
 fails), then timed inside a CUDA graph that cycles through enough copies of the weights
 that none is in L2 when read (a decode step reads each layer's weights cold): median of
 replays, per call. GB/s: the bytes a call must move (weights, scales, activations in,
@@ -45,7 +47,7 @@ if SMOKE:
     patch_triton_interpreter()
 
 from zerod.engine.linear import Linear  # noqa: E402
-from zerod.engine.quant import triton_w8a16  # noqa: E402
+from zerod.engine.quant import triton_fp8, triton_w8a16  # noqa: E402
 from zerod.engine.quant.config import QuantConfig  # noqa: E402
 from zerod.engine.quant.linear import W8A16_MAX_M, Fp8Linear  # noqa: E402
 
@@ -61,7 +63,7 @@ if SMOKE:
 COLD_BYTES = 256 << 20     # weight copies per graph: more than L2 (50 MB on an H200) several times
 CHANNEL = QuantConfig("online", "channel", "token")
 BLOCK = QuantConfig("fp8", "block", "token", block=(128, 128))
-VARIANTS = ("bf16", "w8a8", "w8a16", "w8a8-blk", "w8a16-blk")
+VARIANTS = ("bf16", "w8a8", "w8a16", "w8a8-blk", "w8a16-blk", "quant")
 # W8A8 against the same activation quantization in float32 (the interpreter truncates
 # to e4m3 where the GPU rounds: up to a step, 1/8); W8A16: exact products, a bf16 output
 TOL = {"w8a8": 1.5e-1 if SMOKE else 2e-2, "w8a16": 5e-3}
@@ -97,6 +99,8 @@ def copies(fp8_bytes: int) -> int:
 def calls(lins: dict, variant: str, x: torch.Tensor) -> list:
     if variant == "bf16":
         return [lambda lin=lin: lin(x) for lin in lins["bf16"]]
+    if variant == "quant":
+        return [lambda: triton_fp8.quantize_tokens(x)] * len(lins[""])
     kind, blk = variant.split("-")[0], "-blk" if variant.endswith("-blk") else ""
     return [lambda lin=lin: getattr(lin, kind)(x) for lin in lins[blk]]
 
@@ -137,6 +141,8 @@ def time_us(fns: list) -> float:
 
 
 def bytes_moved(variant: str, m: int, n: int, k: int) -> int:
+    if variant == "quant":
+        return m * k * 3 + m * 4
     w = n * k * (2 if variant == "bf16" else 1)
     return w + m * k * 2 + m * n * 2
 
@@ -214,9 +220,12 @@ def main() -> int:
             cells = [f"{t[shape, m, v]['us']:8.1f} ({t[shape, m, v]['GB/s']:5.0f})" for v in VARIANTS]
             log(f"{shape:8} {m:>5} " + " ".join(f"{c:>17}" for c in cells))
     per_layer = {v: {m: sum(t[s, m, v]["us"] for s in SHAPES) for m in MS} for v in VARIANTS}
-    log("\nper layer (the four projections), us")
+    # fused into the RMSNorm, the quantization before qkv and gate_up would go
+    per_layer["fusable"] = {m: t["qkv", m, "quant"]["us"] + t["gate_up", m, "quant"]["us"] for m in MS}
+    del per_layer["quant"]
+    log("\nper layer (the four projections), us; fusable: the activation quant before qkv and gate_up")
     for m in MS:
-        log(f"  M={m:>5} " + " ".join(f"{v}={per_layer[v][m]:.1f}" for v in VARIANTS))
+        log(f"  M={m:>5} " + " ".join(f"{v}={us[m]:.1f}" for v, us in per_layer.items()))
     log("\nW8A16 tiles at small M (us, default BLOCK_N=%d BLOCK_K=%d)" % (triton_w8a16.BLOCK_N, triton_w8a16.BLOCK_K))
     for r in sweep:
         log(f"  {r['shape']:8} M={r['M']:>3} BLOCK_N={r['BLOCK_N']:>3} BLOCK_K={r['BLOCK_K']:>3} "
