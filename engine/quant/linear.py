@@ -37,8 +37,9 @@ from .config import QuantConfig
 
 MIN_CAPABILITY = (8, 9)   # e4m3 tensor cores: Ada (sm_89), Hopper (sm_90) and newer
 # The largest M that takes the W8A16 kernel, per weight scales (per-row, block): where it
-# stops beating activation quantization + the W8A8 GEMM (gpu/fp8_gemm_bench.py prints
-# the crossing on the device; see docs/perf.md)
+# stops beating activation quantization + the W8A8 GEMM. 64 is a first estimate (the
+# weight bytes dominate below it on an H200); gpu/fp8_gemm_bench.py prints the measured
+# crossing, which replaces it.
 W8A16_MAX_M = {"row": 64, "block": 64}
 
 

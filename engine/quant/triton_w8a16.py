@@ -101,8 +101,8 @@ def split_k(M: int, N: int, K: int, block_n: int, block_k: int, sms: int) -> int
     tiles_k = triton.cdiv(K, block_k)
     split = 1
     while (programs * split < WAVES * sms and split * 2 <= tiles_k
-           and 2 * split * 2 * M * 4 <= SPLIT_BYTES * K):   # partials written and read, per column
-        split *= 2
+           and 2 * split * (2 * M * 4) <= SPLIT_BYTES * K):   # per column: float32 partials written
+        split *= 2                                              # and read, against K weight bytes
     return split
 
 
@@ -131,8 +131,8 @@ def w8a16_matmul(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: to
     bn_, bk_ = block or (1, 1)
     _w8a16_kernel[(triton.cdiv(N, block_n), split, triton.cdiv(M, bm))](
         x, w, scale, bias if bias is not None else scale, partial, M, N, K, k_split, bn_, bk_,
-        x.stride(0), w.stride(0), scale.stride(0), N, M * N, BLOCK_M=bm, BLOCK_N=block_n, BLOCK_K=block_k, BLOCKWISE=block is not None,
-        HAS_BIAS=bias is not None, PARTIAL=split > 1, num_warps=4, num_stages=4)
+        x.stride(0), w.stride(0), scale.stride(0), N, M * N, BLOCK_M=bm, BLOCK_N=block_n, BLOCK_K=block_k,
+        BLOCKWISE=block is not None, HAS_BIAS=bias is not None, PARTIAL=split > 1, num_warps=4, num_stages=4)
     if split > 1:
         _sum_splits_kernel[(triton.cdiv(M * N, PARTIAL_BLOCK),)](
             partial, bias if bias is not None else partial, y, M * N, N, SPLITS=split,
