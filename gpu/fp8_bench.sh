@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Issue 12's H200 figures in one call (~5 min): the FP8 GPU tests first, then the
+# Issue 12's H200 figures in one call (~6 min): the FP8 GEMMs alone at the 8B shapes
+# (gpu/fp8_gemm_bench.py: which product wins at which M), the FP8 GPU tests, then the
 # Llama-3-8B shape with dummy weights through HTTP, three servers in turn:
 #   bf16     --dtype bfloat16                                  (the baseline of the same call)
 #   fp8      --quantization fp8  (e4m3 weights per channel, activations per token)
@@ -13,7 +14,7 @@ cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 FINAL=${OUT:-/tmp/zerod-fp8}; mkdir -p "$FINAL"
-W=/tmp/fp8; rm -rf "$W"; mkdir -p "$W"
+W=$(mktemp -d /tmp/fp8.XXXXXX)   # the raw output, tarred into $FINAL
 . gpu/wheels.sh compressed_tensors   # reads the FP8 checkpoints' quantization_config (tests)
 SHAPE=8b; SERVE_X="--dtype bfloat16 --max-model-len 17408 --max-num-seqs 256 --gpu-memory-utilization 0.90"
 SMALL=""; SC16K="prefill-16k"
@@ -26,6 +27,10 @@ fi
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
   $PY -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
 } > "$W/env.txt" 2>&1
+
+# 0. the GEMMs alone: bf16 / W8A8 / W8A16 per M, and the thresholds they imply (checks first)
+OUT="$W" timeout 180 $PY gpu/fp8_gemm_bench.py > "$W/fp8_gemm.txt" 2>&1
+echo "gemm bench: $(grep -E '^implied|^FAILED' "$W/fp8_gemm.txt" || tail -1 "$W/fp8_gemm.txt")"
 
 # 1. correctness first: the FP8 kernels and FP8 checkpoints on the GPU (skipped on the CPU)
 timeout 240 $PY -m pytest -q -p no:randomly -m gpu tests/test_fp8_kernels.py tests/test_fp8_checkpoints.py \
@@ -94,5 +99,13 @@ for v in ("bf16", "fp8", "fp8kv"):
     print(f"{v:8} {f(b1, 'output_throughput'):>9} {f(st, 'output_throughput'):>10} {ttft(st, 'p50'):>9} "
           f"{ttft(st, 'p99'):>7} {ttft(pf, 'p50'):>9} {seqs_4k(v) or '-':>8}")
 print(f"HF transformers bf16 batch-1 decode: {hf_b1() or '-'} tok/s")
+try:
+    gemm = open(os.path.join(W, "fp8_gemm.txt"), errors="replace").read().splitlines()
+except OSError:
+    gemm = []
+print("FP8 GEMMs, us per layer (qkv+o+gate_up+down), from fp8_gemm.txt:")
+for line in gemm:
+    if line.startswith(("  M=", "implied", "FAILED")):
+        print(line)
 print("targets (FP8, H200): b1 >= 420, 200 streams >= 30,000 with TTFT p99 <= 150 ms, 16K TTFT <= 300 ms")
 PYEOF

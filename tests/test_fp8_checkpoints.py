@@ -22,7 +22,7 @@ import fp8_support as S
 from zerod.engine.demo import generate
 from zerod.engine.engine import SamplingParams
 from zerod.engine.linear import Linear
-from zerod.engine.quant.linear import Fp8Linear
+from zerod.engine.quant.linear import W8A16_MAX_M, Fp8Linear
 
 
 def _mean(a, b) -> float:
@@ -110,22 +110,41 @@ def test_missing_scale_is_named(base, tmp_path):
         S.engine(q)
 
 
+def _logprobs(d, seq, **kw) -> torch.Tensor:
+    eng = S.engine(d, **kw)
+    try:
+        return S.engine_logprobs(eng, seq)
+    finally:
+        eng.shutdown(0)
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("path", ["w8a16", "w8a8"])
 @pytest.mark.parametrize("fmt", ["channel", "block"])
-def test_fp8_on_gpu_matches_the_cpu_reference(base, tmp_path, fmt):
-    """The real kernels (per-token quant + torch._scaled_mm, the Triton block GEMM, FP8 KV
-    pages) in bf16 with CUDA graphs, against the CPU's float32 reference of the same
-    checkpoint: mean |Δ log p| <= 0.1 (bf16 activations against float32), and greedy
-    serving runs through the captured graphs."""
+def test_fp8_on_gpu_matches_the_cpu_reference(base, tmp_path, monkeypatch, fmt, path):
+    """The real kernels in bf16 with CUDA graphs and FP8 KV pages, every step on one path
+    (W8A16_MAX_M set so): the Triton W8A16 GEMM, or per-token quant + torch._scaled_mm
+    (channel) / the Triton block GEMM (block). Against the CPU's float32 run of the same
+    product with the same FP8 KV pages: for W8A8 the checkpoint on the CPU's reference
+    path, for W8A16 its dequantized weights (activations unquantized).
+
+    The bound is what bf16 costs on the CPU, the same run in bf16 against float32: a
+    bf16 rounding next to an e4m3 boundary moves a value a whole e4m3 step, so FP8 makes
+    this tiny model sensitive to it: ~0.19 mean |Δ log p| with FP8 activations, ~0.06
+    without (FP8 KV only), against 0.03 for the unquantized model. The GPU rounds
+    elsewhere than the CPU, so the costs agree in size, not value: within 2x (the first
+    H200 run, W8A8, equalled the CPU's 0.177 to three digits). A wrong scale, block or
+    part order costs whole units, and taking the other path ~0.16."""
     src, seq, _ = base
     q = S.write_fp8(src, tmp_path / fmt, fmt)
-    cpu = S.engine(q)
-    try:
-        ref = S.engine_logprobs(cpu, seq)
-    finally:
-        cpu.shutdown(0)
-    gpu = S.engine(q, device="cuda", kv_cache_dtype="fp8", kv_pages=None, gpu_memory_utilization=0.3,
-                   max_model_len=256, max_num_seqs=8)
+    for scales in W8A16_MAX_M:   # the prefill graphs pad up to 512 tokens
+        monkeypatch.setitem(W8A16_MAX_M, scales, 1 << 20 if path == "w8a16" else 0)
+    same = S.dequantized(q, tmp_path / "deq") if path == "w8a16" else q
+    truth = _logprobs(same, seq, kv_cache_dtype="fp8")
+    bf16_cost = _mean(_logprobs(same, seq, kv_cache_dtype="fp8", dtype="bfloat16"), truth)
+    # a pool of kv_pages (S.engine's), not a share of the GPU: an engine built earlier in
+    # this process leaves its memory in torch's cache
+    gpu = S.engine(q, device="cuda", kv_cache_dtype="fp8", max_model_len=128, max_num_seqs=8)
     gpu.start()
     try:
         assert gpu.runner.graphs, "decode CUDA graphs were not captured"
@@ -133,5 +152,6 @@ def test_fp8_on_gpu_matches_the_cpu_reference(base, tmp_path, fmt):
         out = generate(gpu, [seq[:5], seq[:9]], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
     finally:
         gpu.shutdown(0)
-    assert _mean(got, ref) <= 0.1
+    err = _mean(got, truth)
+    assert err <= 2 * bf16_cost, f"{fmt} {path}: mean |Δ log p| {err:.3f} on the GPU, bf16 on the CPU {bf16_cost:.3f}"
     assert [len(o["token_ids"]) for o in out] == [8, 8]

@@ -1,5 +1,6 @@
 """The FP8 kernels against their torch references: activation quantization per token and
-per group, the block-scaled GEMM, `Fp8Linear` through `torch._scaled_mm`, and the KV
+per group, the block-scaled GEMM, the small-M W8A16 GEMM, `Fp8Linear` on both sides of
+its M threshold (W8A16; W8A8 through `torch._scaled_mm`), and the KV
 cache's FP8 pages in write_kv and the decode / prefill attention kernels.
 
 On the CPU through Triton's interpreter (it takes float8; one subprocess, the interpreter
@@ -33,9 +34,9 @@ def run_checks(device: torch.device) -> list[tuple[str, float, float]]:
     """(case, error, tolerance) for every FP8 kernel on device."""
     from zerod.engine import ops
     from zerod.engine.kernels import load_kernels
-    from zerod.engine.quant import fp8, triton_fp8
+    from zerod.engine.quant import fp8, triton_fp8, triton_w8a16
     from zerod.engine.quant.config import QuantConfig
-    from zerod.engine.quant.linear import Fp8Linear
+    from zerod.engine.quant.linear import W8A16_MAX_M, Fp8Linear
 
     g = torch.Generator().manual_seed(5)
     adt = torch.bfloat16 if device.type == "cuda" else torch.float16
@@ -56,13 +57,35 @@ def run_checks(device: torch.device) -> list[tuple[str, float, float]]:
         qg, sg = triton_fp8.quantize_token_groups(x, 128)
         rqg, rsg = fp8.quantize_groups(x, 128)
         out.append((f"quantize_token_groups T={T} K={K}", _rel(sg, rsg), 1e-6))
+    # the block GEMM against float32 on the same FP8 operands: exact products, the sums in
+    # another order. Hopper's FP8 tensor cores (wgmma, taken from BLOCK_M=64, so M=70 here)
+    # keep about 14 bits of the running sum inside one K tile (DeepSeek-V3 report, 3.3.2),
+    # so the GPU's error is ~2^-13 (1.3e-4 measured at M=70 on the H200): 1e-3 there, still
+    # 60x below one e4m3 step (1/16), which a wrong scale or block index would cost
+    mm_tol = 1e-4 if device.type == "cpu" else 1e-3
     for M, N, K in [(1, 384, 256), (17, 256, 512), (70, 640, 384)]:
         a, b = rnd(M, K, dt=adt), rnd(N, K) * 0.05
         aq, as_ = triton_fp8.quantize_token_groups(a, 128)
         bq, bs = fp8.quantize_blocks(b, (128, 128))
         y = triton_fp8.block_fp8_matmul(aq, as_, bq, bs, (128, 128), torch.float32)
         ref = (aq.float().view(M, -1, 128) * as_[..., None]).view(M, K) @ fp8.dequantize_blocks(bq, bs, (128, 128)).t()
-        out.append((f"block_fp8_matmul M={M} N={N} K={K}", _rel(y, ref), 1e-4))
+        out.append((f"block_fp8_matmul M={M} N={N} K={K}", _rel(y, ref), mm_tol))
+    # the W8A16 kernel against the dequantized weights (activations as they are): exact
+    # products summed in float32, then rounded to the activations' dtype (bf16 on the GPU:
+    # ~1e-3 relative; fp16 in the interpreter: ~2e-4). Its own splits, forced splits
+    # (partials summed by the second kernel), a K tail, bias, channel and block scales
+    wtol = 5e-3 if adt == torch.bfloat16 else 1e-3
+    for M, N, K, block, split, bias in [(1, 384, 256, None, None, False), (5, 640, 384, None, 2, True),
+                                        (17, 256, 1000, None, None, True), (70, 640, 384, (128, 128), None, False),
+                                        (3, 384, 512, (128, 128), 4, True)]:
+        x, w = rnd(M, K, dt=adt), rnd(N, K) * 0.05
+        wq, ws = fp8.quantize_blocks(w, block) if block else fp8.quantize_rows(w)
+        deq = fp8.dequantize_blocks(wq, ws, block) if block else wq.float() * ws[:, None]
+        b = rnd(N, dt=adt) if bias else None
+        y = triton_w8a16.w8a16_matmul(x, wq, ws, b, block, split=split)
+        ref = x.float() @ deq.t() + (b.float() if bias else 0.0)
+        out.append((f"w8a16_matmul M={M} N={N} K={K} block={block} split={split} bias={bias}",
+                    _rel(y.float(), ref), wtol))
     if device.type == "cuda":   # torch._scaled_mm: cuBLASLt, CUDA only
         for scheme in (QuantConfig("online", "channel", "token"), QuantConfig("fp8", "tensor", "static"),
                        QuantConfig("fp8", "block", "token", block=(128, 128))):
@@ -71,10 +94,13 @@ def run_checks(device: torch.device) -> list[tuple[str, float, float]]:
             lin.bias.data.copy_(rnd(512, dt=torch.bfloat16))
             if lin.input_scale is not None:
                 lin.input_scale.fill_(4.0 / 448)
-            for M in (1, 5, 17, 300):
+            small = W8A16_MAX_M["block" if scheme.weights == "block" else "row"]
+            for M in (1, 5, 17, small, small + 1, 300):
+                # up to `small` tokens the W8A16 kernel: its reference leaves activations as they are
                 x = rnd(M, 256, dt=torch.bfloat16)
-                out.append((f"Fp8Linear {scheme.weights}/{scheme.activations} M={M}",
-                            _rel(lin(x).float(), lin.reference(x).float()), 1e-2))
+                w8a16 = lin.takes_w8a16(M)
+                out.append((f"Fp8Linear {scheme.weights}/{scheme.activations} M={M} {'W8A16' if w8a16 else 'W8A8'}",
+                            _rel(lin(x).float(), lin.reference(x, quantize_activations=not w8a16).float()), 1e-2))
     K_ = load_kernels()
     # KV cache: FP8 pages with per-tensor scales
     ks, vs = 0.02, 0.03

@@ -10,11 +10,18 @@ checkpoint scale is copied to each row of its part: q, k and v fused keep their 
 for block weights, one per [bn, bk] block; `input_scale` float32 [1] for static
 activations (fused parts: the largest, as vLLM).
 
-The product on CUDA (compute capability >= 8.9): activations quantized per token by one
-Triton kernel, then `torch._scaled_mm` with per-row A and per-column B scales
-(cuBLASLt), or the Triton block kernel for block weights. Elsewhere, and for shapes
-cuBLASLt refuses (a dimension not a multiple of 16), the reference: weights dequantized,
-activations quantized and dequantized the same way (W8A8 emulated), one F.linear.
+The product on CUDA (compute capability >= 8.9), chosen by M (the step's tokens: a host
+decision on the shape, so each captured decode graph keeps its path):
+- M <= W8A16_MAX_M (decode), bf16 / fp16: triton_w8a16, the activations as they are times the e4m3
+  weights, scales on the float32 accumulator; no activation quantization (more exact
+  than W8A8, and what reads only the weight bytes). Weight-only checkpoints take it at
+  every M.
+- above: activations quantized per token by one Triton kernel, then `torch._scaled_mm`
+  with per-row A and per-column B scales (cuBLASLt), or the Triton block kernel for block
+  weights (the FP8 tensor cores' throughput, for prefill).
+Elsewhere, and for shapes cuBLASLt refuses (a dimension not a multiple of 16), the
+reference: weights dequantized, activations quantized and dequantized the same way
+(W8A8 emulated), one F.linear.
 """
 
 from __future__ import annotations
@@ -29,6 +36,11 @@ from . import fp8
 from .config import QuantConfig
 
 MIN_CAPABILITY = (8, 9)   # e4m3 tensor cores: Ada (sm_89), Hopper (sm_90) and newer
+# The largest M that takes the W8A16 kernel, per weight scales (per-row, block): where it
+# stops beating activation quantization + the W8A8 GEMM. 64 is a first estimate (the
+# weight bytes dominate below it on an H200); gpu/fp8_gemm_bench.py prints the measured
+# crossing, which replaces it.
+W8A16_MAX_M = {"row": 64, "block": 64}
 
 
 def check_device(device: torch.device) -> None:
@@ -87,13 +99,29 @@ class Fp8Linear(Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
-        if x.is_cuda and self.scheme.activations != "none" and (self.cublas_ok or self.scheme.weights == "block"):
-            y = self._cuda(x2)
+        if x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and self.takes_w8a16(x2.shape[0]):
+            y = self.w8a16(x2)
+        elif x.is_cuda and self.scheme.activations != "none" and (self.cublas_ok or self.scheme.weights == "block"):
+            y = self.w8a8(x2)
         else:
             y = self.reference(x2)
         return y.reshape(*shape[:-1], self.out_features)
 
-    def _cuda(self, x: torch.Tensor) -> torch.Tensor:
+    def takes_w8a16(self, m: int) -> bool:
+        """Whether M tokens take the W8A16 kernel on CUDA (the weights' dequantized product
+        with the activations unquantized) rather than the W8A8 one."""
+        block = self.scheme.weights == "block"
+        return self.scheme.activations == "none" or m <= W8A16_MAX_M["block" if block else "row"]
+
+    def w8a16(self, x: torch.Tensor) -> torch.Tensor:
+        """x [M, K] bf16 / fp16 times the dequantized weights, in one Triton GEMM (+ its split-K sum)."""
+        from .triton_w8a16 import w8a16_matmul
+
+        return w8a16_matmul(x, self.weight, self.weight_scale, self.bias,
+                            self.scheme.block if self.scheme.weights == "block" else None)
+
+    def w8a8(self, x: torch.Tensor) -> torch.Tensor:
+        """x quantized as the scheme says, then the FP8 GEMM (cuBLASLt, or Triton for blocks)."""
         from . import triton_fp8
 
         if self.scheme.weights == "block":
@@ -108,10 +136,11 @@ class Fp8Linear(Linear):
                                  out_dtype=x.dtype)
         return y if self.bias is None else y + self.bias
 
-    def reference(self, x: torch.Tensor) -> torch.Tensor:
+    def reference(self, x: torch.Tensor, quantize_activations: bool = True) -> torch.Tensor:
         """The CPU's product, and the check of the CUDA one: dequantized weights, and the
-        activations through FP8 and back as the kernels quantize them."""
-        acts = self.scheme.activations
+        activations through FP8 and back as the kernels quantize them (as is with
+        quantize_activations False: the W8A16 kernel's product)."""
+        acts = self.scheme.activations if quantize_activations else "none"
         if acts == "token":
             x = fp8.qdq_groups(x, self.scheme.block[1]) if self.scheme.weights == "block" else fp8.qdq_rows(x)
         elif acts == "static":

@@ -1,0 +1,140 @@
+"""The small-M FP8 product: y = x · (W · s)ᵀ (+ b) with the activations as they are
+(bf16 / fp16: W8A16) and e4m3 weights, in Triton.
+
+At decode sizes (M up to a few dozen tokens) a step reads every weight once and does
+~M multiply-adds per byte: the time is the weight bytes over HBM bandwidth, which FP8
+halves, if nothing else costs. So no activation-quantization kernel runs first, and the
+grid covers every SM: each program takes BLOCK_N output columns of all M rows, and when
+those programs are fewer than `WAVES` per SM, K is split among more of them (split-K),
+each writing float32 partials that a second kernel sums, adding the bias and casting.
+A weight tile is widened to the activations' dtype in registers (exact: e4m3 values are
+bf16 / fp16 values) and multiplied on the tensor cores in float32; the scale multiplies
+the float32 accumulator: once at the end per output channel, or per K tile for
+[bn, bk]-block scales (a K tile never crosses a block).
+
+Every choice (tiles, split) is made on the host from the shapes: the same M gives the
+same launch, so a captured CUDA graph stays valid, and nothing synchronises. K and the
+split's length are run-time arguments, so a model compiles a handful of variants (tile
+height, block scales, split or not, bias), not one per shape and batch. The tile
+defaults are first estimates that gpu/fp8_gemm_bench.py sweeps on the device. Triton's
+interpreter loops to a run-time bound with tests/kernel_checks.py's patch.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK_N = 64        # output columns per program
+BLOCK_K = 128       # K per step (at most the weight block's bk)
+WAVES = 2           # programs per SM wanted before K is split
+SPLIT_BYTES = 0.25  # the float32 partials may move at most this share of the weight bytes
+PARTIAL_BLOCK = 1024
+
+
+@triton.jit
+def _w8a16_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, K_SPLIT, GROUP_N, GROUP_K,
+                  stride_xm, stride_wn, stride_sn, stride_ym, stride_ys,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  BLOCKWISE: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr):
+    pid_n = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    pid_m = tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_ok = offs_m < M
+    n_ok = offs_n < N
+    k0 = pid_s * K_SPLIT
+    x_ptrs = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm + (k0 + offs_k)[None, :]
+    w_ptrs = w_ptr + offs_n.to(tl.int64)[None, :] * stride_wn + (k0 + offs_k)[:, None]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kk in range(0, K_SPLIT, BLOCK_K):
+        k_ok = k0 + kk + offs_k < K
+        x = tl.load(x_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(w_ptrs, mask=n_ok[None, :] & k_ok[:, None], other=0.0).to(x.dtype)
+        if BLOCKWISE:
+            s = tl.load(s_ptr + (offs_n // GROUP_N) * stride_sn + (k0 + kk) // GROUP_K, mask=n_ok, other=0.0)
+            acc += tl.dot(x, w) * s[None, :]
+        else:
+            acc = tl.dot(x, w, acc)
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    if not BLOCKWISE:
+        acc = acc * tl.load(s_ptr + offs_n, mask=n_ok, other=0.0)[None, :]
+    if HAS_BIAS and not PARTIAL:
+        acc += tl.load(b_ptr + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    out = y_ptr + pid_s * stride_ys + offs_m.to(tl.int64)[:, None] * stride_ym + offs_n[None, :]
+    tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _sum_splits_kernel(p_ptr, b_ptr, y_ptr, MN, N, SPLITS, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < MN
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in range(SPLITS):
+        acc += tl.load(p_ptr + s * MN + offs, mask=ok, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + offs % N, mask=ok, other=0.0).to(tl.float32)
+    tl.store(y_ptr + offs, acc.to(y_ptr.dtype.element_ty), mask=ok)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 132   # Triton's interpreter: the H200's, so the CPU tests take its splits
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def block_m(M: int) -> int:
+    return 16 if M <= 16 else 32 if M <= 32 else 64
+
+
+def split_k(M: int, N: int, K: int, block_n: int, block_k: int, sms: int) -> int:
+    """How many programs share each output tile's K: doubled while the grid is under
+    WAVES programs per SM, every split keeps a K tile, and the partials stay small."""
+    programs = triton.cdiv(M, block_m(M)) * triton.cdiv(N, block_n)
+    tiles_k = triton.cdiv(K, block_k)
+    split = 1
+    while (programs * split < WAVES * sms and split * 2 <= tiles_k
+           and 2 * split * (2 * M * 4) <= SPLIT_BYTES * K):   # per column: float32 partials written
+        split *= 2                                              # and read, against K weight bytes
+    return split
+
+
+def w8a16_matmul(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None,
+                 block: tuple[int, int] | None = None, *, block_n: int = BLOCK_N, block_k: int = BLOCK_K,
+                 split: int | None = None) -> torch.Tensor:
+    """x [M, K] bf16 / fp16; w e4m3 [N, K] row-major (the weight); scale float32 [N] per
+    output channel or, with block=(bn, bk), [⌈N/bn⌉, ⌈K/bk⌉]; bias [N] -> [M, N] in x's
+    dtype. block_n, block_k, split: the bench's sweep (split None: `split_k`'s)."""
+    M, K = x.shape
+    N = w.shape[0]
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    assert w.stride(1) == 1 and w.shape[1] == K
+    if block is not None:
+        block_k = min(block_k, block[1])   # a K tile within one block of scales
+        assert block[1] % block_k == 0
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    if M == 0:
+        return y
+    split = split or split_k(M, N, K, block_n, block_k, _sm_count(x.device))
+    k_split = triton.cdiv(triton.cdiv(K, block_k), split) * block_k
+    split = triton.cdiv(K, k_split)    # no split left without K
+    partial = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else y
+    bm = block_m(M)
+    bn_, bk_ = block or (1, 1)
+    _w8a16_kernel[(triton.cdiv(N, block_n), split, triton.cdiv(M, bm))](
+        x, w, scale, bias if bias is not None else scale, partial, M, N, K, k_split, bn_, bk_,
+        x.stride(0), w.stride(0), scale.stride(0), N, M * N, BLOCK_M=bm, BLOCK_N=block_n, BLOCK_K=block_k,
+        BLOCKWISE=block is not None, HAS_BIAS=bias is not None, PARTIAL=split > 1, num_warps=4, num_stages=4)
+    if split > 1:
+        _sum_splits_kernel[(triton.cdiv(M * N, PARTIAL_BLOCK),)](
+            partial, bias if bias is not None else partial, y, M * N, N, SPLITS=split,
+            HAS_BIAS=bias is not None, BLOCK=PARTIAL_BLOCK, num_warps=4)
+    return y
