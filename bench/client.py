@@ -7,6 +7,7 @@ import asyncio
 import json
 import math
 import os
+import queue
 import random
 import sys
 import time
@@ -298,12 +299,11 @@ class Client:
                 target=_worker, name=f"zerod-bench-{i}", daemon=True,
                 args=(i, self.base_url + "/v1/completions", self.headers, share, c, rate,
                       self.rng.randrange(1 << 30), start, q, done, failed, tokens)))
-        loop = asyncio.get_running_loop()
         for p in procs:
             p.start()
         try:
             for _ in procs:  # every worker has its event loop and session up
-                msg = await loop.run_in_executor(None, q.get, True, 120)
+                msg = await _get(q, 120)
                 assert msg[0] == "ready", msg
             prog.source = lambda: (done.value, failed.value, tokens.value)
             cpu = CpuWindow(self.server_pid, self.thread_names)
@@ -313,7 +313,7 @@ class Client:
             start.set()
             results: list[Result] = []
             for _ in procs:
-                msg = await loop.run_in_executor(None, q.get, True, 3600)
+                msg = await _get(q, 3600)
                 results.extend(Result(*r) for r in msg[2])
             duration = time.perf_counter() - t0
             prog.stop()
@@ -324,6 +324,19 @@ class Client:
                 if p.is_alive():
                     p.kill()
         return results, duration, cpu_info
+
+
+async def _get(q, timeout: float):
+    """q.get off the event loop, in short waits: an interrupt (Ctrl-C, a timeout's SIGINT)
+    ends the run at once instead of leaving an executor thread blocked for `timeout`."""
+    loop = asyncio.get_running_loop()
+    end = time.monotonic() + timeout
+    while True:
+        try:
+            return await loop.run_in_executor(None, q.get, True, 0.5)
+        except queue.Empty:
+            if time.monotonic() > end:
+                raise
 
 
 def auto_workers(load: Load) -> int:

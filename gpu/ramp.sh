@@ -15,7 +15,7 @@ W=/tmp/ramp; rm -rf "$W"; mkdir -p "$W/run"
 stamp() { echo "== $(date -u +%T) $*" | tee -a "$W/timeline.txt"; }
 . gpu/wheels.sh xgrammar   # packages the device image lacks (xgrammar, psutil), carried in .whl
 SHAPE=8b; DEV=cuda; DT=bfloat16; STAGE_S=${STAGE_S:-60}; STAGES="8 32 64 128 200 128 64 32 8"
-if [ "${SMOKE:-0}" = 1 ]; then SHAPE=tiny; DEV=cpu; DT=float32; STAGE_S=${STAGE_S:-6}; STAGES="2 8 2"; fi
+if [ "${SMOKE:-0}" = 1 ]; then SHAPE=tiny; DEV=cpu; DT=float32; STAGE_S=${STAGE_S:-8}; STAGES="2 80 2"; fi   # 80 streams: two client processes
 M=/tmp/zerod-dummy-$SHAPE
 $PY gpu/server_make_model.py "$M" --shape $SHAPE > /dev/null || exit 1
 CFG="$W/zerod.toml"
@@ -69,7 +69,7 @@ PYEOF
 APID=$!
 for C in $STAGES; do
     stamp "stage: $C streams for ${STAGE_S}s"
-    timeout -s INT "$STAGE_S" $PY -m zerod bench --port 8000 --no-progress --input-len 128 --output-len 256 \
+    timeout -k 10 -s INT "$STAGE_S" $PY -m zerod bench --port 8000 --no-progress --input-len 128 --output-len 256 \
         --max-concurrency "$C" --num-prompts 100000 --warmup 0 \
         >> "$W/load.txt" 2>&1
 done
