@@ -17,15 +17,38 @@ from zerod.engine.lora.slabs import LoraBatch
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# (rows, segments of the output, max rank, slots incl. 0): decode- and prefill-sized
-# batches, fused qkv (GQA) and gate_up, a plain projection, a rank below the tile
-CASES = [(1, (64, 32, 32), 16, 5), (7, (48,), 8, 3), (40, (96, 96), 16, 9),
-         (300, (64, 32, 32), 16, 4), (33, (80,), 4, 2)]
+# (rows, segments of the output, max rank, slots incl. 0): decode-sized batches (the
+# fused kernel, up to FUSED_MAX_ROWS rows) and larger ones (shrink + expand), fused qkv
+# (GQA) and gate_up, a plain projection, a rank below the tile, more rows of one slot
+# than a tile holds
+CASES = [(1, (64, 32, 32), 16, 5), (7, (48,), 8, 3), (16, (96, 96), 16, 3),
+         (40, (96, 96), 16, 9), (300, (64, 32, 32), 16, 4), (33, (80,), 4, 2)]
+
+
+def check_grouping(groups, idx: torch.Tensor, S: int) -> list[str]:
+    """Failures of group_rows' output against a stable sort of the rows by slot."""
+    idx = idx.cpu().tolist()
+    T, bm = len(idx), groups.block_m
+    counts = [idx.count(s) for s in range(S)]
+    want_tiles = [(s, m0) for s in range(1, S) for m0 in range(0, counts[s], bm)]
+    tiles = list(zip(*groups.tiles.cpu().tolist()))
+    bad = []
+    if groups.order.cpu().tolist() != sorted(range(T), key=lambda t: (idx[t], t)):
+        bad.append(f"T={T}: order is not the stable sort by slot")
+    if groups.counts.cpu().tolist() != counts or groups.starts.cpu().tolist() != [sum(counts[:s]) for s in range(S)]:
+        bad.append(f"T={T}: counts / starts")
+    if tiles[:len(want_tiles)] != want_tiles or any(s for s, _ in tiles[len(want_tiles):]):
+        bad.append(f"T={T}: tiles {tiles} != {want_tiles} then slot 0")
+    return bad
 
 
 def check_kernels(device: str, dtype: torch.dtype, tol: float) -> list[str]:
-    """Failures (empty: all match) of the kernels vs the reference over CASES."""
-    from zerod.engine.kernels.lora import lora_expand, lora_shrink
+    """Failures (empty: all match) of the kernels vs the reference over CASES, through
+    add_lora (the way a forward takes) and through the other way for the same rows."""
+    from zerod.engine.kernels.lora import add_lora, lora_expand, lora_fused, lora_shrink
+
+    def split(y, x, A, B, segs, g):
+        lora_expand(y, lora_shrink(x, A, g), B, segs, g)
 
     g = torch.Generator().manual_seed(1)
     bad = []
@@ -38,20 +61,24 @@ def check_kernels(device: str, dtype: torch.dtype, tol: float) -> list[str]:
         x = torch.randn(T, n_in, generator=g)
         y = torch.randn(T, sum(segs), generator=g)
         idx = torch.randint(0, S, (T,), generator=g, dtype=torch.int32)
+        if T == 16:
+            idx[:] = 1     # one slot, a full tile
         A, B, x, y, idx = (t.to(device) for t in (A, B, x, y, idx))
         A, B, x, y = (t.to(dtype) for t in (A, B, x, y))
         want = lora_reference(y.clone(), x, A, B, segs, idx).float()
         batch = LoraBatch(S)
         batch.set(idx, grouped=True)
-        got = y.clone()
-        xa = lora_shrink(x, A, batch.order, batch.starts, batch.counts)
-        lora_expand(got, xa, B, segs, batch.order, batch.starts, batch.counts)
-        err = (got.float() - want).abs().max().item()
+        bad += check_grouping(batch.groups, idx, S)
         base = idx == 0
-        if err > tol * (1 + want.abs().max().item()):
-            bad.append(f"T={T} segs={segs} R={R} S={S} {dtype}: max error {err:.3g}")
-        elif not torch.equal(got[base], y[base]):
-            bad.append(f"T={T} segs={segs} R={R} S={S} {dtype}: a base row changed")
+        for way, fn in (("add_lora", add_lora), ("fused", lora_fused), ("shrink+expand", split)):
+            got = y.clone()
+            fn(got, x, A, B, segs, batch.groups)
+            err = (got.float() - want).abs().max().item()
+            case = f"{way} T={T} segs={segs} R={R} S={S} {dtype}"
+            if err > tol * (1 + want.abs().max().item()):
+                bad.append(f"{case}: max error {err:.3g}")
+            elif not torch.equal(got[base], y[base]):
+                bad.append(f"{case}: a base row changed")
     return bad
 
 
@@ -74,15 +101,6 @@ def test_kernels_in_interpreter():
     p = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=600)
     assert "RESULT ok" in p.stdout, p.stdout + p.stderr[-4000:]
-
-
-def test_grouping_is_a_stable_sort_by_slot():
-    batch = LoraBatch(4)
-    idx = torch.tensor([2, 0, 3, 2, 0, 2, 1], dtype=torch.int32)
-    batch.set(idx, grouped=True)
-    assert batch.order.tolist() == sorted(range(7), key=lambda t: (idx[t].item(), t))
-    assert batch.counts.tolist() == [2, 1, 3, 1]
-    assert batch.starts.tolist() == [0, 2, 3, 6]
 
 
 # ---------------------------------------------------------------------- on the GPU
