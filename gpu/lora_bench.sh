@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Issue 15's H200 figures in one call (~4 min): the LoRA GPU tests (kernels vs the torch
-# reference, adapters through the decode CUDA graphs), then one server (8B shape, dummy
-# base, --enable-lora --max-loras 8, eight rank-16 adapters on every projection, written as
-# PEFT files with random weights): 200 streams (24 in / 128 out) spread over the 8 adapters
-# vs the base model alone (target >= 80 %), and batch-1 decode with an adapter vs the base
-# (target >= 90 %). Results: $OUT/lora.tgz; a table last. SMOKE=1: the same on the CPU
-# with a tiny shape.
+# Issue 15's H200 figures in one call (~5 min): gpu/lora_kernels_bench.py (the kernels
+# alone), the LoRA GPU tests (kernels vs the torch reference, adapters through the decode
+# CUDA graphs), then one server (8B shape, dummy base, --enable-lora --max-loras 8, eight
+# rank-16 adapters on every projection, written as PEFT files with random weights): 200
+# streams (24 in / 128 out) spread over the 8 adapters vs the base model alone (target >=
+# 80 %), and batch-1 decode with an adapter vs the base (target >= 90 %). Results:
+# $OUT/lora.tgz; a table last. SMOKE=1: the same on the CPU with a tiny shape.
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
@@ -15,6 +15,8 @@ W=/tmp/lora; rm -rf "$W"; mkdir -p "$W"
 . gpu/wheels.sh peft   # packages the device image lacks (peft for the tests, psutil), carried in .whl
 SHAPE=8b; SERVE_X="--dtype bfloat16 --max-model-len 8192 --max-num-seqs 256"
 S200="--streams 200 --requests 400"; B1="--streams 1 --requests 4 --input-len 16 --output-len 256"
+# the kernels alone first: per projection, base product vs LoRA delta, new vs old (< 1 min)
+$PY gpu/lora_kernels_bench.py "$W/kernels.json" 2>&1 | tee "$W/kernels_bench.txt" | tail -12
 if [ "${SMOKE:-0}" = 1 ]; then
   SHAPE=tiny; SERVE_X="--dtype float32 --device cpu --max-model-len 1024 --max-num-seqs 64"
   S200="--streams 16 --requests 16 --output-len 8"; B1="--streams 1 --requests 2 --input-len 16 --output-len 8"

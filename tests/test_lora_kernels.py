@@ -17,15 +17,38 @@ from zerod.engine.lora.slabs import LoraBatch
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# (rows, segments of the output, max rank, slots incl. 0): decode- and prefill-sized
-# batches, fused qkv (GQA) and gate_up, a plain projection, a rank below the tile
-CASES = [(1, (64, 32, 32), 16, 5), (7, (48,), 8, 3), (40, (96, 96), 16, 9),
-         (300, (64, 32, 32), 16, 4), (33, (80,), 4, 2)]
+# (rows, segments of the output, max rank, slots incl. 0): decode-sized batches (the
+# fused kernel, up to FUSED_MAX_ROWS rows) and larger ones (shrink + expand), fused qkv
+# (GQA) and gate_up, a plain projection, a rank below the tile, more rows of one slot
+# than a tile holds
+CASES = [(1, (64, 32, 32), 16, 5), (7, (48,), 8, 3), (16, (96, 96), 16, 3),
+         (40, (96, 96), 16, 9), (300, (64, 32, 32), 16, 4), (33, (80,), 4, 2)]
+
+
+def check_grouping(groups, idx: torch.Tensor, S: int) -> list[str]:
+    """Failures of group_rows' output against a stable sort of the rows by slot."""
+    idx = idx.cpu().tolist()
+    T, bm = len(idx), groups.block_m
+    counts = [idx.count(s) for s in range(S)]
+    want_tiles = [(s, m0) for s in range(1, S) for m0 in range(0, counts[s], bm)]
+    tiles = list(zip(*groups.tiles.cpu().tolist()))
+    bad = []
+    if groups.order.cpu().tolist() != sorted(range(T), key=lambda t: (idx[t], t)):
+        bad.append(f"T={T}: order is not the stable sort by slot")
+    if groups.counts.cpu().tolist() != counts or groups.starts.cpu().tolist() != [sum(counts[:s]) for s in range(S)]:
+        bad.append(f"T={T}: counts / starts")
+    if tiles[:len(want_tiles)] != want_tiles or any(s for s, _ in tiles[len(want_tiles):]):
+        bad.append(f"T={T}: tiles {tiles} != {want_tiles} then slot 0")
+    return bad
 
 
 def check_kernels(device: str, dtype: torch.dtype, tol: float) -> list[str]:
-    """Failures (empty: all match) of the kernels vs the reference over CASES."""
-    from zerod.engine.kernels.lora import lora_expand, lora_shrink
+    """Failures (empty: all match) of the kernels vs the reference over CASES, through
+    add_lora (the way a forward takes) and through the other way for the same rows."""
+    from zerod.engine.kernels.lora import add_lora, lora_expand, lora_fused, lora_shrink
+
+    def split(y, x, A, B, segs, g):
+        lora_expand(y, lora_shrink(x, A, g), B, segs, g)
 
     g = torch.Generator().manual_seed(1)
     bad = []
@@ -38,20 +61,24 @@ def check_kernels(device: str, dtype: torch.dtype, tol: float) -> list[str]:
         x = torch.randn(T, n_in, generator=g)
         y = torch.randn(T, sum(segs), generator=g)
         idx = torch.randint(0, S, (T,), generator=g, dtype=torch.int32)
+        if T == 16:
+            idx[:] = 1     # one slot, a full tile
         A, B, x, y, idx = (t.to(device) for t in (A, B, x, y, idx))
         A, B, x, y = (t.to(dtype) for t in (A, B, x, y))
         want = lora_reference(y.clone(), x, A, B, segs, idx).float()
         batch = LoraBatch(S)
         batch.set(idx, grouped=True)
-        got = y.clone()
-        xa = lora_shrink(x, A, batch.order, batch.starts, batch.counts)
-        lora_expand(got, xa, B, segs, batch.order, batch.starts, batch.counts)
-        err = (got.float() - want).abs().max().item()
+        bad += check_grouping(batch.groups, idx, S)
         base = idx == 0
-        if err > tol * (1 + want.abs().max().item()):
-            bad.append(f"T={T} segs={segs} R={R} S={S} {dtype}: max error {err:.3g}")
-        elif not torch.equal(got[base], y[base]):
-            bad.append(f"T={T} segs={segs} R={R} S={S} {dtype}: a base row changed")
+        for way, fn in (("add_lora", add_lora), ("fused", lora_fused), ("shrink+expand", split)):
+            got = y.clone()
+            fn(got, x, A, B, segs, batch.groups)
+            err = (got.float() - want).abs().max().item()
+            case = f"{way} T={T} segs={segs} R={R} S={S} {dtype}"
+            if err > tol * (1 + want.abs().max().item()):
+                bad.append(f"{case}: max error {err:.3g}")
+            elif not torch.equal(got[base], y[base]):
+                bad.append(f"{case}: a base row changed")
     return bad
 
 
@@ -76,15 +103,6 @@ def test_kernels_in_interpreter():
     assert "RESULT ok" in p.stdout, p.stdout + p.stderr[-4000:]
 
 
-def test_grouping_is_a_stable_sort_by_slot():
-    batch = LoraBatch(4)
-    idx = torch.tensor([2, 0, 3, 2, 0, 2, 1], dtype=torch.int32)
-    batch.set(idx, grouped=True)
-    assert batch.order.tolist() == sorted(range(7), key=lambda t: (idx[t].item(), t))
-    assert batch.counts.tolist() == [2, 1, 3, 1]
-    assert batch.starts.tolist() == [0, 2, 3, 6]
-
-
 # ---------------------------------------------------------------------- on the GPU
 
 @pytest.mark.gpu
@@ -100,28 +118,32 @@ def test_kernels_match_reference_on_cuda(dtype, tol):
 
 @pytest.fixture(scope="module")
 def adapters(tmp_path_factory):
-    from families_support import hf_greedy, prompts
+    """The tiny base checkpoint, its PEFT adapters and the reference models (fp32, CPU):
+    the base and each adapter merged by PEFT."""
+    from families_support import hf_model, prompts
     from lora_support import ADAPTERS, base_checkpoint, make_adapter
 
     d = tmp_path_factory.mktemp("lora-gpu")
     base = base_checkpoint(d / "base")
-    ps = prompts(300)[:4]
-    paths, want = {}, {}
+    paths, refs = {}, {None: hf_model(base)}
     for seed, (name, cfg) in enumerate(ADAPTERS.items()):
         paths[name] = d / name
-        want[name] = hf_greedy(make_adapter(base, paths[name], seed, **cfg), ps, 8)
-    return base, paths, ps, want
+        refs[name] = make_adapter(base, paths[name], seed, **cfg)
+    return base, paths, prompts(300)[:4], refs
 
 
 @pytest.mark.gpu
 def test_engine_on_cuda_serves_adapters_through_graphs(adapters):
-    """fp32 on the GPU: each adapter's greedy output is PEFT's, mixed in one batch, through
-    the LoRA decode graphs; loading another adapter recaptures nothing; a decode step
-    with adapters has no host sync."""
-    from lora_support import generate
+    """fp32 on the GPU, adapters and base rows mixed in one batch through the LoRA decode
+    graphs: every row's logprobs are its model's (PEFT's merged model, or the base) run
+    over the same tokens; loading another adapter recaptures nothing; a decode step with
+    adapters has no host sync. Logprobs rather than tokens: the attention kernels' dots
+    run TF32 on fp32, and this random tiny model has near-ties (0.0015 apart in logit)
+    that may go either way."""
+    from lora_support import generate, logprob_errors
     from zerod.engine.engine import Engine, EngineConfig, SamplingParams
 
-    base, paths, ps, want = adapters
+    base, paths, ps, refs = adapters
     names = list(paths)
     eng = Engine(EngineConfig(model=str(base), device="cuda", dtype="float32", kv_pages=256,
                               max_model_len=128, max_num_seqs=32, enable_lora=True, max_loras=2,
@@ -130,15 +152,15 @@ def test_engine_on_cuda_serves_adapters_through_graphs(adapters):
     graphs = dict(eng.runner.lora_graphs)
     eng.start()
     try:
-        sp = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+        sp = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=5)
         jobs = [(p, n) for p in ps for n in names[:2] + [None]]
         got = generate(eng, jobs, sp)
-        for (p, n), r in zip(jobs, got):
-            if n is not None:
-                assert r["token_ids"] == want[n][ps.index(p)], f"adapter {n} on CUDA"
         eng.load_lora(names[2], str(paths[names[2]]))
-        got = generate(eng, [(p, names[2]) for p in ps], sp)
-        assert [r["token_ids"] for r in got] == want[names[2]]
+        jobs2 = [(p, names[2]) for p in ps]
+        got += generate(eng, jobs2, sp)
+        bad = [f"{n} prompt {ps.index(p)}: {e}" for (p, n), r in zip(jobs + jobs2, got)
+               for e in logprob_errors(refs[n], p, r, 2e-2)]
+        assert bad == []
         assert eng.runner.lora_graphs == graphs, "loading an adapter recaptured graphs"
         torch.cuda.set_sync_debug_mode("error")
         try:
@@ -148,3 +170,24 @@ def test_engine_on_cuda_serves_adapters_through_graphs(adapters):
             torch.cuda.set_sync_debug_mode(0)
     finally:
         eng.shutdown(0)
+
+
+def test_logprob_check_passes_the_right_model_and_fails_another(adapters):
+    """The GPU test's yardstick, on the CPU: the engine's rows agree with their own model
+    and not with another (so the check is not vacuous)."""
+    from lora_support import generate, logprob_errors
+    from zerod.engine.engine import Engine, EngineConfig, SamplingParams
+
+    base, paths, ps, refs = adapters
+    eng = Engine(EngineConfig(model=str(base), kv_pages=256, max_model_len=128, enable_lora=True,
+                              lora_modules=(("all8", str(paths["all8"]), None),)))
+    eng.start()
+    try:
+        sp = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=5)
+        jobs = [(ps[1], "all8"), (ps[1], None)]
+        got = generate(eng, jobs, sp)
+    finally:
+        eng.shutdown(0)
+    assert [logprob_errors(refs[n], p, r, 1e-4) for (p, n), r in zip(jobs, got)] == [[], []]
+    assert logprob_errors(refs[None], ps[1], got[0], 2e-2) != []
+    assert logprob_errors(refs["mlp16"], ps[1], got[1], 2e-2) != []

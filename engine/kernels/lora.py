@@ -1,48 +1,185 @@
-"""Multi-LoRA shrink and expand: y[t] += (x[t] A_sᵀ) B_sᵀ with s the adapter slot of row t.
+"""Multi-LoRA: y[t] += (x[t] A_sᵀ) B_sᵀ with s the adapter slot of row t.
 
-Rows come grouped by slot (`order`, with each slot's `starts` / `counts`: a counting sort
-done on the device, see engine/lora/slabs.py), so a program tiles BLOCK_M rows of ONE
-adapter and reads that adapter's matrices once per tile (tl.dot), not once per row. Slot
-0 ("no adapter") gets no program at all: base rows in a mixed batch cost nothing here.
-Every grid is fixed by shapes (programs past a slot's rows return at once), nothing syncs
-with the host: the kernels are captured in the decode CUDA graphs.
+Rows are grouped by slot once per forward (`group_rows`, one launch): `order` lists the
+rows slot by slot and `tiles` lists the (slot, first row) of every BLOCK_M-row tile of
+one adapter, so a program reads its adapter's matrices once per tile (tl.dot), not once
+per row. The grids have min(T, T/BLOCK_M + slots) row tiles, not slots x T/BLOCK_M: a
+decode step of 200 rows over 8 adapters launches ~21 row tiles, not 104 mostly empty
+ones. Slot 0 ("no adapter") has no tile: base rows in a mixed batch cost nothing here.
+Every grid is fixed by shapes and nothing syncs with the host: the kernels are captured
+in the decode CUDA graphs.
 
-- shrink: xa [T, R] (float32) = x A_sᵀ over the projection's stacked A [S, R, K], split
-  over K for parallelism (a decode step has few rows per adapter); the partial sums are
-  added by one torch sum, so results do not depend on scheduling (no atomics).
-- expand: y[:, segment j] += xa[:, j*Rmax:(j+1)*Rmax] B_s[segment j]ᵀ, in place, for the
-  up to three output segments of a fused projection, one launch for all of them.
+Two ways, by the number of rows T (the projection's segments are fused in both):
+- T <= FUSED_MAX_ROWS (decode): one launch per projection. Each program computes its
+  rows' x A_segᵀ (rank columns of its output segment only) over all of K, then adds
+  that times B_segᵀ into its column tile of y. Re-reading A per column tile costs L2
+  traffic, not launches: at batch 1, launches are what a step pays for.
+- larger T (prefill, big batches): a shrink, split over K so that few rows still fill
+  the GPU, writes float32 partials [splits, T, R]; the expand sums them as it reads
+  them (no reduction launch) and adds into y in place.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
+FUSED_MAX_ROWS = 16
+
+
+class Groups(NamedTuple):
+    """The rows of a forward grouped by adapter slot (made by group_rows)."""
+    order: torch.Tensor    # int32 [T]: the rows, slot by slot, each slot's in row order
+    starts: torch.Tensor   # int32 [S]: index in `order` of each slot's first row
+    counts: torch.Tensor   # int32 [S]: rows of each slot
+    tiles: torch.Tensor    # int32 [2, NT]: slot (0: no tile) and first row in the slot
+    block_m: int           # rows per tile
+
+
+def block_m(T: int) -> int:
+    return 16 if T <= 256 else 64
+
+
+def num_tiles(T: int, S: int, bm: int) -> int:
+    """An upper bound on the tiles of T rows over slots 1..S-1 (each slot: ceil(n / bm))."""
+    return min(T, triton.cdiv(T, bm) + S - 1)
+
 
 @triton.jit
-def _shrink_kernel(x_ptr, a_ptr, out_ptr, order_ptr, starts_ptr, counts_ptr,
-                   T, K, R, k_per_split,
-                   stride_xt, stride_as, stride_ar, stride_ot,
-                   BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
-                   IEEE: tl.constexpr):
-    s = tl.program_id(0) + 1                       # slot 0 (no adapter) has no program
-    m0 = tl.program_id(1) * BLOCK_M
-    split = tl.program_id(2)
-    count = tl.load(counts_ptr + s)
-    if m0 >= count:
-        return
-    offs_m = m0 + tl.arange(0, BLOCK_M)
-    mask_m = offs_m < count
+def _group_kernel(idx_ptr, order_ptr, starts_ptr, counts_ptr, tiles_ptr, T, S, NT,
+                  BM: tl.constexpr, BLOCK: tl.constexpr):
+    # one program: a stable counting sort by slot, then the tile table
+    start = tl.full((), 0, tl.int32)
+    tile = tl.full((), 0, tl.int32)
+    for s in range(0, S):
+        n = tl.full((), 0, tl.int32)
+        for t0 in range(0, T, BLOCK):
+            offs = t0 + tl.arange(0, BLOCK)
+            v = tl.load(idx_ptr + offs, mask=offs < T, other=-1)
+            hit = (v == s).to(tl.int32)
+            pos = start + n + tl.cumsum(hit, 0) - 1
+            tl.store(order_ptr + pos, offs, mask=hit > 0)
+            n += tl.sum(hit, 0)
+        tl.store(starts_ptr + s, start)
+        tl.store(counts_ptr + s, n)
+        if s > 0:
+            nt = (n + BM - 1) // BM
+            for i0 in range(0, nt, BLOCK):
+                i = i0 + tl.arange(0, BLOCK)
+                tl.store(tiles_ptr + tile + i, tl.full((BLOCK,), 0, tl.int32) + s, mask=i < nt)
+                tl.store(tiles_ptr + NT + tile + i, i * BM, mask=i < nt)
+            tile += nt
+        start += n
+    for i0 in range(0, NT, BLOCK):   # the grid's tiles past the last one: no slot
+        i = i0 + tl.arange(0, BLOCK)
+        pad = (i >= tile) & (i < NT)
+        tl.store(tiles_ptr + i, tl.zeros((BLOCK,), tl.int32), mask=pad)
+        tl.store(tiles_ptr + NT + i, tl.zeros((BLOCK,), tl.int32), mask=pad)
+
+
+def group_rows(idx: torch.Tensor, num_slots: int) -> Groups:
+    """idx int32 [T] (each row's slot) -> Groups; one launch, no host sync."""
+    T = idx.shape[0]
+    bm = block_m(T)
+    nt = num_tiles(T, num_slots, bm)
+    dev = idx.device
+    order = torch.empty(T, dtype=torch.int32, device=dev)
+    starts = torch.empty(num_slots, dtype=torch.int32, device=dev)
+    counts = torch.empty(num_slots, dtype=torch.int32, device=dev)
+    tiles = torch.empty(2, nt, dtype=torch.int32, device=dev)
+    if T:
+        _group_kernel[(1,)](idx, order, starts, counts, tiles, T, num_slots, nt,
+                            BM=bm, BLOCK=1024, num_warps=4)
+    return Groups(order, starts, counts, tiles, bm)
+
+
+@triton.jit
+def _tile_rows(tiles_ptr, NT, order_ptr, starts_ptr, counts_ptr, BM: tl.constexpr):
+    """The slot of row tile program_id(0) (0: none) and its rows (int64) with their mask."""
+    t = tl.program_id(0)
+    s = tl.load(tiles_ptr + t)
+    m0 = tl.load(tiles_ptr + NT + t)
+    offs_m = m0 + tl.arange(0, BM)
+    mask_m = offs_m < tl.load(counts_ptr + s)
     rows = tl.load(order_ptr + tl.load(starts_ptr + s) + offs_m, mask=mask_m, other=0).to(tl.int64)
-    offs_r = tl.arange(0, BLOCK_R)
+    return s, rows, mask_m
+
+
+@triton.jit
+def _segment_cols(tile, n1, n2, n3, t1, t2, BN: tl.constexpr):
+    """Output segment of column tile `tile` (t1, t2: tiles of segments 1 and 2), its
+    columns in y and their mask."""
+    seg = (tile >= t1).to(tl.int32) + (tile >= t1 + t2).to(tl.int32)
+    seg_n0 = tl.where(seg == 0, 0, tl.where(seg == 1, n1, n1 + n2))
+    seg_n = tl.where(seg == 0, n1, tl.where(seg == 1, n2, n3))
+    seg_t0 = tl.where(seg == 0, 0, tl.where(seg == 1, t1, t1 + t2))
+    offs_n = (tile - seg_t0) * BN + tl.arange(0, BN)
+    return seg, seg_n0 + offs_n, offs_n < seg_n
+
+
+@triton.jit
+def _add_expand(y_ptr, stride_yt, b_ptr, stride_bn, xa, s, rows, mask_m, cols, mask_n,
+                rank, stride_bs, BR: tl.constexpr, IEEE: tl.constexpr):
+    """y[rows, cols] += xa [BM, BR] (float32) B_s[cols]ᵀ."""
+    offs_r = tl.arange(0, BR)
+    bt = tl.load(b_ptr + s.to(tl.int64) * stride_bs + cols[None, :].to(tl.int64) * stride_bn + offs_r[:, None],
+                 mask=mask_n[None, :] & (offs_r[:, None] < rank), other=0.0)
+    if IEEE:
+        d = tl.dot(xa.to(bt.dtype), bt, input_precision="ieee")
+    else:
+        d = tl.dot(xa.to(bt.dtype), bt)
+    ptrs = y_ptr + rows[:, None] * stride_yt + cols[None, :]
+    mask = mask_m[:, None] & mask_n[None, :]
+    y = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(ptrs, (y + d).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _fused_kernel(y_ptr, x_ptr, a_ptr, b_ptr, order_ptr, starts_ptr, counts_ptr, tiles_ptr,
+                  NT, K, n1, n2, n3, t1, t2, rank,
+                  stride_yt, stride_xt, stride_as, stride_ar, stride_bs, stride_bn,
+                  BM: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
+                  IEEE: tl.constexpr):
+    s, rows, mask_m = _tile_rows(tiles_ptr, NT, order_ptr, starts_ptr, counts_ptr, BM)
+    if s == 0:
+        return
+    seg, cols, mask_n = _segment_cols(tl.program_id(1), n1, n2, n3, t1, t2, BN)
+    offs_r = tl.arange(0, BR)
+    a_base = a_ptr + s.to(tl.int64) * stride_as + (seg * rank + offs_r[None, :]) * stride_ar
+    acc = tl.zeros((BM, BR), dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        offs_k = k0 + tl.arange(0, BK)
+        mask_k = offs_k < K
+        xt = tl.load(x_ptr + rows[:, None] * stride_xt + offs_k[None, :],
+                     mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+        at = tl.load(a_base + offs_k[:, None], mask=(offs_r[None, :] < rank) & mask_k[:, None], other=0.0)
+        if IEEE:
+            acc += tl.dot(xt, at, input_precision="ieee")
+        else:
+            acc += tl.dot(xt, at)
+    _add_expand(y_ptr, stride_yt, b_ptr, stride_bn, acc, s, rows, mask_m, cols, mask_n,
+                rank, stride_bs, BR, IEEE)
+
+
+@triton.jit
+def _shrink_kernel(x_ptr, a_ptr, out_ptr, order_ptr, starts_ptr, counts_ptr, tiles_ptr,
+                   NT, T, K, R, k_per_split,
+                   stride_xt, stride_as, stride_ar, stride_ot,
+                   BM: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):
+    s, rows, mask_m = _tile_rows(tiles_ptr, NT, order_ptr, starts_ptr, counts_ptr, BM)
+    if s == 0:
+        return
+    split = tl.program_id(1)
+    offs_r = tl.arange(0, BR)
     mask_r = offs_r < R
-    acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
+    acc = tl.zeros((BM, BR), dtype=tl.float32)
     k_lo = split * k_per_split
     a_base = a_ptr + s.to(tl.int64) * stride_as
-    for k0 in range(k_lo, k_lo + k_per_split, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
+    for k0 in range(k_lo, k_lo + k_per_split, BK):
+        offs_k = k0 + tl.arange(0, BK)
         mask_k = offs_k < K
         xt = tl.load(x_ptr + rows[:, None] * stride_xt + offs_k[None, :],
                      mask=mask_m[:, None] & mask_k[None, :], other=0.0)
@@ -58,83 +195,97 @@ def _shrink_kernel(x_ptr, a_ptr, out_ptr, order_ptr, starts_ptr, counts_ptr,
 
 
 @triton.jit
-def _expand_kernel(y_ptr, xa_ptr, b_ptr, order_ptr, starts_ptr, counts_ptr,
-                   n1, n2, n3, t1, t2, rank,
-                   stride_yt, stride_xat, stride_bs, stride_bn,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr,
-                   IEEE: tl.constexpr):
-    s = tl.program_id(0) + 1
-    m0 = tl.program_id(1) * BLOCK_M
-    tile = tl.program_id(2)
-    count = tl.load(counts_ptr + s)
-    if m0 >= count:
+def _expand_kernel(y_ptr, part_ptr, b_ptr, order_ptr, starts_ptr, counts_ptr, tiles_ptr,
+                   NT, T, splits, n1, n2, n3, t1, t2, rank,
+                   stride_yt, stride_pt, stride_bs, stride_bn,
+                   BM: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr, IEEE: tl.constexpr):
+    s, rows, mask_m = _tile_rows(tiles_ptr, NT, order_ptr, starts_ptr, counts_ptr, BM)
+    if s == 0:
         return
-    # which output segment this column tile is in: t1, t2 = tiles of segments 1 and 2
-    seg = (tile >= t1).to(tl.int32) + (tile >= t1 + t2).to(tl.int32)
-    seg_n0 = tl.where(seg == 0, 0, tl.where(seg == 1, n1, n1 + n2))
-    seg_n = tl.where(seg == 0, n1, tl.where(seg == 1, n2, n3))
-    seg_t0 = tl.where(seg == 0, 0, tl.where(seg == 1, t1, t1 + t2))
-    offs_n = (tile - seg_t0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    mask_n = offs_n < seg_n
-    cols = seg_n0 + offs_n
-    offs_m = m0 + tl.arange(0, BLOCK_M)
-    mask_m = offs_m < count
-    rows = tl.load(order_ptr + tl.load(starts_ptr + s) + offs_m, mask=mask_m, other=0).to(tl.int64)
-    offs_r = tl.arange(0, BLOCK_R)
-    mask_r = offs_r < rank
-    xa = tl.load(xa_ptr + rows[:, None] * stride_xat + seg * rank + offs_r[None, :],
-                 mask=mask_m[:, None] & mask_r[None, :], other=0.0)
-    bt = tl.load(b_ptr + s.to(tl.int64) * stride_bs + cols[None, :].to(tl.int64) * stride_bn + offs_r[:, None],
-                 mask=mask_n[None, :] & mask_r[:, None], other=0.0)
-    if IEEE:
-        d = tl.dot(xa.to(bt.dtype), bt, input_precision="ieee")
-    else:
-        d = tl.dot(xa.to(bt.dtype), bt)
-    ptrs = y_ptr + rows[:, None] * stride_yt + cols[None, :]
-    mask = mask_m[:, None] & mask_n[None, :]
-    y = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(ptrs, (y + d).to(y_ptr.dtype.element_ty), mask=mask)
+    seg, cols, mask_n = _segment_cols(tl.program_id(1), n1, n2, n3, t1, t2, BN)
+    offs_r = tl.arange(0, BR)
+    ptrs = part_ptr + rows[:, None] * stride_pt + seg * rank + offs_r[None, :]
+    mask = mask_m[:, None] & (offs_r[None, :] < rank)
+    xa = tl.zeros((BM, BR), dtype=tl.float32)
+    for sp in range(0, splits):   # the shrink's K splits, summed here
+        xa += tl.load(ptrs + sp * T * stride_pt, mask=mask, other=0.0)   # < 2**31: splits > 1 only for T <= 1024
+    _add_expand(y_ptr, stride_yt, b_ptr, stride_bn, xa, s, rows, mask_m, cols, mask_n,
+                rank, stride_bs, BR, IEEE)
 
 
-def _block_m(T: int) -> int:
-    return 16 if T <= 256 else 64
+def _col_tiles(segments: tuple[int, ...], bn: int) -> tuple[list[int], list[int]]:
+    assert len(segments) <= 3
+    n = list(segments) + [0] * (3 - len(segments))
+    return n, [triton.cdiv(v, bn) for v in n]
 
 
-def lora_shrink(x: torch.Tensor, A: torch.Tensor, order: torch.Tensor, starts: torch.Tensor,
-                counts: torch.Tensor) -> torch.Tensor:
-    """x [T, K], A [S, R, K] -> xa [T, R] float32 (rows of slot 0: undefined, never read)."""
+def _block_r(r: int) -> int:
+    return max(16, triton.next_power_of_2(r))
+
+
+def lora_fused(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+               segments: tuple[int, ...], g: Groups) -> None:
+    """y [T, N] += per segment j: x A[slot, j*Rmax:(j+1)*Rmax]ᵀ B[slot, segment j]ᵀ, one launch."""
+    T, K = x.shape
+    S, N, rank = B.shape
+    nt = g.tiles.shape[1]
+    if not nt or S == 1:
+        return
+    assert y.stride(-1) == 1
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    bn = 256 if N >= 4096 else 64
+    n, tiles = _col_tiles(segments, bn)
+    _fused_kernel[(nt, sum(tiles))](
+        y, x, A, B, g.order, g.starts, g.counts, g.tiles, nt, K, n[0], n[1], n[2], tiles[0], tiles[1], rank,
+        y.stride(0), x.stride(0), A.stride(0), A.stride(1), B.stride(0), B.stride(1),
+        BM=g.block_m, BN=bn, BR=_block_r(rank), BK=256, IEEE=y.dtype == torch.float32, num_warps=4)
+
+
+def lora_shrink(x: torch.Tensor, A: torch.Tensor, g: Groups) -> torch.Tensor:
+    """x [T, K], A [S, R, K] -> partial sums [splits, T, R] float32 of x A_slotᵀ over K
+    (rows of slot 0: undefined, never read)."""
     T, K = x.shape
     S, R, _ = A.shape
+    nt = g.tiles.shape[1]
     x = x if x.stride(-1) == 1 else x.contiguous()
-    bm, bk = _block_m(T), 64
+    bk = 64
     # enough K splits that a step with a few rows per adapter still fills the GPU; a big
     # prefill has programs enough without (and would pay T x R floats per split)
     splits = max(1, min(32, K // 256, 2048 // max(T, 1)))
     k_per_split = triton.cdiv(triton.cdiv(K, splits), bk) * bk
     splits = triton.cdiv(K, k_per_split)
     part = torch.empty(splits, T, R, dtype=torch.float32, device=x.device)
-    if T and S > 1:
-        _shrink_kernel[(S - 1, triton.cdiv(T, bm), splits)](
-            x, A, part, order, starts, counts, T, K, R, k_per_split,
+    if nt and S > 1:
+        _shrink_kernel[(nt, splits)](
+            x, A, part, g.order, g.starts, g.counts, g.tiles, nt, T, K, R, k_per_split,
             x.stride(0), A.stride(0), A.stride(1), part.stride(1),
-            BLOCK_M=bm, BLOCK_R=max(16, triton.next_power_of_2(R)), BLOCK_K=bk,
-            IEEE=x.dtype == torch.float32, num_warps=4)
-    return part[0] if splits == 1 else part.sum(0)
+            BM=g.block_m, BR=_block_r(R), BK=bk, IEEE=x.dtype == torch.float32, num_warps=4)
+    return part
 
 
-def lora_expand(y: torch.Tensor, xa: torch.Tensor, B: torch.Tensor, segments: tuple[int, ...],
-                order: torch.Tensor, starts: torch.Tensor, counts: torch.Tensor) -> None:
-    """y [T, N] += per segment j: xa[:, j*Rmax:(j+1)*Rmax] B[slot, segment j]ᵀ, in place."""
+def lora_expand(y: torch.Tensor, part: torch.Tensor, B: torch.Tensor, segments: tuple[int, ...],
+                g: Groups) -> None:
+    """y [T, N] += per segment j: xa[:, j*Rmax:(j+1)*Rmax] B[slot, segment j]ᵀ in place,
+    xa the sum of lora_shrink's partials."""
     T = y.shape[0]
     S, N, rank = B.shape
-    if not T or S == 1:
+    nt = g.tiles.shape[1]
+    if not nt or S == 1:
         return
-    assert y.stride(-1) == 1 and len(segments) <= 3
-    bm, bn = _block_m(T), 64
-    n = list(segments) + [0] * (3 - len(segments))
-    tiles = [triton.cdiv(v, bn) for v in n]
-    _expand_kernel[(S - 1, triton.cdiv(T, bm), sum(tiles))](
-        y, xa, B, order, starts, counts, n[0], n[1], n[2], tiles[0], tiles[1], rank,
-        y.stride(0), xa.stride(0), B.stride(0), B.stride(1),
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_R=max(16, triton.next_power_of_2(rank)),
-        IEEE=y.dtype == torch.float32, num_warps=4)
+    assert y.stride(-1) == 1 and part.is_contiguous()
+    bn = 128
+    n, tiles = _col_tiles(segments, bn)
+    _expand_kernel[(nt, sum(tiles))](
+        y, part, B, g.order, g.starts, g.counts, g.tiles, nt, T, part.shape[0],
+        n[0], n[1], n[2], tiles[0], tiles[1], rank,
+        y.stride(0), part.stride(1), B.stride(0), B.stride(1),
+        BM=g.block_m, BN=bn, BR=_block_r(rank), IEEE=y.dtype == torch.float32, num_warps=4)
+
+
+def add_lora(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+             segments: tuple[int, ...], g: Groups) -> None:
+    """y += the LoRA delta of each row's adapter, in place: fused for few rows."""
+    if x.shape[0] <= FUSED_MAX_ROWS:
+        lora_fused(y, x, A, B, segments, g)
+    else:
+        lora_expand(y, lora_shrink(x, A, g), B, segments, g)

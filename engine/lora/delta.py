@@ -1,9 +1,9 @@
 """y += scale * (x A_iᵀ) B_iᵀ for each row with its adapter slot i (the scale is in B).
 
-On CUDA with the Triton kernels (engine/kernels/lora.py): a shrink over the stacked A of
-the projection, then an expand into each output segment, both tiled over the rows grouped
-by slot so that each adapter's matrices are read once per tile, and slot 0 (base rows)
-skipped. Elsewhere the torch reference: one bmm over the gathered slabs per half.
+On CUDA with the Triton kernels (engine/kernels/lora.py): tiled over the rows grouped by
+slot so that each adapter's matrices are read once per tile, slot 0 (base rows) skipped;
+one fused launch per projection for a decode step's few rows, a shrink and an expand
+for more. Elsewhere the torch reference: one bmm over the gathered slabs per half.
 `ops.kernels_disabled({"lora"})` forces the reference (tests compare the two).
 """
 
@@ -33,10 +33,9 @@ def use_kernels(device: torch.device) -> bool:
 
 def add_lora(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
              segments: tuple[int, ...], batch: LoraBatch) -> torch.Tensor:
-    k = _kernels() if x.is_cuda and batch.order is not None else None
+    k = _kernels() if x.is_cuda and batch.groups is not None else None
     if k is not None:
-        xa = k.lora_shrink(x, A, batch.order, batch.starts, batch.counts)
-        k.lora_expand(y, xa, B, segments, batch.order, batch.starts, batch.counts)
+        k.add_lora(y, x, A, B, segments, batch.groups)
         return y
     return lora_reference(y, x, A, B, segments, batch.idx)
 

@@ -25,32 +25,23 @@ FUSED = {"qkv_proj": "qkv", "gate_up_proj": "gate_up"}   # Phi-3 stores these fu
 class LoraBatch:
     """The adapter slot of each token row of the forward being run (None: no row has one,
     the LoRA path is skipped). The runner sets it around a forward; every projection of
-    that forward reads it. `order` / `starts` / `counts`: the rows grouped by slot (a
-    counting sort on the device, no host sync), which the Triton kernels tile over."""
+    that forward reads it. `groups`: the rows grouped by slot for the Triton kernels
+    (engine/kernels/lora.py's group_rows: one launch per forward, no host sync)."""
 
     def __init__(self, num_slots: int):
         self.num_slots = num_slots
         self.idx: torch.Tensor | None = None       # int32 [T]
-        self.order: torch.Tensor | None = None     # int32 [T]: rows sorted by slot
-        self.starts: torch.Tensor | None = None    # int32 [S]: first sorted row of each slot
-        self.counts: torch.Tensor | None = None    # int32 [S]: rows of each slot
+        self.groups = None                         # kernels.lora.Groups (grouped forwards)
 
     def set(self, idx: torch.Tensor, grouped: bool) -> None:
         self.idx = idx
-        if not grouped:
-            return
-        idx64 = idx.long()
-        onehot = idx64.unsqueeze(1) == torch.arange(self.num_slots, device=idx.device)
-        counts = onehot.sum(0)
-        starts = counts.cumsum(0) - counts
-        rank_in_slot = onehot.long().cumsum(0).gather(1, idx64.unsqueeze(1)).squeeze(1) - 1
-        dest = starts.index_select(0, idx64) + rank_in_slot
-        order = torch.empty_like(idx64)
-        order.scatter_(0, dest, torch.arange(idx.shape[0], device=idx.device))
-        self.order, self.starts, self.counts = order.int(), starts.int(), counts.int()
+        if grouped:
+            from ..kernels.lora import group_rows
+
+            self.groups = group_rows(idx, self.num_slots)
 
     def clear(self) -> None:
-        self.idx = self.order = self.starts = self.counts = None
+        self.idx = self.groups = None
 
 
 class LoraProjection:
