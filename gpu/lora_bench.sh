@@ -16,7 +16,7 @@ W=/tmp/lora; rm -rf "$W"; mkdir -p "$W"
 SHAPE=8b; SERVE_X="--dtype bfloat16 --max-model-len 8192 --max-num-seqs 256"
 S200="--streams 200 --requests 400"; B1="--streams 1 --requests 4 --input-len 16 --output-len 256"
 # the kernels alone first: per projection, base product vs LoRA delta, new vs old (< 1 min)
-$PY gpu/lora_kernels_bench.py "$W/kernels.json" 2>&1 | tee "$W/kernels_bench.txt" | tail -12
+[ "${KBENCH:-1}" = 1 ] && $PY gpu/lora_kernels_bench.py "$W/kernels.json" 2>&1 | tee "$W/kernels_bench.txt" | tail -12
 if [ "${SMOKE:-0}" = 1 ]; then
   SHAPE=tiny; SERVE_X="--dtype float32 --device cpu --max-model-len 1024 --max-num-seqs 64"
   S200="--streams 16 --requests 16 --output-len 8"; B1="--streams 1 --requests 2 --input-len 16 --output-len 8"
