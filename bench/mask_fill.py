@@ -98,18 +98,21 @@ def run(which: str, rows: int = 64, steps: int = 128, threads: int | None = None
     from zerod.engine import grammar_mask, structured
     from zerod.engine.structured import GrammarCompiler, GrammarSpec
 
-    if threads is not None:   # a fresh pool of that size
-        import xgrammar as xgr
-        structured._BATCH = xgr.BatchGrammarMatcher(max_threads=threads)
+    import xgrammar as xgr
+
+    engine_batch = structured._batch
+    if threads is not None:   # every fill on a pool of that size
+        pool = xgr.BatchGrammarMatcher(max_threads=threads)
+        structured._batch = lambda rows: pool
     comp = GrammarCompiler(_tokenizer(which, big), MODEL_VOCAB)
     compiled = comp.compile(GrammarSpec("json", json.dumps(SCHEMA)))
     staging = grammar_mask.MaskStaging(2, rows, torch.device("cpu"))
     t = _Timer()
-    batch = structured._batch()
-    real = (grammar_mask.advance_all, grammar_mask.fill_masks, batch.batch_fill_next_token_bitmask)
+    cls = xgr.BatchGrammarMatcher
+    real = (grammar_mask.advance_all, grammar_mask.fill_masks, cls.batch_fill_next_token_bitmask)
     grammar_mask.advance_all = t.wrap("advance", real[0])
     grammar_mask.fill_masks = t.wrap("fill_masks", real[1])
-    batch.batch_fill_next_token_bitmask = t.wrap("fill", real[2])
+    cls.batch_fill_next_token_bitmask = t.wrap("fill", real[2])
     gen = torch.Generator().manual_seed(seed)
     reqs = [_Row(comp.new_state(compiled)) for _ in range(rows)]
     per_step: list[dict[str, float]] = []
@@ -135,7 +138,8 @@ def run(which: str, rows: int = 64, steps: int = 128, threads: int | None = None
             raise AssertionError("a picked token broke its grammar")
     finally:
         grammar_mask.advance_all, grammar_mask.fill_masks = real[0], real[1]
-        del batch.batch_fill_next_token_bitmask
+        cls.batch_fill_next_token_bitmask = real[2]
+        structured._batch = engine_batch
     med = {k: statistics.median(s.get(k, 0.0) for s in per_step) * 1e3 for k in per_step[0]}
     med["rest_cpu"] = med["fill_masks_cpu"] - med["fill_cpu"]
     med["rest_wall"] = med["fill_masks_wall"] - med["fill_wall"]
@@ -149,7 +153,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=128)
     ap.add_argument("--tokenizer", choices=("demo", "128k"), action="append")
     ap.add_argument("--threads", type=int, action="append",
-                    help="xgrammar fill threads (repeatable); default: the engine's choice")
+                    help="xgrammar fill threads (repeatable); default: the engine's choice "
+                         "(one thread up to structured.POOL_ROWS rows)")
     ap.add_argument("--big", type=Path, default=_BIG, help="the 128k tokenizer's directory")
     a = ap.parse_args()
     torch.set_num_threads(1)

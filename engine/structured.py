@@ -13,7 +13,8 @@ How a masked row runs (docs/engine-server.md, "Structured outputs"):
   GPU runs the step's forward (as vLLM and SGLang overlap it): the step thread launches
   step N+1's forward (its decode input, last_tokens, is on the device), then waits for
   step N's ids, advances the matchers of its masked rows, fills their bitmask rows into a
-  pinned buffer (`fill_masks`, xgrammar's threaded batch fill), copies them, and launches
+  pinned buffer (`fill_masks`, xgrammar's batch fill: on the step thread up to
+  POOL_ROWS rows, its thread pool beyond), copies them, and launches
   step N+1's sampling, where `grammar_mask.apply_bitmask` sets disallowed logits to -inf
   before any other sampling rule (grammar_mask.MaskStaging). Masked rows are in every
   step; batches without one keep the full pipelining (several steps in flight).
@@ -134,21 +135,28 @@ class GrammarState:
         return self.matcher.is_terminated()
 
 
-_BATCH: Any = None   # one xgrammar BatchGrammarMatcher (its thread pool) per process
+# Up to this many rows a step's masks are filled on the step thread: xgrammar's thread pool
+# costs more than it saves there (64 rows of a JSON schema, 128k vocabulary: 0.45 ms on one
+# thread, 0.9 ms on two; bench/mask_fill.py), and a pool stalls on a busy host.
+POOL_ROWS = 128
+_POOLS: dict[bool, Any] = {}   # xgrammar BatchGrammarMatchers: one thread / a pool
 
 
-def _batch() -> Any:
-    global _BATCH
-    if _BATCH is None:
+def _batch(rows: int) -> Any:
+    pooled = rows > POOL_ROWS
+    b = _POOLS.get(pooled)
+    if b is None:
         import xgrammar as xgr
-        _BATCH = xgr.BatchGrammarMatcher(max_threads=min(8, os.cpu_count() or 1))
-    return _BATCH
+        b = _POOLS[pooled] = xgr.BatchGrammarMatcher(
+            max_threads=min(8, os.cpu_count() or 1) if pooled else 1)
+    return b
 
 
 def advance_all(states: list[GrammarState], tokens: list[int]) -> list[bool]:
     """Each matcher takes its token; False where the grammar refuses it (cannot happen
     for a masked row: a bug, reported as an error)."""
-    return _batch().batch_accept_token([g.matcher for g in states], tokens)
+    import xgrammar as xgr
+    return xgr.BatchGrammarMatcher.batch_accept_token([g.matcher for g in states], tokens)
 
 
 def fill_masks(states: list[GrammarState], bitmask: Any, indices: list[int]) -> None:
@@ -162,4 +170,4 @@ def fill_masks(states: list[GrammarState], bitmask: Any, indices: list[int]) -> 
             live.append(g.matcher)
             rows.append(i)
     if live:
-        _batch().batch_fill_next_token_bitmask(live, bitmask, rows)
+        _batch(len(live)).batch_fill_next_token_bitmask(live, bitmask, rows)
