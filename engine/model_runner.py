@@ -251,7 +251,7 @@ class ModelRunner:
         self.eos = torch.tensor(eos_ids or [0], dtype=torch.int64, device=dev)
         # host ring of sampled ids + pinned input staging, one per ring slot
         self.ring = HostRing(cfg.ring_depth, S, device, prompt_rows=cfg.prefill_token_cap)
-        self.masks = MaskStaging(cfg.ring_depth, S, mc.vocab_size, device)
+        self.masks = MaskStaging(cfg.ring_depth, S, device)
         T = cfg.prefill_token_cap
         # words: uploads 2.5 per page + 8.5 per request + 451 per logit_bias; prefill 4 per
         # token + 4 per chunk (chunks <= tokens) + 2 per prompt-logprob row (rows <= tokens);

@@ -13,7 +13,8 @@ How a masked row runs (docs/engine-server.md, "Structured outputs"):
   GPU runs the step's forward (as vLLM and SGLang overlap it): the step thread launches
   step N+1's forward (its decode input, last_tokens, is on the device), then waits for
   step N's ids, advances the matchers of its masked rows, fills their bitmask rows into a
-  pinned buffer (`fill_masks`, xgrammar's threaded batch fill), copies them, and launches
+  pinned buffer (`fill_masks`, xgrammar's batch fill: on the step thread up to
+  POOL_ROWS rows, its thread pool beyond), copies them, and launches
   step N+1's sampling, where `grammar_mask.apply_bitmask` sets disallowed logits to -inf
   before any other sampling rule (grammar_mask.MaskStaging). Masked rows are in every
   step; batches without one keep the full pipelining (several steps in flight).
@@ -45,12 +46,8 @@ class GrammarSpec:
 
 @dataclass(frozen=True)
 class CompiledGrammar:
-    """A compiled grammar and, for JSON, the tokens it must never pick: xgrammar 0.2.9's
-    rule for a string with maxLength admits raw control characters, which JSON forbids
-    (json.loads refuses them). Compact JSON holds no raw control character anywhere, so a
-    JSON grammar's mask also drops every token whose bytes hold one (`allowed`)."""
+    """A compiled xgrammar grammar (GrammarCompiler.compile)."""
     grammar: Any
-    allowed: Any = None   # int32 [1, W] bitmask ANDed into every mask; None: no extra rule
 
 
 class GrammarError(ValueError):
@@ -62,44 +59,48 @@ def _regex_escape(s: str) -> str:
 
 
 class GrammarCompiler:
-    """The engine's xgrammar compiler (cached), built for its tokenizer and vocabulary."""
+    """The engine's xgrammar compilers (cached), built for its tokenizer and vocabulary.
+
+    The masks cover the tokenizer's ids only (`mask_words` int32 words; apply_bitmask
+    refuses every id past them): ids the model's vocabulary pads on would be walked one by
+    one for every row by xgrammar (a 384-entry tokenizer in a 128,256-id model: 11 ms of
+    fill and 2 ms of advance a step for 64 rows, against 0.1 ms without them;
+    bench/mask_fill.py).
+
+    JSON grammars compile against a vocabulary with no token holding a control character:
+    xgrammar 0.2.9's rule for a string with maxLength admits raw control characters, which
+    JSON forbids (json.loads refuses them), and compact JSON holds none anywhere. Erasing
+    them from the vocabulary (an empty token is never allowed) costs nothing a step, where
+    ANDing a rule into every row cost 0.7 ms a step for 64 rows."""
 
     def __init__(self, tokenizer: Any, vocab_size: int) -> None:
         import xgrammar as xgr
 
         self._xgr = xgr
         hf = tokenizer._tok
-        encoded = [hf.id_to_token(i) or "" for i in range(tokenizer.vocab_size)]
+        # whole words past the tokenizer's last id: no partial word, whose high bits xgrammar sets
+        n = min(vocab_size, -(-tokenizer.vocab_size // 32) * 32)
+        self.mask_words = (n + 31) // 32
+        encoded = [hf.id_to_token(i) or "" for i in range(min(n, tokenizer.vocab_size))]
         meta = xgr.TokenizerInfo._detect_metadata_from_hf(hf.to_str())
-        self.info = xgr.TokenizerInfo(encoded, meta["vocab_type"], vocab_size=vocab_size,
-                                      stop_token_ids=list(tokenizer.eos_token_ids) or None,
-                                      add_prefix_space=meta["add_prefix_space"])
-        self.vocab_size = vocab_size
+        stops = [i for i in tokenizer.eos_token_ids if i < n]
+
+        def info(tokens: list[str]) -> Any:
+            return xgr.TokenizerInfo(tokens, meta["vocab_type"], vocab_size=n,
+                                     stop_token_ids=stops or None,
+                                     add_prefix_space=meta["add_prefix_space"])
+        self.info = info(encoded)
+        no_ctrl = [("" if i not in stops and any(x < 0x20 for x in b) else t)
+                   for i, (t, b) in enumerate(zip(encoded, self.info.decoded_vocab))]
         self._compiler = xgr.GrammarCompiler(self.info, max_threads=2, cache_enabled=True)
-        self._json_allowed = None
+        self._json_compiler = xgr.GrammarCompiler(info(no_ctrl), max_threads=2, cache_enabled=True)
 
     def compile(self, spec: GrammarSpec) -> CompiledGrammar:
         """The compiled grammar (blocking: call it off the event loop)."""
-        if spec.kind == "json":
-            return CompiledGrammar(self._compile(spec), self._no_control_chars())
         return CompiledGrammar(self._compile(spec))
 
-    def _no_control_chars(self) -> Any:
-        """int32 [1, W]: bit v set unless token v's bytes hold a control character."""
-        if self._json_allowed is None:
-            import numpy as np
-            import torch
-
-            ok = np.ones(((self.vocab_size + 31) // 32) * 32, dtype=bool)
-            for i, b in enumerate(self.info.decoded_vocab):
-                ok[i] = not any(x < 0x20 for x in b)
-            # little-endian bit order: bit k of word w is token 32 w + k (xgrammar's layout)
-            words = np.packbits(ok, bitorder="little").view("<i4")
-            self._json_allowed = torch.from_numpy(words.astype(np.int32)).unsqueeze(0)
-        return self._json_allowed
-
     def _compile(self, spec: GrammarSpec) -> Any:
-        c = self._compiler
+        c = self._json_compiler if spec.kind == "json" else self._compiler
         try:
             if spec.kind == "json":
                 return c.compile_json_schema(spec.value, any_whitespace=False)
@@ -116,17 +117,17 @@ class GrammarCompiler:
         raise GrammarError(f"unknown structured output kind {spec.kind!r}")
 
     def new_state(self, compiled: CompiledGrammar) -> GrammarState:
-        return GrammarState(self._xgr, compiled, self.vocab_size)
+        return GrammarState(self._xgr.GrammarMatcher(compiled.grammar), self.mask_words)
 
 
 class GrammarState:
-    """One request's matcher (the step thread's, after the submit)."""
+    """One request's matcher (the step thread's, after the submit) and the width of its
+    mask rows in int32 words (its compiler's)."""
 
-    __slots__ = ("allowed", "matcher")
+    __slots__ = ("matcher", "words")
 
-    def __init__(self, xgr: Any, compiled: CompiledGrammar, vocab_size: int) -> None:
-        self.matcher = xgr.GrammarMatcher(compiled.grammar)
-        self.allowed = compiled.allowed
+    def __init__(self, matcher: Any, words: int) -> None:
+        self.matcher, self.words = matcher, words
 
     @property
     def terminated(self) -> bool:
@@ -134,35 +135,39 @@ class GrammarState:
         return self.matcher.is_terminated()
 
 
-_BATCH: Any = None   # one xgrammar BatchGrammarMatcher (its thread pool) per process
+# Up to this many rows a step's masks are filled on the step thread: xgrammar's thread pool
+# costs more than it saves there (64 rows of a JSON schema, 128k vocabulary: 0.45 ms on one
+# thread, 0.9 ms on two; bench/mask_fill.py), and a pool stalls on a busy host.
+POOL_ROWS = 128
+_POOLS: dict[bool, Any] = {}   # xgrammar BatchGrammarMatchers: one thread / a pool
 
 
-def _batch() -> Any:
-    global _BATCH
-    if _BATCH is None:
+def _batch(rows: int) -> Any:
+    pooled = rows > POOL_ROWS
+    b = _POOLS.get(pooled)
+    if b is None:
         import xgrammar as xgr
-        _BATCH = xgr.BatchGrammarMatcher(max_threads=min(8, os.cpu_count() or 1))
-    return _BATCH
+        b = _POOLS[pooled] = xgr.BatchGrammarMatcher(
+            max_threads=min(8, os.cpu_count() or 1) if pooled else 1)
+    return b
 
 
 def advance_all(states: list[GrammarState], tokens: list[int]) -> list[bool]:
     """Each matcher takes its token; False where the grammar refuses it (cannot happen
     for a masked row: a bug, reported as an error)."""
-    return _batch().batch_accept_token([g.matcher for g in states], tokens)
+    import xgrammar as xgr
+    return xgr.BatchGrammarMatcher.batch_accept_token([g.matcher for g in states], tokens)
 
 
 def fill_masks(states: list[GrammarState], bitmask: Any, indices: list[int]) -> None:
-    """Fill bitmask rows `indices` (int32 [rows, W], CPU) with each state's next-token
+    """Fill bitmask rows `indices` (int32 [rows, words], CPU) with each state's next-token
     mask; a terminated state's row allows everything (its token is discarded)."""
-    live, done = [], []
+    live, rows = [], []
     for g, i in zip(states, indices):
-        (done if g.terminated else live).append((g, i))
-    for _, i in done:
-        bitmask[i] = -1
-    if not live:
-        return
-    _batch().batch_fill_next_token_bitmask([g.matcher for g, _ in live], bitmask,
-                                           [i for _, i in live])
-    json_rows = [(g.allowed, i) for g, i in live if g.allowed is not None]
-    if json_rows:   # every JSON grammar shares its compiler's one `allowed` row
-        bitmask[[i for _, i in json_rows]] &= json_rows[0][0]
+        if g.terminated:
+            bitmask[i] = -1
+        else:
+            live.append(g.matcher)
+            rows.append(i)
+    if live:
+        _batch(len(live)).batch_fill_next_token_bitmask(live, bitmask, rows)

@@ -5,6 +5,10 @@
 # /v1/completions; target overhead <= 10 %; the masks are computed on the CPU while the GPU runs
 # each step's forward, docs/engine-server.md "Structured outputs"), the schema part skipped when
 # the server refuses the field; each line ends with the step thread's cores in both parts.
+# The 64-stream pair runs on a second server whose tokenizer has 128,256 entries
+# (gpu/big_tokenizer.py; .models/bigtok when carried, else made here, ~30 s): the demo
+# tokenizer's 384 entries would make the masks look cheap. Then, on the host CPU alone,
+# bench/mask_fill.py's parts of the mask work per step by xgrammar thread count (mask_fill.txt).
 # Results: $OUT/api.tgz; a table last. SMOKE=1: the same on the CPU with a tiny shape.
 set -u
 cd "$(dirname "$0")/.."
@@ -13,18 +17,38 @@ PY=${PYTHON:-python3}
 FINAL=${OUT:-/tmp/zerod-api}; mkdir -p "$FINAL"
 W=/tmp/api; rm -rf "$W"; mkdir -p "$W"
 . gpu/wheels.sh xgrammar   # xgrammar (structured outputs) and psutil, carried in .whl
-SHAPE=8b; SERVE_X="--dtype bfloat16 --max-model-len 8192 --max-num-seqs 256"; SMALL=""
+SHAPE=8b; SERVE_X="--dtype bfloat16 --max-model-len 8192 --max-num-seqs 256"; SMALL=""; MASK_X="--steps 64"
 if [ "${SMOKE:-0}" = 1 ]; then
   SHAPE=tiny; SERVE_X="--dtype float32 --device cpu --max-model-len 1024 --max-num-seqs 64"
-  SMALL="--num-prompts 8 --output-len 8 --warmup 1"
+  SMALL="--num-prompts 8 --output-len 8 --warmup 1"; MASK_X="--steps 4"
 fi
 M=/tmp/zerod-dummy-$SHAPE
+MB=/tmp/zerod-dummy-$SHAPE-bigtok
 $PY gpu/server_make_model.py "$M" --shape $SHAPE > /dev/null || exit 1
-# shellcheck disable=SC2086
-$PY -m zerod serve --model "$M" --load-format dummy --port 8000 $SERVE_X --gpu-memory-utilization 0.90 \
-    > "$W/serve.log" 2>&1 &
-SPID=$!
-for _ in $(seq 1 600); do curl -sf -o /dev/null http://127.0.0.1:8000/health && break; sleep 0.25; done
+$PY gpu/server_make_model.py "$MB" --shape $SHAPE > /dev/null || exit 1
+if [ -f .models/bigtok/tokenizer.json ]; then
+  cp .models/bigtok/tokenizer.json .models/bigtok/tokenizer_config.json "$MB"/ || exit 1
+else
+  $PY gpu/big_tokenizer.py "$MB" > /dev/null || exit 1
+fi
+$PY - "$MB" <<'PYEOF' || exit 1
+import json, sys
+from tokenizers import Tokenizer
+d = sys.argv[1]
+t = Tokenizer.from_file(f"{d}/tokenizer.json")
+c = json.load(open(f"{d}/config.json"))
+c["bos_token_id"], c["eos_token_id"] = t.token_to_id("<|begin_of_text|>"), t.token_to_id("<|end_of_text|>")
+c["vocab_size"] = max(c["vocab_size"], t.get_vocab_size())
+json.dump(c, open(f"{d}/config.json", "w"), indent=1)
+PYEOF
+serve() {  # serve MODEL_DIR LOG: start zerod serve (pid in SPID), wait for /health
+  # shellcheck disable=SC2086
+  $PY -m zerod serve --model "$1" --load-format dummy --port 8000 $SERVE_X --gpu-memory-utilization 0.90 \
+      > "$2" 2>&1 &
+  SPID=$!
+  for _ in $(seq 1 600); do curl -sf -o /dev/null http://127.0.0.1:8000/health && break; sleep 0.25; done
+}
+serve "$M" "$W/serve.log"
 B="$PY -m zerod bench --port 8000 --no-progress"
 PEN='{"presence_penalty": 0.5, "frequency_penalty": 0.5, "repetition_penalty": 1.1, "logprobs": 5}'
 SCHEMA='{"ignore_eos": false, "structured_outputs": {"json": {"type": "object", "properties": {"name": {"type": "string"},
@@ -34,6 +58,9 @@ SCHEMA='{"ignore_eos": false, "structured_outputs": {"json": {"type": "object", 
 timeout 90 $B --scenario streams-200 $SMALL --out "$W/plain200.json" > "$W/plain200.txt" 2>&1
 # shellcheck disable=SC2086
 timeout 90 $B --scenario streams-200 $SMALL --extra-body "$PEN" --out "$W/pen200.json" > "$W/pen200.txt" 2>&1
+curl -s http://127.0.0.1:8000/metrics > "$W/metrics200.txt"
+kill -TERM $SPID; wait $SPID
+serve "$MB" "$W/serve-bigtok.log"
 S64="--input-len 64 --output-len 128 --max-concurrency 64 --num-prompts 192 --warmup 16"
 # shellcheck disable=SC2086
 timeout 90 $B $S64 $SMALL --extra-body '{"ignore_eos": false}' --out "$W/plain64.json" > "$W/plain64.txt" 2>&1
@@ -46,6 +73,12 @@ else
 fi
 curl -s http://127.0.0.1:8000/metrics > "$W/metrics.txt"
 kill -TERM $SPID; wait $SPID
+# the mask work's parts on this host's CPU (no server running): one thread vs xgrammar's pool
+# shellcheck disable=SC2086
+{ timeout 120 $PY -m zerod.bench.mask_fill --tokenizer 128k --big "$MB" $MASK_X --threads 1 --threads 4 --threads 8
+  timeout 60 $PY -m zerod.bench.mask_fill --tokenizer 128k --big "$MB" $MASK_X --rows 256 --threads 1 --threads 8
+} > "$W/mask_fill.txt" 2>&1
+grep -v Warning "$W/mask_fill.txt"
 tar czf "$FINAL/api.tgz" -C "$W" .
 $PY - "$W" <<'PYEOF'
 import json, os, sys

@@ -207,6 +207,66 @@ def test_apply_bitmask_keeps_only_allowed_tokens():
     assert torch.isfinite(out[2]).nonzero().flatten().tolist() == [65]
 
 
+def test_apply_bitmask_refuses_ids_past_the_mask():
+    """A mask narrower than the logits (the tokenizer's ids only) refuses the model's
+    padding ids past it."""
+    logits = torch.zeros(2, 100)
+    masks = torch.full((1, 2), -1, dtype=torch.int32)   # ids 0..63 allowed
+    out = apply_bitmask(logits, torch.tensor([1]), masks)
+    assert torch.isfinite(out[1]).nonzero().flatten().tolist() == list(range(64))
+    assert torch.isfinite(out[0]).all()
+
+
+@pytest.mark.gpu
+def test_apply_bitmask_on_the_device_matches_the_cpu():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(8, 1000, generator=g)
+    masks = torch.randint(-2**31, 2**31 - 1, (5, 30), dtype=torch.int32, generator=g)
+    rows = torch.tensor([0, 2, 3, 6, 7])
+    want = apply_bitmask(logits, rows, masks)
+    got = apply_bitmask(logits.cuda(), rows.cuda(), masks.cuda()).cpu()
+    assert torch.equal(torch.isinf(got), torch.isinf(want)) and torch.equal(got, want)
+
+
+def _masks_of(comp, compiled, steps: int, seed: int = 0) -> list[set[int]]:
+    """The allowed ids of one matcher over `steps` tokens picked at random from its mask."""
+    import random
+
+    from zerod.engine.structured import fill_masks
+
+    rnd, st, seen = random.Random(seed), comp.new_state(compiled), []
+    bm = torch.zeros(1, st.words, dtype=torch.int32)
+    for _ in range(steps):
+        if st.terminated:
+            break
+        fill_masks([st], bm, [0])
+        ok = {v for v in range(32 * st.words) if (int(bm[0, v // 32]) >> (v % 32)) & 1}
+        seen.append(ok)
+        assert st.matcher.accept_token(rnd.choice(sorted(ok)))
+    return seen
+
+
+def test_json_masks_cover_the_tokenizer_only_and_no_control_character(live):
+    """The masks span the tokenizer's ids (not the model's padding, which xgrammar would
+    walk one by one for every row), and a JSON grammar never allows a token holding a raw
+    control character (JSON forbids them; xgrammar's maxLength string rule admits them)."""
+    from zerod.engine.structured import GrammarCompiler, GrammarSpec
+
+    eng, _ = live
+    tok = eng.tokenizer
+    comp = GrammarCompiler(tok, 128256)    # the 8B shape's vocabulary over the demo tokenizer
+    assert comp.mask_words == -(-tok.vocab_size // 32)
+    ctrl = {i for i in range(tok.vocab_size)
+            if any(ord(c) < 0x20 for c in tok.decode([i], skip_special_tokens=False))}
+    assert ctrl, "the demo tokenizer has newline tokens"
+    compiled = comp.compile(GrammarSpec("json", json.dumps(PERSON)))
+    seen = _masks_of(comp, compiled, 60)
+    assert len(seen) > 5 and all(m and max(m) < tok.vocab_size and not m & ctrl for m in seen)
+    # a regex may match a newline: its vocabulary keeps those tokens
+    nl = comp.compile(GrammarSpec("regex", "(\\n|a)+"))
+    assert _masks_of(comp, nl, 1)[0] & ctrl
+
+
 def test_masked_rows_decode_in_every_step():
     """A masked row is in every step beside the free rows (its mask is computed while the
     step's forward runs, not after a trip through the poller)."""
@@ -252,14 +312,14 @@ def test_mask_staging_advances_each_matcher_once_per_token(live):
     reqs = [Request(f"m{i}", [5], SamplingParams(), lambda o: None, 8, i) for i in range(3)]
     for r in reqs:
         r.grammar = comp.new_state(g)
-    ms = MaskStaging(2, 8, eng.vocab_size, torch.device("cpu"))
+    ms = MaskStaging(2, 8, torch.device("cpu"))
     rows, masked = ms.plan([reqs], lambda idx: torch.tensor(idx))
     assert masked == reqs and rows[0].rows.tolist() == [0, 1, 2]
     ms.fill(0, masked)
 
     def allowed(j):
         m = ms.dev[j]
-        return {v for v in range(eng.vocab_size) if (int(m[v // 32]) >> (v % 32)) & 1}
+        return {v for v in range(32 * m.numel()) if (int(m[v // 32]) >> (v % 32)) & 1}
     a, b = tok.encode("a", add_special_tokens=False)[0], tok.encode("b", add_special_tokens=False)[0]
     assert {a, b} <= allowed(0)
     ids = torch.tensor([a, b, a])
