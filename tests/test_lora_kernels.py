@@ -179,8 +179,8 @@ def test_logprob_check_passes_the_right_model_and_fails_another(adapters):
     from zerod.engine.engine import Engine, EngineConfig, SamplingParams
 
     base, paths, ps, refs = adapters
-    eng = Engine(EngineConfig(model=str(base), kv_pages=256, max_model_len=128, enable_lora=True,
-                              lora_modules=(("all8", str(paths["all8"]), None),)))
+    eng = Engine(EngineConfig(model=str(base), device="cpu", kv_pages=256, max_model_len=128,
+                              enable_lora=True, lora_modules=(("all8", str(paths["all8"]), None),)))
     eng.start()
     try:
         sp = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=5)

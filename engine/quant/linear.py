@@ -37,10 +37,11 @@ from .config import QuantConfig
 
 MIN_CAPABILITY = (8, 9)   # e4m3 tensor cores: Ada (sm_89), Hopper (sm_90) and newer
 # The largest M that takes the W8A16 kernel, per weight scales (per-row, block): where it
-# stops beating activation quantization + the W8A8 GEMM. 64 is a first estimate (the
-# weight bytes dominate below it on an H200); gpu/fp8_gemm_bench.py prints the measured
-# crossing, which replaces it.
-W8A16_MAX_M = {"row": 64, "block": 64}
+# stops beating activation quantization + the W8A8 GEMM. Measured on the H200
+# (gpu/fp8_gemm_bench.py, gpu/results/fp8/, docs/perf.md section 11): per-row W8A16 wins
+# to M = 16 (100-104 vs 125-129 us a layer), loses at 64. Block weights: 0, the block
+# W8A16 path is off until its decode graphs capture on the H200 (they did not there).
+W8A16_MAX_M = {"row": 16, "block": 0}
 
 
 def check_device(device: torch.device) -> None:
