@@ -18,35 +18,7 @@ SHAPE=8b; DEV=cuda; DT=bfloat16; STAGE_S=${STAGE_S:-60}; STAGES="8 32 64 128 200
 if [ "${SMOKE:-0}" = 1 ]; then SHAPE=tiny; DEV=cpu; DT=float32; STAGE_S=${STAGE_S:-8}; STAGES="2 80 2"; fi   # 80 streams: two client processes
 M=/tmp/zerod-dummy-$SHAPE
 $PY gpu/server_make_model.py "$M" --shape $SHAPE > /dev/null || exit 1
-CFG="$W/zerod.toml"
-cat > "$CFG" <<TOML
-[engine]
-model = "$M"
-load_format = "dummy"
-dtype = "$DT"
-device = "$DEV"
-max_model_len = 8192
-max_num_seqs = 256
-gpu_memory_utilization = 0.80
-port = 8000
-
-[daemon]
-control_socket = "$W/run/control.sock"
-metrics_port = 9477
-TOML
-$PY -m zerod doctor --json --config "$CFG" > "$W/doctor.json"
-$PY - "$W/doctor.json" "$CFG" <<'PYEOF'
-import json, sys
-fails = [c["id"] for c in json.load(open(sys.argv[1]))["checks"] if c["status"] == "fail"]
-if fails:
-    with open(sys.argv[2], "a") as f:
-        f.write("\n[doctor.waivers]\n" + "".join(f'"{i}" = "failing on the device VM before the run"\n' for i in fails))
-print("waived:", fails)
-PYEOF
-stamp "zerod run"
-$PY -m zerod run --config "$CFG" > "$W/daemon.log" 2>&1 &
-DPID=$!
-$PY gpu/control_wait.py "$W/run/control.sock" healthy 150 | tee -a "$W/timeline.txt"
+. gpu/daemon_up.sh   # zerod run, default config + this dummy engine; DPID
 # every alert the daemon shows while the ramp runs (one JSON line per poll that sees any)
 $PY - "$W/run/control.sock" > "$W/alerts.jsonl" 2> "$W/engine.jsonl" <<'PYEOF' &
 import json, sys, time
