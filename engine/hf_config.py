@@ -12,7 +12,7 @@ import torch
 from .config import EngineError
 from .sizing import expert_layout
 from .quant.config import QuantConfig, parse_checkpoint
-from .rope import cos_sin_cache, parse_scaling  # noqa: F401 - the runner imports cos_sin_cache from here
+from .rope import parse_scaling
 
 SUPPORTED = {
     "LlamaForCausalLM": "llama",

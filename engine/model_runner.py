@@ -29,7 +29,8 @@ import numpy as np
 import torch
 
 from .config import EngineConfig
-from .hf_config import ModelConfig, cos_sin_cache
+from .hf_config import ModelConfig
+from .rope import cos_sin_cache
 from .kv_pool import KVPool
 from .lora.delta import use_kernels as lora_kernels
 from .lora.slabs import LoraBatch

@@ -65,7 +65,8 @@ def test_prefill_and_decode_attention_match_dense(page):
 
 
 def test_rope_matches_hf_rotate_half():
-    from zerod.engine.hf_config import ModelConfig, cos_sin_cache
+    from zerod.engine.hf_config import ModelConfig
+    from zerod.engine.rope import cos_sin_cache
     mc = ModelConfig("LlamaForCausalLM", "llama", 10, 32, 64, 1, 4, 2, 8, 1e-5, 10000.0, None, 64,
                      False, False, False, False, None, None)
     cache = cos_sin_cache(mc, 64, torch.float32, "cpu")
