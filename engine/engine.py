@@ -489,6 +489,7 @@ class Engine:
         if self.runner.masks.broken:   # a token its grammar refused (a bug: the mask allowed it)
             broken, self.runner.masks.broken = self.runner.masks.broken, []
             self._fail(broken, RuntimeError("a sampled token breaks the structured output's grammar"))
+
     def _launch(self, batch: Batch) -> None:
         ring = self.runner.ring
         ring_idx = ring.free.get()
