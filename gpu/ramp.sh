@@ -3,7 +3,10 @@
 # and back, with the default config (no SLO: the learned normal). `zerod run`, a dummy 8B
 # engine, then nine stages of STAGE_S seconds each (8, 32, 64, 128, 200, 128, 64, 32, 8
 # streams of 128 in / 256 out), the control API's alerts polled every 2 s throughout.
-# STAGE_S=60 gives a 9-minute ramp: the device's per-call limit is 10 minutes, setup included.
+# STAGE_S=67 gives the 10-minute ramp; with its setup that outlasts one device call (10
+# minutes), so start it detached and collect it in a second call right after the first:
+#   call 1: setsid nohup env OUT=/tmp/rampout STAGE_S=67 bash gpu/ramp.sh > /tmp/rampout/ramp.log 2>&1 < /dev/null & sleep 580
+#   call 2: while [ ! -f /tmp/rampout/ramp.tgz ]; do sleep 5; done; cp /tmp/rampout/* $OUT/
 # Results: $OUT/ramp.tgz (timeline, every alert seen, the engine's p99s and their learned
 # normals every 2 s in engine.jsonl, the daemon log). A stage's client is stopped by its timeout.
 set -u
