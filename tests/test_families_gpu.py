@@ -13,8 +13,9 @@ experts, and that token's logits (and, through its keys and values, a few later 
 by up to several nats. Measured on the CPU in bf16 with these checkpoints, 3-11 % of the
 positions; ROUTING_FLIPS bounds their share. A wrong model fails nearly every position.
 
-The same body runs here on the CPU in fp32 (token-exact territory, tolerance 2e-4), and the
-yardstick tests below show that the rule fails a model that is not the engine's.
+The same body runs here on the CPU in fp32 (token-exact territory, tolerance 2e-4) and in
+bf16, and the yardstick tests below show that the rule fails a model that is not the
+engine's, even one that differs from it in a single config field.
 """
 
 from __future__ import annotations
@@ -45,8 +46,11 @@ TOLERANCE = {torch.float32: 2e-4, torch.bfloat16: 1.0}
 # share of a mixture of experts' positions that may break the tolerance (routing near-ties)
 ROUTING_FLIPS = {torch.float32: 0.0, torch.bfloat16: 0.2}
 TOP = 5
+# the GPU run; the CPU in fp32 (the rule's logic, token-exact territory); the CPU in bf16
+# (the tolerance and the routing allowance admit a correct engine rounding as bf16 does)
 VARIANTS = [pytest.param("cuda", torch.bfloat16, marks=pytest.mark.gpu, id="cuda-bf16"),
-            pytest.param("cpu", torch.float32, id="cpu-fp32")]
+            pytest.param("cpu", torch.float32, id="cpu-fp32"),
+            pytest.param("cpu", torch.bfloat16, id="cpu-bf16")]
 
 
 def serve(d, ps, device: str, dtype: torch.dtype) -> tuple[list[dict], list[dict], bool]:
