@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
-# Issue 14's H200 figures in one call (~7 min): Qwen3-8B, Gemma-2-9B and Mixtral-8x7B shapes
+# Issue 14's H200 evidence in one call (~10 min). First the GPU tests: the fused MoE kernel
+# (tests/test_families_moe.py) and every family in bf16 with CUDA graphs against transformers
+# on the same GPU (tests/test_families_gpu.py); output in $OUT/families-gpu-tests.txt. Then
+# the figures: Qwen3-8B, Gemma-2-9B and Mixtral-8x7B shapes
 # with dummy weights, each served by zerod and driven through HTTP (batch-1 decode; 200
 # streams of 24 in / 128 out: output tokens/s and TTFT), then transformers' batch-1 decode on
 # the same config after the server is gone (Mixtral's 93 GB fit the H200 only alone; on
@@ -25,6 +28,10 @@ if [ "${SMOKE:-0}" = 1 ]; then
 fi
 T0=$(date +%s)
 phase() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
+phase "GPU tests"
+timeout 420 $PY -m pytest -m gpu -q -p no:cacheprovider -p no:randomly tests/test_families_moe.py \
+  tests/test_families_gpu.py > "$FINAL/families-gpu-tests.txt" 2>&1
+echo "GPU tests: exit $?, $(tail -1 "$FINAL/families-gpu-tests.txt")" | tee "$W/gpu-tests-summary.txt"
 for S in $SHAPES; do
   M=/tmp/zerod-dummy-$S; D="$W/$S"; mkdir -p "$D"
   $PY gpu/families_model.py "$M" --shape "$S" > /dev/null || exit 1
@@ -71,3 +78,4 @@ for s in shapes:
     if s == "mixtral-8x7b":
         print(f"  Mixtral-8x7B batch-1 target >= 115 tok/s: {'met' if z and z >= 115 else 'NOT met'}")
 PYEOF
+cat "$W/gpu-tests-summary.txt"

@@ -23,6 +23,7 @@ SLOW_MODULES = {
     "test_daemon_lifecycle.py",  # daemons started, crashed, hung and stopped
     "test_engine_agreement.py",  # transformers as the reference
     "test_engine_tp.py",  # tensor-parallel ranks as processes (gloo), `zerod serve -tp 2`
+    "test_families_gpu.py",  # every family against transformers, batched and alone (CPU variants)
     "test_fp8_checkpoints.py",  # FP8 checkpoints against transformers with W8A8 emulated
     "test_fp8_kernels.py",  # Triton's interpreter on the FP8 kernels
     "test_fp8_kv_and_config.py",  # engines with FP8 KV pages, teacher-forced

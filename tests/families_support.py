@@ -40,12 +40,13 @@ def prompts(vocab: int) -> list[list[int]]:
     return [torch.randint(5, vocab, (n,), generator=g).tolist() for n in PROMPT_LENS]
 
 
-def hf_model(d: Path):
+def hf_model(d: Path, device: str = "cpu", dtype: torch.dtype = torch.float32):
+    """The checkpoint in transformers, eager attention (the reference implementation)."""
     import transformers
 
-    m = transformers.AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.float32,
+    m = transformers.AutoModelForCausalLM.from_pretrained(str(d), dtype=dtype,
                                                          attn_implementation="eager")
-    return m.eval()
+    return m.to(device).eval()
 
 
 def hf_greedy(m, ps: list[list[int]], new: int = NEW) -> list[list[int]]:
@@ -92,3 +93,33 @@ def check_logits(d: Path, m, ps, atol: float = 2e-4) -> None:
         with torch.no_grad():
             want = m(torch.tensor([p])).logits[0, -1]
         torch.testing.assert_close(got, want, atol=atol, rtol=atol)
+
+
+def step_errors(model, prompt: list[int], result: dict, tol: float) -> dict[int, list[str]]:
+    """Where an engine's greedy continuation (asked with logprobs) departs from `model`
+    (a transformers model, on its own device and in its own dtype) run over the same
+    tokens, teacher-forced, by step: each chosen token must be the model's argmax up to
+    `tol` in logprob (a near-tie may go either way), and every logprob the engine reports
+    (chosen and top alternatives) within `tol` of the model's. Logprobs, not tokens: two
+    correct implementations round differently (TF32 dots on fp32, bf16 anywhere), so
+    where the best two tokens are closer than that rounding either may be chosen."""
+    toks = result["token_ids"]
+    with torch.no_grad():
+        ids = torch.tensor([prompt + toks], device=model.device)
+        logits = model(ids).logits[0, len(prompt) - 1:-1]
+    ref = torch.log_softmax(logits.float(), -1).cpu()
+    bad: dict[int, list[str]] = {}
+    for i, (t, lp) in enumerate(zip(toks, result["logprobs"], strict=True)):
+        gap = (ref[i].max() - ref[i, t]).item()
+        if gap > tol:
+            bad.setdefault(i, []).append(f"step {i}: token {t} is {gap:.3g} below the reference's best")
+        for tid, v in [(t, lp.logprob)] + list(lp.top or []):
+            if abs(v - ref[i, tid].item()) > tol:
+                bad.setdefault(i, []).append(
+                    f"step {i}: logprob of {tid} {v:.5f} vs reference {ref[i, tid].item():.5f}")
+    return bad
+
+
+def logprob_errors(model, prompt: list[int], result: dict, tol: float) -> list[str]:
+    """step_errors, flat: [] when the continuation agrees with the model everywhere."""
+    return [e for errs in step_errors(model, prompt, result, tol).values() for e in errs]

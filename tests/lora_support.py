@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from families_support import hf_checkpoint, hf_greedy, hf_model
+from families_support import hf_checkpoint, hf_greedy, hf_model, logprob_errors  # noqa: F401 (re-exported)
 
 LLAMA = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=256, rope_theta=10000.0)
@@ -43,27 +43,6 @@ def make_adapter(base_dir: Path, out: Path, seed: int, **lora_cfg):
 
 def reference(merged, prompts, new: int) -> list[list[int]]:
     return hf_greedy(merged, prompts, new)
-
-
-def logprob_errors(model, prompt: list[int], result: dict, tol: float) -> list[str]:
-    """Where an engine's greedy continuation (asked with logprobs) departs from `model`
-    (a transformers model, fp32 on the CPU) run over the same tokens: each chosen token
-    must be the model's argmax up to `tol` in logprob (a near-tie may go either way), and
-    every logprob the engine reports (chosen and top alternatives) within `tol` of the
-    model's. Logits, not tokens: fp32 on a GPU is not bit-equal to the CPU (TF32 dots)."""
-    toks = result["token_ids"]
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt + toks])).logits[0, len(prompt) - 1:-1]
-    ref = torch.log_softmax(logits.float(), -1)
-    bad = []
-    for i, (t, lp) in enumerate(zip(toks, result["logprobs"], strict=True)):
-        gap = (ref[i].max() - ref[i, t]).item()
-        if gap > tol:
-            bad.append(f"step {i}: token {t} is {gap:.3g} below the reference's best")
-        for tid, v in [(t, lp.logprob)] + list(lp.top or []):
-            if abs(v - ref[i, tid].item()) > tol:
-                bad.append(f"step {i}: logprob of {tid} {v:.5f} vs reference {ref[i, tid].item():.5f}")
-    return bad
 
 
 def generate(engine, jobs: list[tuple[list[int], str | None]], params, timeout: float = 120.0

@@ -18,22 +18,24 @@ pytestmark = pytest.mark.slow  # transformers as the reference
 COMMON = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
               head_dim=16, max_position_embeddings=512, rms_norm_eps=1e-6, sliding_window=8,
               query_pre_attn_scalar=24, tie_word_embeddings=True)
+# 3 sliding layers then a global one; local RoPE base 10000, global 1e6 with linear scaling
+GEMMA3_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+               "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1000000.0}}
+# name -> (config class, model class, config fields), as tests/test_families_gpu.py reuses them
+MODELS = {
+    # soft-caps low enough to bite with these weights
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM",
+               dict(num_hidden_layers=4, attn_logit_softcapping=2.0, final_logit_softcapping=5.0, **COMMON)),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM",
+               dict(num_hidden_layers=5, layer_types=["sliding_attention"] * 3 + ["full_attention", "sliding_attention"],
+                    rope_parameters=GEMMA3_ROPE, **COMMON)),
+}
 
 
-@pytest.fixture(scope="module", params=["gemma2", "gemma3"])
+@pytest.fixture(scope="module", params=sorted(MODELS))
 def gemma(request, tmp_path_factory):
-    d = tmp_path_factory.mktemp(request.param)
-    if request.param == "gemma2":
-        # soft-caps low enough to bite with these weights
-        hf_checkpoint(d, "Gemma2Config", "Gemma2ForCausalLM", num_hidden_layers=4,
-                      attn_logit_softcapping=2.0, final_logit_softcapping=5.0, **COMMON)
-    else:
-        # 3 sliding layers then a global one; local RoPE base 10000, global 1e6 with linear scaling
-        rp = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-              "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 1000000.0}}
-        hf_checkpoint(d, "Gemma3TextConfig", "Gemma3ForCausalLM", num_hidden_layers=5,
-                      layer_types=["sliding_attention"] * 3 + ["full_attention", "sliding_attention"],
-                      rope_parameters=rp, **COMMON)
+    cfg_cls, model_cls, kw = MODELS[request.param]
+    d = hf_checkpoint(tmp_path_factory.mktemp(request.param), cfg_cls, model_cls, **kw)
     m = hf_model(d)
     ps = prompts(m.config.vocab_size)
     return request.param, d, m, ps, hf_greedy(m, ps)

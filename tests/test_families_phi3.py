@@ -14,25 +14,28 @@ pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow  # transformers as the reference
 
 HEAD_DIM = 16
+PHI3 = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-5,
+            tie_word_embeddings=False, sliding_window=None)
+# LongRoPE as Phi-3-128k ships it: original length at the top level, factor 512/64 = 8
+# (attention factor > 1). (config class, model class, config fields), as
+# tests/test_families_gpu.py reuses it.
+PHI3_LONGROPE = ("Phi3Config", "Phi3ForCausalLM", dict(
+    PHI3, original_max_position_embeddings=64,
+    rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                     "short_factor": [1.0 + 0.1 * i for i in range(HEAD_DIM // 2)],
+                     "long_factor": [2.0 + 0.5 * i for i in range(HEAD_DIM // 2)]}))
 
 
 def _phi3(d, **extra):
-    cfg = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-               num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-5,
-               tie_word_embeddings=False, sliding_window=None)
-    cfg.update(extra)
-    return hf_checkpoint(d, "Phi3Config", "Phi3ForCausalLM", **cfg)
+    return hf_checkpoint(d, "Phi3Config", "Phi3ForCausalLM", **dict(PHI3, **extra))
 
 
 @pytest.fixture(scope="module")
 def phi3_longrope(tmp_path_factory):
-    """LongRoPE as Phi-3-128k ships it: original length at the top level, factor 512/64 = 8
-    (attention factor > 1). Every sequence stays within the original 64 tokens, where
-    transformers uses the short factors throughout (engine/rope.py says why that matters)."""
-    rp = {"rope_type": "longrope", "rope_theta": 10000.0,
-          "short_factor": [1.0 + 0.1 * i for i in range(HEAD_DIM // 2)],
-          "long_factor": [2.0 + 0.5 * i for i in range(HEAD_DIM // 2)]}
-    d = _phi3(tmp_path_factory.mktemp("phi3"), rope_parameters=rp, original_max_position_embeddings=64)
+    """Every sequence stays within LongRoPE's original 64 tokens, where transformers uses
+    the short factors throughout (engine/rope.py says why that matters)."""
+    d = _phi3(tmp_path_factory.mktemp("phi3"), **PHI3_LONGROPE[2])
     m = hf_model(d)
     ps = prompts(m.config.vocab_size)
     return d, m, ps, hf_greedy(m, ps)

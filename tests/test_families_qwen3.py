@@ -12,13 +12,17 @@ pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow  # transformers as the reference
 
 
+# (config class, model class, config fields), as tests/test_families_gpu.py reuses it
+QWEN3 = ("Qwen3Config", "Qwen3ForCausalLM",
+         dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=32, max_position_embeddings=512, rms_norm_eps=1e-6,
+              tie_word_embeddings=True, rope_theta=1000000.0))
+
+
 @pytest.fixture(scope="module")
 def qwen3(tmp_path_factory):
-    d = hf_checkpoint(tmp_path_factory.mktemp("qwen3"), "Qwen3Config", "Qwen3ForCausalLM",
-                      hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                      max_position_embeddings=512, rms_norm_eps=1e-6, tie_word_embeddings=True,
-                      rope_theta=1000000.0)
+    cfg_cls, model_cls, kw = QWEN3
+    d = hf_checkpoint(tmp_path_factory.mktemp("qwen3"), cfg_cls, model_cls, **kw)
     m = hf_model(d)
     ps = prompts(m.config.vocab_size)
     return d, m, ps, hf_greedy(m, ps)

@@ -21,16 +21,18 @@ pytestmark = pytest.mark.slow  # transformers as the reference
 COMMON = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, head_dim=16, max_position_embeddings=512, rms_norm_eps=1e-5,
               sliding_window=8)
+# name -> (config class, model class, config fields), as tests/test_families_gpu.py reuses them
+MODELS = {
+    "mistral": ("MistralConfig", "MistralForCausalLM", COMMON),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM",
+              dict(use_sliding_window=True, max_window_layers=1, tie_word_embeddings=True, **COMMON)),
+}
 
 
-@pytest.fixture(scope="module", params=["mistral", "qwen2"])
+@pytest.fixture(scope="module", params=sorted(MODELS))
 def sliding(request, tmp_path_factory):
-    d = tmp_path_factory.mktemp(request.param)
-    if request.param == "mistral":
-        hf_checkpoint(d, "MistralConfig", "MistralForCausalLM", **COMMON)
-    else:
-        hf_checkpoint(d, "Qwen2Config", "Qwen2ForCausalLM", use_sliding_window=True, max_window_layers=1,
-                      tie_word_embeddings=True, **COMMON)
+    cfg_cls, model_cls, kw = MODELS[request.param]
+    d = hf_checkpoint(tmp_path_factory.mktemp(request.param), cfg_cls, model_cls, **kw)
     m = hf_model(d)
     ps = prompts(m.config.vocab_size)
     return request.param, d, m, ps, hf_greedy(m, ps)
