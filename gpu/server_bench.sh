@@ -50,23 +50,7 @@ $PY -m zerod serve --model "$MODEL_DIR" --load-format dummy --dtype bfloat16 \
     --gpu-memory-utilization 0.90 --drain-timeout 20 $SERVE_ARGS > "$R/serve.log" 2>&1 &
 SPID=$!
 
-READY=$($PY - "$PORT" "$READY_TIMEOUT" "$SPID" <<'PYEOF'
-import json, os, sys, time, urllib.request
-port, limit, pid = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
-t0 = time.monotonic()
-while time.monotonic() - t0 < limit:
-    if not os.path.exists(f"/proc/{pid}"):
-        print("dead"); sys.exit()
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-            if r.status == 200:
-                print("ok"); sys.exit()
-    except Exception:
-        pass
-    time.sleep(0.25)
-print("timeout")
-PYEOF
-)
+READY=$($PY gpu/wait_health.py "$PORT" "$READY_TIMEOUT" "$SPID")
 T1=$(date +%s.%N)
 READY_S=$($PY -c "print(round($T1 - $T0, 1))")
 echo "ready: $READY after ${READY_S}s (process start to /health 200, incl. python + torch import)" | tee -a "$R/env.txt"

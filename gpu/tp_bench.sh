@@ -74,23 +74,7 @@ serve() {  # serve NAME SHAPE TP: start, wait for /health, leave SPID and READY_
       --tensor-parallel-size "$tp" --drain-timeout 20 $SERVE_ARGS > "$R/$name.serve.log" 2>&1 &
   SPID=$!
   local ok
-  ok=$($PY - "$PORT" "$READY_TIMEOUT" "$SPID" <<'PYEOF'
-import os, sys, time, urllib.request
-port, limit, pid = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
-t0 = time.monotonic()
-while time.monotonic() - t0 < limit:
-    if not os.path.exists(f"/proc/{pid}"):
-        print("dead"); sys.exit()
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-            if r.status == 200:
-                print("ok"); sys.exit()
-    except Exception:
-        pass
-    time.sleep(0.25)
-print("timeout")
-PYEOF
-)
+  ok=$($PY gpu/wait_health.py "$PORT" "$READY_TIMEOUT" "$SPID")
   READY_S=$($PY -c "print(round($(date +%s.%N) - $t0, 1))")
   if [ "$ok" != ok ]; then
     echo "FAILED: $name not healthy ($ok) after ${READY_S}s"; tail -20 "$R/$name.serve.log"
