@@ -105,9 +105,21 @@ def _generation(op_id: str, summary: str, request: str, response: str) -> dict[s
     }}
 
 
-def openapi_document(schemas: P.RequestSchemas, model_names: list[str]) -> dict[str, Any]:
+def _lora_route(op_id: str, summary: str, fields: tuple[str, ...]) -> dict[str, Any]:
+    body = {"type": "object", "additionalProperties": False, "required": list(fields),
+            "properties": {f: {"type": "string", "minLength": 1} for f in fields}}
+    return {"post": {
+        "operationId": op_id, "summary": summary,
+        "requestBody": {"required": True, "content": {"application/json": {"schema": body}}},
+        "responses": {"200": {"description": "Done.", "content": {"text/plain": {"schema": _STR}}},
+                      **_errors(400, 401, 404)}}}
+
+
+def openapi_document(schemas: P.RequestSchemas, model_names: list[str],
+                     runtime_lora: bool = False) -> dict[str, Any]:
+    """runtime_lora: the server takes POST /v1/load_lora_adapter and /v1/unload_lora_adapter."""
     lim = schemas.limits
-    return {
+    doc = {
         "openapi": "3.1.0",
         "info": {
             "title": "zerod OpenAI-compatible API",
@@ -168,3 +180,9 @@ def openapi_document(schemas: P.RequestSchemas, model_names: list[str]) -> dict[
             "Tokenized": _TOKENIZED,
         }},
     }
+    if runtime_lora:
+        doc["paths"]["/v1/load_lora_adapter"] = _lora_route(
+            "loadLoraAdapter", "Load a LoRA adapter (PEFT directory) under a name", P.LORA_LOAD_FIELDS)
+        doc["paths"]["/v1/unload_lora_adapter"] = _lora_route(
+            "unloadLoraAdapter", "Unload a LoRA adapter (its requests in flight finish)", P.LORA_UNLOAD_FIELDS)
+    return doc

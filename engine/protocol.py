@@ -829,12 +829,19 @@ def models_response(names: list[str], max_model_len: int, root: str,
         for n, path, parent in adapters]}
 
 
+LORA_LOAD_FIELDS = ("lora_name", "lora_path")
+LORA_UNLOAD_FIELDS = ("lora_name",)
+
+
 def parse_lora_request(body: Any, with_path: bool) -> tuple[str, str | None]:
     """The body of /v1/load_lora_adapter ({lora_name, lora_path}) or
     /v1/unload_lora_adapter ({lora_name}) -> (name, path or None)."""
     if not isinstance(body, dict):
         raise bad("the request body must be a JSON object")
-    fields = ("lora_name", "lora_path") if with_path else ("lora_name",)
+    fields = LORA_LOAD_FIELDS if with_path else LORA_UNLOAD_FIELDS
+    for k in body:
+        if k not in fields:   # nothing is silently ignored (vLLM's load_inplace included)
+            raise bad(f"unknown field '{k}': this endpoint takes {', '.join(fields)}", k)
     for f in fields:
         v = body.get(f)
         if not isinstance(v, str) or not v.strip():

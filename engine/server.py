@@ -359,7 +359,7 @@ class OpenAIServer:
         return _json({"prompt": self.engine.tokenizer.decode(ids)})
 
     async def openapi(self, request: web.Request) -> web.Response:
-        return _json(openapi_document(self.schemas, self.model_names))
+        return _json(openapi_document(self.schemas, self.model_names, self.allow_runtime_lora))
 
     def _stats(self) -> dict[str, Any]:
         try:

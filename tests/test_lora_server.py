@@ -104,6 +104,13 @@ def test_refusals_name_what_is_unsupported(live):
     assert status == 400 and "already been loaded" in body
     status, body = post(url, {"lora_name": 3})
     assert status == 400 and "lora_name" in body
+    status, body = post(url, {"lora_name": "x", "lora_path": str(d), "load_inplace": True})
+    assert status == 400 and json.loads(body)["error"]["param"] == "load_inplace", body
+    with urllib.request.urlopen(srv.url + "/openapi.json", timeout=10) as r:
+        paths = json.load(r)["paths"]
+    assert paths["/v1/load_lora_adapter"]["post"]["requestBody"]["content"]["application/json"][
+        "schema"]["required"] == ["lora_name", "lora_path"]
+    assert "/v1/unload_lora_adapter" in paths
     status, body = post(srv.url + "/v1/unload_lora_adapter", {"lora_name": "never"})
     assert status == 404 and json.loads(body)["error"]["code"] == "model_not_found"
 
@@ -116,6 +123,8 @@ def test_runtime_endpoints_need_the_flag(live):
                            ("/v1/unload_lora_adapter", {"lora_name": "all8"})):
             status, text = post(other.url + path, body)
             assert status == 404 and "--allow-runtime-lora" in json.loads(text)["error"]["message"]
+        with urllib.request.urlopen(other.url + "/openapi.json", timeout=10) as r:
+            assert "/v1/load_lora_adapter" not in json.load(r)["paths"]
         assert any(a.name == "all8" for a in eng.lora_adapters())
     finally:
         other.stop()
