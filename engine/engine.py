@@ -165,6 +165,8 @@ class Engine:
         self._stream_errors = 0
         self._steps = 0
         self._running_count = 0
+        # vLLM's lora_requests_info (running, waiting, max_loras, when), written by the step thread
+        self._lora_info = ("", "", cfg.max_loras, time.time()) if self.loras is not None else None
         self.poller = OutputPoller(self.tokenizer, self.runner.ring, self.metrics,
                                    notify_stop=lambda r: self._inbox.put(("stopped", r)),
                                    on_stream_error=self._on_stream_error,
@@ -391,7 +393,7 @@ class Engine:
                     kv_pages_total=self.pool.total, kv_pages_free=cache.free,
                     allocator_retries=retries, allocator_ooms=ooms, stream_errors=self._stream_errors,
                     prefix_cache_queries=cache.stats.queries, prefix_cache_hits=cache.stats.hits,
-                    prefix_cache_pages=cache.cached_pages)
+                    prefix_cache_pages=cache.cached_pages, lora_info=self._lora_info)
 
     def _on_stream_error(self, exc: BaseException) -> None:
         self._stream_errors += 1
@@ -426,11 +428,17 @@ class Engine:
             while self.scheduler.failed:   # refused at admission (an adapter's files went bad)
                 r, msg = self.scheduler.failed.pop()
                 self.poller.put(FinishRecord(r, "error", error=msg))
-            self._running_count = self.scheduler.num_running
+            self._publish_counts()
             idle = not batch
             if batch:
                 self._run_batch(batch)
-                self._running_count = self.scheduler.num_running
+                self._publish_counts()
+
+    def _publish_counts(self) -> None:
+        """What /metrics and stats() read on other threads, each a value swapped whole."""
+        self._running_count = self.scheduler.num_running
+        if self.loras is not None:   # vLLM's lora_requests_info
+            self._lora_info = (*self.scheduler.lora_names(), self.config.max_loras, time.time())
 
     def _take_messages(self, wait: bool, poll: bool) -> None:
         """Handle every message in the inbox; with wait, block for the first one (up to

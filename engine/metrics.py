@@ -49,6 +49,9 @@ VLLM_E2E_REQUEST_LATENCY_SECONDS = "vllm:e2e_request_latency_seconds"
 VLLM_PROMPT_TOKENS_TOTAL = "vllm:prompt_tokens_total"
 VLLM_GENERATION_TOKENS_TOTAL = "vllm:generation_tokens_total"
 VLLM_REQUEST_SUCCESS_TOTAL = "vllm:request_success_total"
+# with --enable-lora: the adapters running and waiting (comma-separated label values) and
+# --max-loras, the value the time of the last update, as vLLM; LoRA-aware gateways route on it
+VLLM_LORA_REQUESTS_INFO = "vllm:lora_requests_info"
 # vLLM counts a request as a success when it ends by stop, length or abort (not error).
 VLLM_SUCCESS_REASONS = ("stop", "length", "abort")
 
@@ -117,6 +120,12 @@ class _EngineCollector:
                  "KV-cache usage. 1 means 100 percent usage.")):
             g = GaugeMetricFamily(name, doc, labels=["model_name"])
             g.add_metric([self.model_name], value)
+            yield g
+        if s.get("lora_info") is not None:
+            running, waiting, max_loras, at = s["lora_info"]
+            g = GaugeMetricFamily(VLLM_LORA_REQUESTS_INFO, "Running stats on LoRA requests.",
+                                  labels=["running_lora_adapters", "max_lora", "waiting_lora_adapters"])
+            g.add_metric([running, str(max_loras), waiting], at)
             yield g
 
 

@@ -127,6 +127,13 @@ class Scheduler:
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ counts
+    def lora_names(self) -> tuple[str, str]:
+        """The adapters of the running and of the waiting requests, each comma-separated
+        and sorted (vLLM's lora_requests_info labels)."""
+        def names(reqs) -> str:
+            return ",".join(sorted({r.lora.name for r in reqs if r.lora is not None}))
+        return names(itertools.chain(self.prefilling, self.decoding)), names(self.waiting)
+
     @property
     def num_running(self) -> int:
         return len(self.prefilling) + len(self.decoding)

@@ -5,6 +5,8 @@ reload adapters without changing a token; the prefix cache keeps adapters apart.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -118,6 +120,14 @@ def test_unknown_adapter_is_refused_and_counted_adapters_in_metrics(setup):
         generate(eng, [(ps[0], "qv4"), (ps[1], "qv4"), (ps[2], None)], GREEDY)
         text = generate_latest(eng.metrics.registry).decode()
         assert 'zerod_engine_lora_requests_total{lora_name="qv4"} 2.0' in text
+        # vLLM's gauge, as LoRA-aware gateways read it: qv4 ran; once the step loop has seen
+        # the requests end (a step later at most), nothing runs or waits
+        want = 'vllm:lora_requests_info{max_lora="2",running_lora_adapters="",waiting_lora_adapters=""}'
+        deadline = time.monotonic() + 5
+        while want not in text and time.monotonic() < deadline:
+            time.sleep(0.05)
+            text = generate_latest(eng.metrics.registry).decode()
+        assert want in text
     finally:
         eng.shutdown(0)
 
