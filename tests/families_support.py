@@ -63,6 +63,14 @@ def hf_greedy(m, ps: list[list[int]], new: int = NEW) -> list[list[int]]:
     return outs
 
 
+def reference(d: Path):
+    """transformers' model of checkpoint d (fp32, CPU), the test prompts for its vocabulary,
+    and its greedy continuations of them: (model, prompts, continuations)."""
+    m = hf_model(d)
+    ps = prompts(m.config.vocab_size)
+    return m, ps, hf_greedy(m, ps)
+
+
 def check_greedy_batched_and_alone(d: Path, ps, ref, **engine_kw) -> None:
     """Block size 4 (every prompt crosses pages), 16-token budget (long prompts prefill in
     chunks): batched output equals transformers', and each prompt alone equals batched."""
@@ -77,7 +85,8 @@ def check_greedy_batched_and_alone(d: Path, ps, ref, **engine_kw) -> None:
     finally:
         eng.shutdown(0)
     for p, r, b in zip(ps, ref, batched):
-        assert b["token_ids"] == r, f"prompt of {len(p)} tokens diverges from transformers"
+        assert b["token_ids"] == r, f"{d.name}: prompt of {len(p)} tokens diverges from transformers"
+        assert b["finish_reason"] == "length"
     for a, b in zip(alone, batched[::3]):
         assert a["token_ids"] == b["token_ids"], "batched differs from alone"
     assert eng.stats().kv_pages_free == eng.stats().kv_pages_total

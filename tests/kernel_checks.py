@@ -289,6 +289,22 @@ def run_all(kernels: dict, device, big: bool = False, ref: dict | None = None, s
     return results
 
 
+def run_in_interpreter(script: str, *args: str) -> None:
+    """Run `script` (python -c) with Triton's CPU interpreter on, the repository and tests/
+    importable and no GPU visible; it must print "RESULT ok" (its own checks decide)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join([str(root), str(root / "tests")]))
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    p = subprocess.run([sys.executable, "-c", script, *args], cwd=root, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert "RESULT ok" in p.stdout, p.stdout + p.stderr[-4000:]
+
+
 def patch_triton_interpreter() -> None:
     """Make Triton's CPU interpreter (TRITON_INTERPRET=1) accept scalar loads as loop bounds.
 

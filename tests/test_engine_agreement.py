@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from families_support import hf_greedy as greedy_of
+from families_support import NEW, check_greedy_batched_and_alone, hf_greedy as greedy_of
 from zerod.engine.demo import generate, make_checkpoint
 from zerod.engine.engine import Engine, EngineConfig, SamplingParams
 
@@ -13,7 +13,6 @@ transformers = pytest.importorskip("transformers")
 
 FAMILIES = ["llama", "qwen2", "mistral"]
 PROMPT_LENS = [1, 3, 4, 5, 15, 16, 17, 33, 47]
-NEW = 12
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -40,21 +39,7 @@ def _prompts(vocab):
 def test_greedy_agrees_with_transformers(ckpt):
     family, d, prompts, ref = ckpt
     # block_size 4: every prompt and decode crosses pages; token budget 16: long prompts prefill in chunks
-    eng = Engine(EngineConfig(model=str(d), block_size=4, kv_pages=400, max_num_batched_tokens=16,
-                              max_prefill_tokens_idle=16))
-    eng.start()
-    try:
-        sp = SamplingParams(max_tokens=NEW, temperature=0.0, ignore_eos=True)
-        batched = generate(eng, prompts, sp)
-        alone = [generate(eng, [p], sp)[0] for p in prompts[::3]]
-    finally:
-        eng.shutdown(0)
-    for p, r, b in zip(prompts, ref, batched):
-        assert b["token_ids"] == r, f"{family}: prompt of {len(p)} tokens diverges from transformers"
-        assert b["finish_reason"] == "length"
-    for a, b in zip(alone, batched[::3]):
-        assert a["token_ids"] == b["token_ids"], "batched differs from alone"
-    assert eng.stats().kv_pages_free == eng.stats().kv_pages_total
+    check_greedy_batched_and_alone(d, prompts, ref)
 
 
 def test_no_chunking_big_pages_agree(ckpt):

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from families_support import (check_greedy_batched_and_alone, check_logits, hf_checkpoint,
-                              hf_greedy, hf_model, prompts)
+from families_support import check_greedy_batched_and_alone, check_logits, hf_checkpoint, reference
 from zerod.engine.config import EngineError
 from zerod.engine.hf_config import load_model_config, parse_model_config
 
@@ -36,9 +35,7 @@ MODELS = {
 def gemma(request, tmp_path_factory):
     cfg_cls, model_cls, kw = MODELS[request.param]
     d = hf_checkpoint(tmp_path_factory.mktemp(request.param), cfg_cls, model_cls, **kw)
-    m = hf_model(d)
-    ps = prompts(m.config.vocab_size)
-    return request.param, d, m, ps, hf_greedy(m, ps)
+    return request.param, d, *reference(d)
 
 
 def test_config_reads_gemma(gemma):

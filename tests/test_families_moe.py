@@ -5,23 +5,18 @@ torch reference in Triton's interpreter (CPU) and on the GPU."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-from families_support import (check_greedy_batched_and_alone, check_logits, hf_checkpoint,
-                              hf_greedy, hf_model, prompts)
+from families_support import check_greedy_batched_and_alone, check_logits, hf_checkpoint, reference
+from kernel_checks import run_in_interpreter
 from zerod.engine import ops
 from zerod.engine.config import EngineError
 from zerod.engine.hf_config import load_model_config, parse_model_config
 from zerod.engine.moe import fused_experts_reference, route
 from zerod.engine.sizing import param_count
 
-ROOT = Path(__file__).resolve().parent.parent
 COMMON = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
               num_key_value_heads=2, head_dim=16, max_position_embeddings=512, rms_norm_eps=1e-5)
 MODELS = {
@@ -39,9 +34,7 @@ def moe_model(request, tmp_path_factory):
     pytest.importorskip("transformers")
     cfg_cls, model_cls, kw = MODELS[request.param]
     d = hf_checkpoint(tmp_path_factory.mktemp(request.param), cfg_cls, model_cls, **kw)
-    m = hf_model(d)
-    ps = prompts(m.config.vocab_size)
-    return request.param, d, m, ps, hf_greedy(m, ps)
+    return request.param, d, *reference(d)
 
 
 @pytest.mark.slow
@@ -144,12 +137,7 @@ print("RESULT", "ok" if not bad else "bad")
 
 def test_fused_moe_kernel_in_interpreter():
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1",
-               PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
-    env.pop("CUDA_VISIBLE_DEVICES", None)
-    p = subprocess.run([sys.executable, "-c", INTERPRETER_SCRIPT], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=600)
-    assert "RESULT ok" in p.stdout, p.stdout + p.stderr[-4000:]
+    run_in_interpreter(INTERPRETER_SCRIPT)
 
 
 def test_alignment_groups_pairs_by_expert_in_interpreter():
@@ -178,12 +166,7 @@ for t, e, k, bm in [(1, 8, 2, 16), (300, 6, 3, 16), (50, 128, 8, 64), (1100, 8, 
     assert total % bm == 0 and total <= s.numel()
 print("RESULT ok")
 """
-    env = dict(os.environ, TRITON_INTERPRET="1",
-               PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
-    env.pop("CUDA_VISIBLE_DEVICES", None)
-    p = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
-                       timeout=600)
-    assert "RESULT ok" in p.stdout, p.stdout + p.stderr[-4000:]
+    run_in_interpreter(script)
 
 
 @pytest.mark.gpu

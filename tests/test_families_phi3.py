@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from families_support import (check_greedy_batched_and_alone, check_logits, hf_checkpoint,
-                              hf_greedy, hf_model, prompts)
+                              hf_greedy, hf_model, prompts, reference)
 from zerod.engine.config import EngineError
 from zerod.engine.hf_config import load_model_config, parse_model_config
 
@@ -36,9 +36,7 @@ def phi3_longrope(tmp_path_factory):
     """Every sequence stays within LongRoPE's original 64 tokens, where transformers uses
     the short factors throughout (engine/rope.py says why that matters)."""
     d = _phi3(tmp_path_factory.mktemp("phi3"), **PHI3_LONGROPE[2])
-    m = hf_model(d)
-    ps = prompts(m.config.vocab_size)
-    return d, m, ps, hf_greedy(m, ps)
+    return d, *reference(d)
 
 
 def test_config_reads_phi3_longrope(phi3_longrope):

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from families_support import (check_greedy_batched_and_alone, check_logits, hf_checkpoint,
-                              hf_greedy, hf_model, prompts)
+from families_support import check_greedy_batched_and_alone, check_logits, hf_checkpoint, reference
 from zerod.engine.hf_config import load_model_config
 
 pytest.importorskip("transformers")
@@ -23,9 +22,7 @@ QWEN3 = ("Qwen3Config", "Qwen3ForCausalLM",
 def qwen3(tmp_path_factory):
     cfg_cls, model_cls, kw = QWEN3
     d = hf_checkpoint(tmp_path_factory.mktemp("qwen3"), cfg_cls, model_cls, **kw)
-    m = hf_model(d)
-    ps = prompts(m.config.vocab_size)
-    return d, m, ps, hf_greedy(m, ps)
+    return d, *reference(d)
 
 
 def test_config_reads_qwen3(qwen3):

@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from families_support import (check_greedy_batched_and_alone, check_logits, hf_checkpoint,
-                              hf_greedy, hf_model, prompts)
+                              hf_greedy, prompts, reference)
 from zerod.engine.demo import generate
 from zerod.engine.engine import Engine, EngineConfig, SamplingParams
 from zerod.engine.hf_config import load_model_config
@@ -33,9 +33,7 @@ MODELS = {
 def sliding(request, tmp_path_factory):
     cfg_cls, model_cls, kw = MODELS[request.param]
     d = hf_checkpoint(tmp_path_factory.mktemp(request.param), cfg_cls, model_cls, **kw)
-    m = hf_model(d)
-    ps = prompts(m.config.vocab_size)
-    return request.param, d, m, ps, hf_greedy(m, ps)
+    return request.param, d, *reference(d)
 
 
 def test_windows_per_layer_and_context_not_capped(sliding):

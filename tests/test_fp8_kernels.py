@@ -13,17 +13,13 @@ products and attention to 1e-2 relative (the references dequantize in float32).
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
+from kernel_checks import run_in_interpreter
+
 pytest.importorskip("triton")
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -148,12 +144,7 @@ print("RESULT", "ok" if all(e <= t for _, e, t in res) else "bad")
 
 
 def test_fp8_kernels_in_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1",
-               PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
-    env.pop("CUDA_VISIBLE_DEVICES", None)
-    p = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
-                       timeout=600)
-    assert "RESULT ok" in p.stdout, p.stdout + p.stderr[-4000:]
+    run_in_interpreter(SCRIPT)
 
 
 @pytest.mark.gpu

@@ -9,16 +9,12 @@ truncate rather than round, so bf16 errors are about twice the GPU's.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+
+from kernel_checks import run_in_interpreter
 
 pytest.importorskip("triton")
 
-ROOT = Path(__file__).resolve().parent.parent
 
 SCRIPT = r"""
 import sys, torch
@@ -38,9 +34,4 @@ print("RESULT", "ok" if res and all(r.ok for r in res) else "bad")
     ["prefill_attention"],
 ], ids=["small-ops", "decode", "prefill"])
 def test_kernels_in_interpreter(names):
-    env = dict(os.environ, TRITON_INTERPRET="1",
-               PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
-    env.pop("CUDA_VISIBLE_DEVICES", None)
-    p = subprocess.run([sys.executable, "-c", SCRIPT, *names], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=600)
-    assert "RESULT ok" in p.stdout, p.stdout + p.stderr[-4000:]
+    run_in_interpreter(SCRIPT, *names)

@@ -4,18 +4,13 @@ engine also runs adapters through its decode CUDA graphs."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
+from kernel_checks import run_in_interpreter
 from zerod.engine.lora.delta import lora_reference
 from zerod.engine.lora.slabs import LoraBatch
 
-ROOT = Path(__file__).resolve().parent.parent
 
 # (rows, segments of the output, max rank, slots incl. 0): decode-sized batches (the
 # fused kernel, up to FUSED_MAX_ROWS rows) and larger ones (shrink + expand), fused qkv
@@ -95,12 +90,7 @@ print("RESULT", "bad" if bad else "ok")
 
 def test_kernels_in_interpreter():
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1",
-               PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
-    env.pop("CUDA_VISIBLE_DEVICES", None)
-    p = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=600)
-    assert "RESULT ok" in p.stdout, p.stdout + p.stderr[-4000:]
+    run_in_interpreter(SCRIPT)
 
 
 # ---------------------------------------------------------------------- on the GPU
