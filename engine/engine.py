@@ -428,14 +428,15 @@ class Engine:
             while self.scheduler.failed:   # refused at admission (an adapter's files went bad)
                 r, msg = self.scheduler.failed.pop()
                 self.poller.put(FinishRecord(r, "error", error=msg))
-            self._publish_counts()
+            self._running_count = self.scheduler.num_running
             idle = not batch
             if batch:
                 self._run_batch(batch)
-                self._publish_counts()
+            self._publish_counts()
 
     def _publish_counts(self) -> None:
-        """What /metrics and stats() read on other threads, each a value swapped whole."""
+        """What /metrics and stats() read on other threads after an iteration, each a value
+        swapped whole (the running count is also set before a step: it shows the admitted)."""
         self._running_count = self.scheduler.num_running
         if self.loras is not None:   # vLLM's lora_requests_info
             self._lora_info = (*self.scheduler.lora_names(), self.config.max_loras, time.time())

@@ -368,7 +368,7 @@ class ModelRunner:
         # prompt logprobs read the prompt's hidden rows, and the padded graphs are base-only:
         # the eager path keeps both
         want_plp = u.prompt_logprobs and any(c.req.params.prompt_logprobs is not None for c in chunks)
-        with_lora = any(c.req.lora_slot for c in chunks)
+        with_lora = self.lora is not None and any(c.req.lora_slot for c in chunks)
         padded = self._prefill_bucket(chunks) if pad and not want_plp and not with_lora else 0
         if padded:
             # the prompt, then a dummy sequence on the scratch page up to the padded size
