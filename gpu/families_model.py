@@ -11,11 +11,11 @@ The tokenizer is the demo one, as gpu/server_make_model.py writes it; no weights
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from server_make_model import write_dummy  # noqa: E402 - gpu/ is this script's folder
 
 QWEN3 = dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", rope_theta=1000000.0, rms_norm_eps=1e-6,
              hidden_act="silu", attention_bias=False, tie_word_embeddings=False)
@@ -49,17 +49,8 @@ def main() -> None:
     ap.add_argument("dir")
     ap.add_argument("--shape", choices=sorted(SHAPES), required=True)
     a = ap.parse_args()
-    from zerod.engine.demo import write_tokenizer
-
-    d = Path(a.dir)
-    d.mkdir(parents=True, exist_ok=True)
-    write_tokenizer(d)
-    tok = json.loads((d / "tokenizer.json").read_text())
-    added = {t["content"]: t["id"] for t in tok.get("added_tokens", [])}
-    cfg = dict(SHAPES[a.shape], torch_dtype="bfloat16",
-               bos_token_id=added.get("<s>", 0), eos_token_id=added.get("</s>", 1), pad_token_id=0)
-    (d / "config.json").write_text(json.dumps(cfg, indent=2))
-    print(f"wrote {d}/config.json ({a.shape}) and the demo tokenizer")
+    write_dummy(Path(a.dir), dict(SHAPES[a.shape], pad_token_id=0))
+    print(f"wrote {a.dir}/config.json ({a.shape}) and the demo tokenizer")
 
 
 if __name__ == "__main__":

@@ -34,25 +34,29 @@ SHAPES = {
 }
 
 
+def write_dummy(d: Path, cfg: dict) -> None:
+    """The demo tokenizer and config.json in d: cfg (bfloat16 unless it says) with the
+    tokenizer's bos / eos ids."""
+    from zerod.engine.demo import write_tokenizer
+
+    d.mkdir(parents=True, exist_ok=True)
+    write_tokenizer(d)
+    tok = json.loads((d / "tokenizer.json").read_text())
+    added = {t["content"]: t["id"] for t in tok.get("added_tokens", [])}
+    cfg = {"torch_dtype": "bfloat16", **cfg,
+           "bos_token_id": added.get("<s>", 0), "eos_token_id": added.get("</s>", 1)}
+    (d / "config.json").write_text(json.dumps(cfg, indent=2))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("dir")
     ap.add_argument("--shape", choices=sorted(SHAPES), default="8b")
     a = ap.parse_args()
-    from zerod.engine.demo import write_tokenizer
-
-    d = Path(a.dir)
-    d.mkdir(parents=True, exist_ok=True)
-    write_tokenizer(d)
-    tok = json.loads((d / "tokenizer.json").read_text())
-    added = {t["content"]: t["id"] for t in tok.get("added_tokens", [])}
-    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
-           "rope_theta": 500000.0, "rms_norm_eps": 1e-5, "hidden_act": "silu",
-           "tie_word_embeddings": False, "torch_dtype": "bfloat16", "attention_bias": False,
-           "bos_token_id": added.get("<s>", 0), "eos_token_id": added.get("</s>", 1),
-           **SHAPES[a.shape]}
-    (d / "config.json").write_text(json.dumps(cfg, indent=2))
-    print(f"wrote {d}/config.json ({a.shape}) and the demo tokenizer")
+    write_dummy(Path(a.dir), {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                              "rope_theta": 500000.0, "rms_norm_eps": 1e-5, "hidden_act": "silu",
+                              "tie_word_embeddings": False, "attention_bias": False, **SHAPES[a.shape]})
+    print(f"wrote {a.dir}/config.json ({a.shape}) and the demo tokenizer")
 
 
 if __name__ == "__main__":
