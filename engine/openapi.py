@@ -57,7 +57,8 @@ _ERROR = _obj({"error": _obj({
     "code": {"type": ["string", "integer", "null"]}})})
 _MODEL_LIST = _obj({"object": {"const": "list"}, "data": {"type": "array", "items": _obj({
     "id": _STR, "object": {"const": "model"}, "created": _INT, "owned_by": _STR,
-    "root": _STR, "parent": _NULL, "max_model_len": _INT})}})
+    # parent: null for a base model, the base's name for a LoRA adapter
+    "root": _STR, "parent": {"type": ["string", "null"]}, "max_model_len": _INT})}})
 _TOKENIZED = _obj({"count": _INT, "max_model_len": _INT, "tokens": {"type": "array", "items": _INT},
                    "token_strs": {"anyOf": [{"type": "array", "items": _STR}, _NULL]}})
 _HEALTH = _obj({

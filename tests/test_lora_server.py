@@ -86,6 +86,12 @@ def test_models_lists_adapters_under_their_base(live):
     assert data["base"].parent is None
     assert data["all8"].parent == "base" and data["qv4"].parent == "base"
     assert data["all8"].root.endswith("all8")
+    # the answer is what the server's own /openapi.json says it is (adapters have a parent)
+    import jsonschema
+    with urllib.request.urlopen(srv.url + "/openapi.json", timeout=10) as r:
+        schema = json.load(r)["components"]["schemas"]["ModelList"]
+    with urllib.request.urlopen(srv.url + "/v1/models", timeout=10) as r:
+        jsonschema.validate(json.load(r), schema)
 
 
 def test_refusals_name_what_is_unsupported(live):
