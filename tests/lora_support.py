@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from families_support import hf_checkpoint, hf_greedy, hf_model, logprob_errors  # noqa: F401 (re-exported)
+from families_support import hf_checkpoint, hf_model, logprob_errors  # noqa: F401 (logprob_errors re-exported)
 
 LLAMA = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=256, rope_theta=10000.0)
@@ -41,8 +41,15 @@ def make_adapter(base_dir: Path, out: Path, seed: int, **lora_cfg):
     return model.merge_and_unload().eval()
 
 
-def reference(merged, prompts, new: int) -> list[list[int]]:
-    return hf_greedy(merged, prompts, new)
+def base_and_adapters(d: Path) -> tuple[Path, dict[str, Path], dict]:
+    """The tiny base checkpoint under d, every ADAPTERS entry written beside it, and the
+    reference models (fp32, CPU): (base, {name: path}, {None: base, name: PEFT's merge})."""
+    base = base_checkpoint(d / "base")
+    paths, models = {}, {None: hf_model(base)}
+    for seed, (name, cfg) in enumerate(ADAPTERS.items()):
+        paths[name] = d / name
+        models[name] = make_adapter(base, paths[name], seed, **cfg)
+    return base, paths, models
 
 
 def generate(engine, jobs: list[tuple[list[int], str | None]], params, timeout: float = 120.0

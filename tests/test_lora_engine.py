@@ -10,8 +10,8 @@ import time
 import pytest
 import torch
 
-from families_support import hf_greedy, hf_model, prompts
-from lora_support import ADAPTERS, base_checkpoint, generate, make_adapter
+from families_support import hf_greedy, prompts
+from lora_support import ADAPTERS, base_and_adapters, generate
 from zerod.engine.engine import Engine, EngineConfig, SamplingParams
 
 NEW = 10
@@ -19,14 +19,9 @@ NEW = 10
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    d = tmp_path_factory.mktemp("lora")
-    base = base_checkpoint(d / "base")
+    base, paths, models = base_and_adapters(tmp_path_factory.mktemp("lora"))
     ps = prompts(300)[:6]
-    want = {None: hf_greedy(hf_model(base), ps, NEW)}
-    paths = {}
-    for seed, (name, cfg) in enumerate(ADAPTERS.items()):
-        paths[name] = d / name
-        want[name] = hf_greedy(make_adapter(base, paths[name], seed, **cfg), ps, NEW)
+    want = {name: hf_greedy(m, ps, NEW) for name, m in models.items()}
     for name in ADAPTERS:
         assert want[name] != want[None], f"adapter {name} does not change the output: a vacuous test"
     return base, paths, ps, want

@@ -110,15 +110,10 @@ def test_kernels_match_reference_on_cuda(dtype, tol):
 def adapters(tmp_path_factory):
     """The tiny base checkpoint, its PEFT adapters and the reference models (fp32, CPU):
     the base and each adapter merged by PEFT."""
-    from families_support import hf_model, prompts
-    from lora_support import ADAPTERS, base_checkpoint, make_adapter
+    from families_support import prompts
+    from lora_support import base_and_adapters
 
-    d = tmp_path_factory.mktemp("lora-gpu")
-    base = base_checkpoint(d / "base")
-    paths, refs = {}, {None: hf_model(base)}
-    for seed, (name, cfg) in enumerate(ADAPTERS.items()):
-        paths[name] = d / name
-        refs[name] = make_adapter(base, paths[name], seed, **cfg)
+    base, paths, refs = base_and_adapters(tmp_path_factory.mktemp("lora-gpu"))
     return base, paths, prompts(300)[:4], refs
 
 

@@ -13,8 +13,8 @@ import urllib.request
 
 import pytest
 
-from families_support import hf_greedy, hf_model, prompts
-from lora_support import ADAPTERS, base_checkpoint, make_adapter
+from families_support import hf_greedy, prompts
+from lora_support import base_and_adapters, make_adapter
 from zerod.engine.engine import Engine, EngineConfig
 from zerod.engine.server import ServerThread
 
@@ -25,12 +25,9 @@ NEW = 8
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
     d = tmp_path_factory.mktemp("lora-srv")
-    base = base_checkpoint(d / "base")
+    base, paths, models = base_and_adapters(d)
     ps = prompts(300)[:4]
-    paths, want = {}, {None: hf_greedy(hf_model(base), ps, NEW)}
-    for seed, (name, cfg) in enumerate(ADAPTERS.items()):
-        paths[name] = d / name
-        want[name] = hf_greedy(make_adapter(base, paths[name], seed, **cfg), ps, NEW)
+    want = {name: hf_greedy(m, ps, NEW) for name, m in models.items()}
     eng = Engine(EngineConfig(model=str(base), served_model_name="base", block_size=4, kv_pages=800,
                               enable_lora=True, max_loras=2, max_lora_rank=16,
                               lora_modules=(("all8", str(paths["all8"]), None),
@@ -122,7 +119,7 @@ def test_refusals_name_what_is_unsupported(live):
 
 
 def test_runtime_endpoints_need_the_flag(live):
-    srv, eng = live[0], live[1]
+    eng = live[1]
     other = ServerThread(eng).start()
     try:
         for path, body in (("/v1/load_lora_adapter", {"lora_name": "a", "lora_path": "/x"}),
