@@ -12,7 +12,7 @@ export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 FINAL=${OUT:-/tmp/zerod-lora}; mkdir -p "$FINAL"
 W=/tmp/lora; rm -rf "$W"; mkdir -p "$W"
-. gpu/wheels.sh peft   # packages the device image lacks (peft for the tests, psutil), carried in .whl
+. gpu/wheels.sh peft xgrammar compressed_tensors   # packages the device image lacks (peft for the tests, psutil), carried in .whl
 SHAPE=8b; SERVE_X="--dtype bfloat16 --max-model-len 8192 --max-num-seqs 256"
 S200="--streams 200 --requests 400"; B1="--streams 1 --requests 4 --input-len 16 --output-len 256"
 # the kernels alone first: per projection, base product vs LoRA delta, new vs old (< 1 min)

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))   # zerod from the checkout
 SMOKE = os.environ.get("SMOKE", "0") == "1"
 if SMOKE:   # the kernels through Triton's CPU interpreter
     os.environ["TRITON_INTERPRET"] = "1"

@@ -8,7 +8,8 @@
 #   call 1: setsid nohup env OUT=/tmp/rampout STAGE_S=67 bash gpu/ramp.sh > /tmp/rampout/ramp.log 2>&1 < /dev/null & sleep 580
 #   call 2: while [ ! -f /tmp/rampout/ramp.tgz ]; do sleep 5; done; cp /tmp/rampout/* $OUT/
 # Results: $OUT/ramp.tgz (timeline, every alert seen, the engine's p99s and their learned
-# normals every 2 s in engine.jsonl, the daemon log). A stage's client is stopped by its timeout.
+# normals every 2 s in engine.jsonl, the engine's scrapes at 1 Hz in scrapes.jsonl for
+# gpu/latency_replay.py, the daemon log). A stage's client is stopped by its timeout.
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
@@ -42,6 +43,9 @@ while True:
     time.sleep(2)
 PYEOF
 APID=$!
+# the engine's scrapes, 1 Hz, for gpu/latency_replay.py (the verdict re-read offline)
+$PY gpu/latency_replay.py record http://127.0.0.1:8000/metrics "$W/scrapes.jsonl" &
+RPID=$!
 for C in $STAGES; do
     stamp "stage: $C streams for ${STAGE_S}s"
     timeout -k 10 -s INT "$STAGE_S" $PY -m zerod bench --port 8000 --no-progress --input-len 128 --output-len 256 \
@@ -50,7 +54,7 @@ for C in $STAGES; do
 done
 stamp "ramp done"
 sleep 3
-kill $APID 2>/dev/null
+kill $APID $RPID 2>/dev/null
 kill -TERM $DPID; wait $DPID; echo "daemon exit $?" | tee -a "$W/timeline.txt"
 tar czf "$FINAL/ramp.tgz" -C "$W" . 2>/dev/null
 $PY - "$W/alerts.jsonl" <<'PYEOF'
@@ -65,3 +69,5 @@ print("LatencyRegression during the ramp:", "YES" if reg else "none", "(target: 
 for a in reg:
     print("  ", a.get("summary"), "|", (a.get("description") or "")[:300])
 PYEOF
+echo "the recorded scrapes replayed offline (gpu/latency_replay.py):"
+$PY gpu/latency_replay.py replay "$W/scrapes.jsonl" | tail -4

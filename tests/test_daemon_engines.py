@@ -82,7 +82,8 @@ async def test_a_daemon_supervises_a_vllm_shaped_server_and_sees_its_latency_reg
               "daemon": {"engine": "vllm", "engine_command": [sys.executable, str(FAKE_VLLM), str(port)],
                          "preflight": False, "numa": "off", "metrics_port": -1,
                          "control_socket": str(tmp_path / "control.sock"), "watch_interval_s": 0.2,
-                         "latency_window_s": 2.0, "latency_baseline_min_samples": 500}}
+                         "latency_window_s": 2.0, "latency_baseline_min_samples": 500,
+                         "latency_baseline_min_s": 1.0}}
     d = Daemon(config)
     run = asyncio.create_task(d.run())
 

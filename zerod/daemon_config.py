@@ -115,6 +115,7 @@ class DaemonConfig:
     latency_regression_factor: float = setting(1.5, ge=0, check=_factor)  # 0: no learned baseline
     latency_baseline_s: float = setting(3600.0, ge=60.0)
     latency_baseline_min_samples: int = setting(200, ge=1)
+    latency_baseline_min_s: float = setting(30.0, ge=0)  # a normal of a few seconds is not one
     slo_itl_p99_s: float = setting(0.0, ge=0)  # absolute SLOs, optional; 0: none
     slo_ttft_p99_s: float = setting(0.0, ge=0)
     latency_window_s: float = setting(60.0, ge=1.0)

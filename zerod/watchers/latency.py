@@ -125,7 +125,9 @@ class LatencyWatcher(Watcher):
             ttft, itl = b.ttft.minus(a.ttft), b.itl.minus(a.itl)
             if ttft.count < 0 or itl.count < 0:  # the engine's counters started again
                 continue
-            self.baseline.add(b.t, (_concurrency(a) + _concurrency(b)) / 2, {"ttft": ttft, "itl": itl})
+            # the higher load of the two scrapes: when load rises at once, the interval's
+            # latencies (first tokens queued behind the new prefills) belong to the new load
+            self.baseline.add(b.t, max(_concurrency(a), _concurrency(b)), {"ttft": ttft, "itl": itl})
         if samples:
             self._learned_to = samples[-1].t
 
@@ -140,7 +142,8 @@ class LatencyWatcher(Watcher):
             verdicts.append("fine")
         factor = self.cfg.latency_regression_factor
         if factor:
-            comps = self.baseline.compare(what, self.cfg.latency_min_samples, self.cfg.latency_baseline_min_samples)
+            comps = self.baseline.compare(what, self.cfg.latency_min_samples, self.cfg.latency_baseline_min_samples,
+                                          self.cfg.latency_baseline_min_s)
             if comps:
                 worst = max(comps, key=lambda c: c.ratio)
                 if worst.ratio > factor:

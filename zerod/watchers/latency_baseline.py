@@ -8,6 +8,15 @@ window is only ever compared with the normal of its own bucket. A load ramp
 then moves from bucket to bucket without looking like a regression; a bucket
 with too little history has no normal yet and gives no verdict.
 
+A regression must show beyond the window's `SPARED` worst intervals (ranked by
+their own p99): when a stage of load starts at once, its burst of arrivals
+queues first tokens behind their prefills and stalls every running stream's
+steps for a second or two. That burst is over 1 % of a minute's observations,
+so it alone would set the window's p99 — against a normal in which bursts are
+rarer — though nothing regressed (the H200 ramp, docs/perf.md). A sustained
+shift (a rogue job slows every step) shows in every interval and fires
+`SPARED` scrape intervals later than it would otherwise.
+
 Intervals stay in the current window (`latency_window_s`) first and join the
 normal only once they leave it, so the window is never compared with itself;
 intervals that were part of a regression (`taint`) never join it. The normal
@@ -28,6 +37,7 @@ METRICS = ("ttft", "itl")
 # step times differ far less than a regression factor
 LOAD_EDGES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
 SLOT_S = 60.0
+SPARED = 2  # worst window intervals per bucket left out of its verdict (a burst spans one or two)
 
 
 def load_bucket(concurrency: float) -> str:
@@ -47,6 +57,7 @@ def load_bucket(concurrency: float) -> str:
 class Interval:
     """One scrape interval's observations."""
     t: float
+    seconds: float
     bucket: str
     hists: dict[str, Histogram]
     tainted: set[str] = field(default_factory=set)
@@ -71,11 +82,14 @@ class LatencyBaseline:
         self.window_s = window_s
         self.baseline_s = baseline_s
         self.window: collections.deque[Interval] = collections.deque()
-        # metric -> bucket -> [(slot start, histogram)], oldest first
+        # metric -> bucket -> [(slot start, histogram, seconds)], oldest first
         self.slots: dict[str, dict[str, collections.deque]] = {m: {} for m in METRICS}
+        self._last_t: float | None = None
 
     def add(self, t: float, concurrency: float, hists: dict[str, Histogram]) -> None:
-        self.window.append(Interval(t, load_bucket(concurrency), hists))
+        seconds = 0.0 if self._last_t is None else max(0.0, t - self._last_t)
+        self._last_t = t
+        self.window.append(Interval(t, seconds, load_bucket(concurrency), hists))
         while self.window and t - self.window[0].t >= self.window_s:
             self._learn(self.window.popleft())
         self._expire(t)
@@ -92,9 +106,9 @@ class LatencyBaseline:
                 continue
             slots = self.slots[metric].setdefault(iv.bucket, collections.deque())
             if slots and slots[-1][0] == start:
-                slots[-1] = (start, slots[-1][1].plus(h))
+                slots[-1] = (start, slots[-1][1].plus(h), slots[-1][2] + iv.seconds)
             else:
-                slots.append((start, h))
+                slots.append((start, h, iv.seconds))
 
     def _expire(self, now: float) -> None:
         for by_bucket in self.slots.values():
@@ -104,30 +118,42 @@ class LatencyBaseline:
                 if not slots:
                     del by_bucket[bucket]
 
-    def current(self, metric: str) -> dict[str, Histogram]:
-        """The window's observations of `metric`, per load bucket."""
-        out: dict[str, Histogram] = {}
+    def current(self, metric: str) -> dict[str, list[Histogram]]:
+        """The window's observations of `metric`: each load bucket's intervals."""
+        out: dict[str, list[Histogram]] = {}
         for iv in self.window:
             h = iv.hists.get(metric)
             if h is not None and h.count > 0:
-                out[iv.bucket] = out[iv.bucket].plus(h) if iv.bucket in out else h
+                out.setdefault(iv.bucket, []).append(h)
         return out
 
     def normal(self, metric: str, bucket: str) -> Histogram:
         total = Histogram()
-        for _, h in self.slots[metric].get(bucket, ()):
+        for _, h, _ in self.slots[metric].get(bucket, ()):
             total = total.plus(h)
         return total
 
-    def compare(self, metric: str, min_samples: int, normal_min_samples: int) -> list[Comparison]:
-        """Each bucket of the window with enough observations, against its normal
-        (buckets whose normal has too few observations give no verdict)."""
+    def normal_seconds(self, metric: str, bucket: str) -> float:
+        """How long the engine ran at that load in the normal."""
+        return sum(s for _, _, s in self.slots[metric].get(bucket, ()))
+
+    def compare(self, metric: str, min_samples: int, normal_min_samples: int,
+                normal_min_s: float = 0.0) -> list[Comparison]:
+        """Each bucket of the window with enough observations, less its SPARED worst
+        intervals, against its normal (buckets whose normal has too few observations,
+        or spans less than normal_min_s, give no verdict: the first seconds at a new load
+        — clients connecting, prompts arriving together — are no normal)."""
         out = []
-        for bucket, cur in self.current(metric).items():
+        for bucket, hists in self.current(metric).items():
+            if len(hists) <= SPARED:
+                continue
+            cur = Histogram()
+            for h in sorted(hists, key=lambda h: h.quantile(0.99))[:-SPARED]:
+                cur = cur.plus(h)
             if cur.count < max(1, min_samples):
                 continue
             base = self.normal(metric, bucket)
-            if base.count < normal_min_samples:
+            if base.count < normal_min_samples or self.normal_seconds(metric, bucket) < normal_min_s:
                 continue
             p99, b99 = cur.quantile(0.99), base.quantile(0.99)
             if p99 is None or b99 is None:

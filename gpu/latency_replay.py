@@ -1,0 +1,78 @@
+"""Record an engine's /metrics once a second, and replay a recording through the
+daemon's real EngineMetricsWatcher and LatencyWatcher (default config) offline:
+which LatencyRegression would fire, when, at which load — so a device run's
+verdict can be re-read without the device.
+
+    python3 gpu/latency_replay.py record URL OUT.jsonl     (until killed)
+    python3 gpu/latency_replay.py replay OUT.jsonl [KEY=VALUE ...]   ([daemon] overrides)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from zerod.engine import metrics as names  # noqa: E402
+
+# the series the latency watcher reads (histogram lines start with the family's name)
+KEEP = (names.TIME_TO_FIRST_TOKEN_SECONDS, names.INTER_TOKEN_LATENCY_SECONDS,
+        names.REQUESTS_RUNNING, names.REQUESTS_WAITING)
+
+
+def record(url: str, out: str) -> None:
+    with open(out, "a") as f:
+        while True:
+            t = time.time()
+            try:
+                text = urllib.request.urlopen(url, timeout=2).read().decode()
+                lines = [x for x in text.splitlines() if x.startswith(KEEP)]
+                f.write(json.dumps({"t": t, "lines": lines}) + "\n")
+                f.flush()
+            except OSError:
+                pass
+            time.sleep(max(0.0, 1.0 - (time.time() - t)))
+
+
+def replay(path: str, overrides: list[str]) -> list[dict]:
+    from zerod.alerts import AlertBook
+    from zerod.daemon_config import DaemonConfig
+    from zerod.watchers.engine_metrics import EngineMetricsWatcher
+    from zerod.watchers.latency import LatencyWatcher
+
+    over = {k: json.loads(v) for k, v in (o.split("=", 1) for o in overrides)}
+    cfg = DaemonConfig.from_dict({"metrics_port": 0, **over})
+    now = [0.0]
+    clock = lambda: now[0]  # noqa: E731
+    book = AlertBook(clock=clock)
+    metrics = EngineMetricsWatcher(book, cfg, "http://engine", engine_pid=lambda: 1, clock=clock)
+    latency = LatencyWatcher(book, cfg, metrics, clock=clock)
+    fired: dict[str, dict] = {}
+    t0 = None
+    for line in open(path):
+        rec = json.loads(line)
+        now[0] = rec["t"]
+        t0 = rec["t"] if t0 is None else t0
+        metrics.ingest("\n".join(rec["lines"]) + "\n", pid=1, now=rec["t"])
+        f = latency.update(now=rec["t"])
+        for a in book.firing():
+            if a.alertname == "LatencyRegression" and a.id not in fired:
+                fired[a.id] = {"t_s": round(rec["t"] - t0, 1), "load_now": f["load_bucket"], "summary": a.summary,
+                               "description": a.description}
+    return list(fired.values())
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 4 and sys.argv[1] == "record":
+        record(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) >= 3 and sys.argv[1] == "replay":
+        fired = replay(sys.argv[2], sys.argv[3:])
+        for a in fired:
+            print(json.dumps(a))
+        print(f"LatencyRegression in the replay: {len(fired) or 'none'}")
+    else:
+        sys.exit(__doc__)
