@@ -785,21 +785,23 @@ class ModelRunner:
         of 1, a multiple of 16, anything else; with and without a cached prefix), so no kernel
         is compiled while serving. Everything reads and writes the scratch page 0 only."""
         dev, ps = self.device, self.ps
-        for n_seqs in (1, 3, 16, 17):
-            for L in (1, 5, 16):
-                for prefix in (0, 7):
-                    T, ctx = n_seqs * L, prefix + L
-                    if ctx >= self.max_model_len or T > self.cfg.prefill_token_cap:
-                        continue
-                    pos = torch.arange(prefix, ctx, dtype=torch.int64, device=dev).repeat(n_seqs)
-                    meta = AttnMeta(slot_mapping=pos % ps,
-                                    block_tables=torch.zeros(n_seqs, (ctx + ps - 1) // ps, dtype=torch.int32, device=dev),
-                                    context_lens=torch.full((n_seqs,), ctx, dtype=torch.int32, device=dev),
-                                    cu_seqlens_q=torch.arange(0, T + 1, L, dtype=torch.int32, device=dev),
-                                    no_prefix=prefix == 0, seqlens_q=[L] * n_seqs)
-                    # with LoRA, its kernels too (rows of slot 0: launched, nothing added)
-                    for rows in (None, torch.zeros(T, dtype=torch.int32, device=dev)) if self.lora else (None,):
-                        hidden = self._forward(torch.zeros(T, dtype=torch.int64, device=dev), pos, meta, rows)
-                        self.model.logits(hidden[L - 1::L])
+        # and two steps of the size busy traffic brings (kernels pick tiles by token count;
+        # the H200 compiled for ~0.9 s at its first 896-token step without them)
+        shapes = [(n, L) for n in (1, 3, 16, 17) for L in (1, 5, 16)] + [(7, 128), (9, 113)]
+        for n_seqs, L in shapes:
+            for prefix in (0, 7):
+                T, ctx = n_seqs * L, prefix + L
+                if ctx >= self.max_model_len or T > self.cfg.prefill_token_cap:
+                    continue
+                pos = torch.arange(prefix, ctx, dtype=torch.int64, device=dev).repeat(n_seqs)
+                meta = AttnMeta(slot_mapping=pos % ps,
+                                block_tables=torch.zeros(n_seqs, (ctx + ps - 1) // ps, dtype=torch.int32, device=dev),
+                                context_lens=torch.full((n_seqs,), ctx, dtype=torch.int32, device=dev),
+                                cu_seqlens_q=torch.arange(0, T + 1, L, dtype=torch.int32, device=dev),
+                                no_prefix=prefix == 0, seqlens_q=[L] * n_seqs)
+                # with LoRA, its kernels too (rows of slot 0: launched, nothing added)
+                for rows in (None, torch.zeros(T, dtype=torch.int32, device=dev)) if self.lora else (None,):
+                    hidden = self._forward(torch.zeros(T, dtype=torch.int64, device=dev), pos, meta, rows)
+                    self.model.logits(hidden[L - 1::L])
         if self.cuda:
             torch.cuda.synchronize(dev)

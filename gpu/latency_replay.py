@@ -5,6 +5,7 @@ verdict can be re-read without the device.
 
     python3 gpu/latency_replay.py record URL OUT.jsonl     (until killed)
     python3 gpu/latency_replay.py replay OUT.jsonl [KEY=VALUE ...]   ([daemon] overrides)
+    python3 gpu/latency_replay.py intervals OUT.jsonl      (each scrape interval's load and p50/p99)
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from zerod.engine import metrics as names  # noqa: E402
 
-# the series the latency watcher reads (histogram lines start with the family's name)
+# the series the latency watcher reads (histogram lines start with the family's name), and
+# the engine's step times to read the run by
 KEEP = (names.TIME_TO_FIRST_TOKEN_SECONDS, names.INTER_TOKEN_LATENCY_SECONDS,
-        names.REQUESTS_RUNNING, names.REQUESTS_WAITING)
+        names.REQUESTS_RUNNING, names.REQUESTS_WAITING, names.PROMPT_TOKENS_TOTAL,
+        names.PREFIX_CACHE_HITS_TOTAL, names.STEP_SECONDS)
 
 
 def record(url: str, out: str) -> None:
@@ -66,6 +69,29 @@ def replay(path: str, overrides: list[str]) -> list[dict]:
     return list(fired.values())
 
 
+def intervals(path: str) -> None:
+    """One line per scrape interval: the concurrency at both ends, ITL and TTFT counts,
+    p50 and p99 (ms) of the interval alone."""
+    from zerod.watchers.engine_metrics import parse_metrics
+
+    def ms(h, q):
+        return "-" if h.count <= 0 else f"{h.quantile(q) * 1000:.1f}"
+
+    prev, t0 = None, None
+    for line in open(path):
+        rec = json.loads(line)
+        values, ttft, itl = parse_metrics("\n".join(rec["lines"]) + "\n")
+        load = values.get(names.REQUESTS_RUNNING, 0) + values.get(names.REQUESTS_WAITING, 0)
+        t0 = rec["t"] if t0 is None else t0
+        if prev is not None:
+            p_load, p_ttft, p_itl = prev
+            d_itl, d_ttft = itl.minus(p_itl), ttft.minus(p_ttft)
+            print(f"{rec['t'] - t0:6.0f} s  load {p_load:4.0f} -> {load:4.0f}  itl n={d_itl.count:6.0f} "
+                  f"p50 {ms(d_itl, 0.5):>6s} p99 {ms(d_itl, 0.99):>6s}  ttft n={d_ttft.count:4.0f} "
+                  f"p50 {ms(d_ttft, 0.5):>6s} p99 {ms(d_ttft, 0.99):>6s}")
+        prev = (load, ttft, itl)
+
+
 if __name__ == "__main__":
     if len(sys.argv) >= 4 and sys.argv[1] == "record":
         record(sys.argv[2], sys.argv[3])
@@ -74,5 +100,7 @@ if __name__ == "__main__":
         for a in fired:
             print(json.dumps(a))
         print(f"LatencyRegression in the replay: {len(fired) or 'none'}")
+    elif len(sys.argv) == 3 and sys.argv[1] == "intervals":
+        intervals(sys.argv[2])
     else:
         sys.exit(__doc__)

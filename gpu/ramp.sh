@@ -46,10 +46,14 @@ APID=$!
 # the engine's scrapes, 1 Hz, for gpu/latency_replay.py (the verdict re-read offline)
 $PY gpu/latency_replay.py record http://127.0.0.1:8000/metrics "$W/scrapes.jsonl" &
 RPID=$!
+SEED=0
 for C in $STAGES; do
     stamp "stage: $C streams for ${STAGE_S}s"
+    # new prompts every stage: with one seed each stage replayed the stage before's prompts
+    # (prefix-cache hits) until it ran past them — a change of work the detector rightly saw
+    SEED=$((SEED + 1))
     timeout -k 10 -s INT "$STAGE_S" $PY -m zerod bench --port 8000 --no-progress --input-len 128 --output-len 256 \
-        --max-concurrency "$C" --num-prompts 100000 --warmup 0 \
+        --max-concurrency "$C" --num-prompts $((C * STAGE_S)) --warmup 0 --seed "$SEED" \
         >> "$W/load.txt" 2>&1
 done
 stamp "ramp done"

@@ -238,6 +238,54 @@ def test_without_a_foreign_process_the_alert_names_throttling_or_says_none_found
     assert a.labels["cause"] == "GpuThrottled" and a.fix == "check airflow"
 
 
+class PromptSim(SimEngine):
+    """SimEngine whose requests have 128-token prompts, `cached` of them in the prefix cache."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cached = 0.875
+        self.hits = 0
+
+    def gauges(self) -> dict:
+        return {**super().gauges(), "prefix_cache_queries": 0, "prefix_cache_hits": self.hits}
+
+    def second(self) -> None:
+        super().second()
+        first = max(1, self.streams // 4)   # SimEngine's first tokens per second
+        self.metrics.prompt_tokens.inc(128 * first)
+        self.hits += int(128 * self.cached) * first
+
+
+def test_a_regression_with_fewer_prefix_hits_names_the_prompts_not_the_host():
+    """The H200 ramp: a stage's first requests replayed the prompts of the stage before
+    (112 of 128 tokens cached), the rest were new; TTFT and ITL p99 doubled at the same
+    load. Nothing on the host changed: the alert says the prompts did."""
+    sim = PromptSim()
+    cfg, clock, book, metrics, latency, _ = daemon_side()
+    run(sim, clock, metrics, latency, 300, streams=lambda i: 64)
+    assert not regressions(book)
+    sim.cached, sim.slowdown = 0.0, 2.0
+    run(sim, clock, metrics, latency, 20)
+    a = book.get("LatencyRegression", "ttft")
+    assert a is not None and a.summary.endswith("; likely cause: the prompts, not the host")
+    run(sim, clock, metrics, latency, 60)   # the window all new prompts
+    a = book.get("LatencyRegression", "ttft")
+    assert a is not None and a.summary.endswith("; likely cause: the prompts, not the host")
+    assert a.labels["cause"] == "prompts"
+    assert "prefix-cache hits 0% of prompt tokens, normally 88%" in a.description
+    assert "128 prompt tokens computed per request over the window" in a.description
+
+
+def test_a_rogue_job_with_the_same_prompts_is_not_blamed_on_them():
+    sim = PromptSim()
+    cfg, clock, book, metrics, latency, recent = daemon_side()
+    run(sim, clock, metrics, latency, 300, streams=lambda i: 64)
+    sim.slowdown = 2.0
+    run(sim, clock, metrics, latency, 30)
+    a = book.get("LatencyRegression", "itl")
+    assert a is not None and a.summary.endswith("no likely cause found") and "cause" not in a.labels
+
+
 def test_factor_zero_turns_the_baseline_off_and_slo_still_works():
     sim = SimEngine()
     cfg, clock, book, metrics, latency, _ = daemon_side(latency_regression_factor=0, slo_ttft_p99_s=0.15)

@@ -118,14 +118,9 @@ def _logprobs(d, seq, **kw) -> torch.Tensor:
         eng.shutdown(0)
 
 
-BLOCK_W8A16_OFF = pytest.mark.xfail(
-    reason="the block W8A16 kernel's decode graphs did not capture on the H200 (2026-12-01, "
-           "gpu/results/fp8/); W8A16_MAX_M keeps block weights off that path", strict=False)
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt,path", [("channel", "w8a16"), ("channel", "w8a8"), ("block", "w8a8"),
-                                      pytest.param("block", "w8a16", marks=BLOCK_W8A16_OFF)])
+                                      ("block", "w8a16")])
 def test_fp8_on_gpu_matches_the_cpu_reference(base, tmp_path, monkeypatch, fmt, path):
     """The real kernels in bf16 with CUDA graphs and FP8 KV pages, every step on one path
     (W8A16_MAX_M set so): the Triton W8A16 GEMM, or per-token quant + torch._scaled_mm

@@ -7,7 +7,9 @@ per row. The grids have min(T, T/BLOCK_M + slots) row tiles, not slots x T/BLOCK
 decode step of 200 rows over 8 adapters launches ~21 row tiles, not 104 mostly empty
 ones. Slot 0 ("no adapter") has no tile: base rows in a mixed batch cost nothing here.
 Every grid is fixed by shapes and nothing syncs with the host: the kernels are captured
-in the decode CUDA graphs.
+in the decode CUDA graphs. The ints that vary with a step's rows (T, tiles, splits) are
+not specialised on: a prefill of a row count the warm-up did not run compiles nothing
+(the H200 showed 0.7-1.8 s compiles at the first 700-token mixed-adapter step).
 
 Two ways, by the number of rows T (the projection's segments are fused in both):
 - T <= FUSED_MAX_ROWS (decode): one launch per projection. Each program computes its
@@ -48,7 +50,7 @@ def num_tiles(T: int, S: int, bm: int) -> int:
     return min(T, triton.cdiv(T, bm) + S - 1)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T", "S", "NT"])
 def _group_kernel(idx_ptr, order_ptr, starts_ptr, counts_ptr, tiles_ptr, T, S, NT,
                   BM: tl.constexpr, BLOCK: tl.constexpr):
     # one program: a stable counting sort by slot, then the tile table
@@ -137,7 +139,7 @@ def _add_expand(y_ptr, stride_yt, b_ptr, stride_bn, xa, s, rows, mask_m, cols, m
     tl.store(ptrs, (y + d).to(y_ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["NT"])
 def _fused_kernel(y_ptr, x_ptr, a_ptr, b_ptr, order_ptr, starts_ptr, counts_ptr, tiles_ptr,
                   NT, K, n1, n2, n3, t1, t2, rank,
                   stride_yt, stride_xt, stride_as, stride_ar, stride_bs, stride_bn,
@@ -164,7 +166,7 @@ def _fused_kernel(y_ptr, x_ptr, a_ptr, b_ptr, order_ptr, starts_ptr, counts_ptr,
                 rank, stride_bs, BR, IEEE)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["NT", "T", "k_per_split"])
 def _shrink_kernel(x_ptr, a_ptr, out_ptr, order_ptr, starts_ptr, counts_ptr, tiles_ptr,
                    NT, T, K, R, k_per_split,
                    stride_xt, stride_as, stride_ar, stride_ot,
@@ -194,7 +196,7 @@ def _shrink_kernel(x_ptr, a_ptr, out_ptr, order_ptr, starts_ptr, counts_ptr, til
              mask=mask_m[:, None] & mask_r[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["NT", "T", "splits"])
 def _expand_kernel(y_ptr, part_ptr, b_ptr, order_ptr, starts_ptr, counts_ptr, tiles_ptr,
                    NT, T, splits, n1, n2, n3, t1, t2, rank,
                    stride_yt, stride_pt, stride_bs, stride_bn,

@@ -40,7 +40,9 @@ MIN_CAPABILITY = (8, 9)   # e4m3 tensor cores: Ada (sm_89), Hopper (sm_90) and n
 # stops beating activation quantization + the W8A8 GEMM. Measured on the H200
 # (gpu/fp8_gemm_bench.py, gpu/results/fp8/, docs/perf.md section 11): per-row W8A16 wins
 # to M = 16 (100-104 vs 125-129 us a layer), loses at 64. Block weights: 0, the block
-# W8A16 path is off until its decode graphs capture on the H200 (they did not there).
+# W8A16 path is off: its decode graphs did not capture on the first H200 run; they did on
+# the second (tests/test_fp8_checkpoints.py, once every bucket was warmed before capture),
+# but its speed against the block W8A8 GEMM at small M is not measured yet.
 W8A16_MAX_M = {"row": 16, "block": 0}
 
 

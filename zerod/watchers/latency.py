@@ -16,7 +16,9 @@ document's incident (a monitoring agent's GPU poll taking P99 from 90 to
 sensible SLO. The alert names the likely cause: a foreign GPU process that
 appeared within `cause_window_s` before the regression began (or since), else
 throttling, an Xid, PCIe replays, ECC errors or a failing preflight check that
-began then — or says that none was found.
+began then, else the prompts (each request needed the factor times more prompt
+tokens computed than the normal's: longer prompts or fewer prefix-cache hits) —
+or says that none was found.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from zerod.daemon_config import DaemonConfig
 from zerod.engine import metrics as names
 from zerod.watchers import Watcher
 from zerod.watchers.engine_metrics import EngineMetricsWatcher, Sample
-from zerod.watchers.latency_baseline import LatencyBaseline, load_bucket
+from zerod.watchers.latency_baseline import LatencyBaseline, Work, load_bucket
 
 HISTORY = 600
 RATE_WINDOW_S = 5.0
@@ -45,6 +47,16 @@ def _ms(v: float | None) -> str:
 
 def _concurrency(s: Sample) -> float:
     return s.values.get(names.REQUESTS_RUNNING, 0.0) + s.values.get(names.REQUESTS_WAITING, 0.0)
+
+
+def _work(a: Sample, b: Sample, first_tokens: float) -> Work:
+    """The prompt work of the interval a -> b (an engine that does not export the
+    counters: none, and no verdict on it)."""
+    def delta(name: str) -> float:
+        return max(0.0, b.values.get(name, 0.0) - a.values.get(name, 0.0))
+    if names.PROMPT_TOKENS_TOTAL not in b.values:
+        return Work()
+    return Work(first_tokens, delta(names.PROMPT_TOKENS_TOTAL), delta(names.PREFIX_CACHE_HITS_TOTAL))
 
 
 class LatencyWatcher(Watcher):
@@ -127,7 +139,8 @@ class LatencyWatcher(Watcher):
                 continue
             # the higher load of the two scrapes: when load rises at once, the interval's
             # latencies (first tokens queued behind the new prefills) belong to the new load
-            self.baseline.add(b.t, max(_concurrency(a), _concurrency(b)), {"ttft": ttft, "itl": itl})
+            self.baseline.add(b.t, max(_concurrency(a), _concurrency(b)), {"ttft": ttft, "itl": itl},
+                              _work(a, b, ttft.count))
         if samples:
             self._learned_to = samples[-1].t
 
@@ -149,7 +162,8 @@ class LatencyWatcher(Watcher):
                 if worst.ratio > factor:
                     self.baseline.taint(what)  # a regression is not the new normal
                     return "over", {"basis": "baseline", "p99": worst.p99_s, "normal": worst.normal_p99_s,
-                                    "bucket": worst.bucket, "count": worst.count, "ratio": worst.ratio}
+                                    "bucket": worst.bucket, "count": worst.count, "ratio": worst.ratio,
+                                    "factor": factor}
                 verdicts.append("fine")
         return ("fine" if verdicts else "none"), {}
 
@@ -202,6 +216,11 @@ class LatencyWatcher(Watcher):
                 desc += "; likely cause: " + "; also: ".join(f"{x.alertname}: {x.summary}" for x in alerts)
                 labels.update(cause=a.alertname, gpu=a.labels.get("gpu"))
                 fix = a.fix or fix
+            elif (prompts := self.prompt_cause(what, v)) is not None:
+                summary += "; likely cause: the prompts, not the host"
+                desc += "; likely cause: the prompts, not the host: " + prompts
+                labels.update(cause="prompts")
+                fix = "none on the host: the traffic changed (compare prefix-cache hits in zerod top)"
             else:
                 summary += "; no likely cause found"
                 desc += (f"; no likely cause found: no new process on the GPU, no throttling, Xid, PCIe replays, "
@@ -209,6 +228,21 @@ class LatencyWatcher(Watcher):
                          f"it began")
             self.book.fire("LatencyRegression", self.spec.key(what), severity="warning", summary=summary, description=desc,
                            labels=labels, fix=fix)
+
+    def prompt_cause(self, what: str, v: dict[str, Any]) -> str | None:
+        """When the window's requests each needed `latency_regression_factor` times more
+        prompt tokens computed than the normal's at that load (longer prompts, or fewer
+        prefix-cache hits), the engine had more work per request — a regression of the
+        traffic, not of the host. Only for the learned normal (an SLO has no normal)."""
+        if v.get("basis") != "baseline":
+            return None
+        now, normal = self.baseline.window_work(v["bucket"]), self.baseline.normal_work(what, v["bucket"])
+        a, b = now.computed_per_request, normal.computed_per_request
+        if a is None or b is None or now.first_tokens < self.cfg.latency_min_samples or a <= 0 or a < b * v["factor"]:
+            return None
+        return (f"{a:.0f} prompt tokens computed per request over the window, "
+                f"{a / b if b else math.inf:.1f}x the normal's {b:.0f} at that load (prefix-cache hits "
+                f"{now.cached_share:.0%} of prompt tokens, normally {normal.cached_share:.0%})")
 
     def likely_causes(self, since: float) -> list[dict[str, Any]]:
         """Foreign processes that appeared within cause_window_s before `since`

@@ -54,13 +54,46 @@ def load_bucket(concurrency: float) -> str:
 
 
 @dataclass
+class Work:
+    """The prompt work behind the latencies: requests that got their first token, their
+    prompt tokens, and how many of those the prefix cache had (not computed)."""
+    first_tokens: float = 0.0
+    prompt_tokens: float = 0.0
+    cached_tokens: float = 0.0
+
+    def plus(self, o: "Work") -> "Work":
+        return Work(self.first_tokens + o.first_tokens, self.prompt_tokens + o.prompt_tokens,
+                    self.cached_tokens + o.cached_tokens)
+
+    @property
+    def computed_per_request(self) -> float | None:
+        if self.first_tokens <= 0:
+            return None
+        return max(0.0, self.prompt_tokens - self.cached_tokens) / self.first_tokens
+
+    @property
+    def cached_share(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens > 0 else 0.0
+
+
+@dataclass
 class Interval:
     """One scrape interval's observations."""
     t: float
     seconds: float
     bucket: str
     hists: dict[str, Histogram]
+    work: Work = field(default_factory=Work)
     tainted: set[str] = field(default_factory=set)
+
+
+@dataclass
+class Slot:
+    """One minute of the normal at one load, for one metric."""
+    start: float
+    hist: Histogram
+    seconds: float
+    work: Work
 
 
 @dataclass
@@ -82,14 +115,14 @@ class LatencyBaseline:
         self.window_s = window_s
         self.baseline_s = baseline_s
         self.window: collections.deque[Interval] = collections.deque()
-        # metric -> bucket -> [(slot start, histogram, seconds)], oldest first
-        self.slots: dict[str, dict[str, collections.deque]] = {m: {} for m in METRICS}
+        # metric -> bucket -> slots, oldest first
+        self.slots: dict[str, dict[str, collections.deque[Slot]]] = {m: {} for m in METRICS}
         self._last_t: float | None = None
 
-    def add(self, t: float, concurrency: float, hists: dict[str, Histogram]) -> None:
+    def add(self, t: float, concurrency: float, hists: dict[str, Histogram], work: Work | None = None) -> None:
         seconds = 0.0 if self._last_t is None else max(0.0, t - self._last_t)
         self._last_t = t
-        self.window.append(Interval(t, seconds, load_bucket(concurrency), hists))
+        self.window.append(Interval(t, seconds, load_bucket(concurrency), hists, work or Work()))
         while self.window and t - self.window[0].t >= self.window_s:
             self._learn(self.window.popleft())
         self._expire(t)
@@ -105,15 +138,16 @@ class LatencyBaseline:
             if metric in iv.tainted or h.count <= 0:
                 continue
             slots = self.slots[metric].setdefault(iv.bucket, collections.deque())
-            if slots and slots[-1][0] == start:
-                slots[-1] = (start, slots[-1][1].plus(h), slots[-1][2] + iv.seconds)
+            if slots and slots[-1].start == start:
+                last = slots[-1]
+                slots[-1] = Slot(start, last.hist.plus(h), last.seconds + iv.seconds, last.work.plus(iv.work))
             else:
-                slots.append((start, h, iv.seconds))
+                slots.append(Slot(start, h, iv.seconds, iv.work))
 
     def _expire(self, now: float) -> None:
         for by_bucket in self.slots.values():
             for bucket, slots in list(by_bucket.items()):
-                while slots and now - slots[0][0] > self.baseline_s + SLOT_S:
+                while slots and now - slots[0].start > self.baseline_s + SLOT_S:
                     slots.popleft()
                 if not slots:
                     del by_bucket[bucket]
@@ -129,13 +163,26 @@ class LatencyBaseline:
 
     def normal(self, metric: str, bucket: str) -> Histogram:
         total = Histogram()
-        for _, h, _ in self.slots[metric].get(bucket, ()):
-            total = total.plus(h)
+        for slot in self.slots[metric].get(bucket, ()):
+            total = total.plus(slot.hist)
         return total
 
     def normal_seconds(self, metric: str, bucket: str) -> float:
         """How long the engine ran at that load in the normal."""
-        return sum(s for _, _, s in self.slots[metric].get(bucket, ()))
+        return sum(slot.seconds for slot in self.slots[metric].get(bucket, ()))
+
+    def normal_work(self, metric: str, bucket: str) -> Work:
+        total = Work()
+        for slot in self.slots[metric].get(bucket, ()):
+            total = total.plus(slot.work)
+        return total
+
+    def window_work(self, bucket: str) -> Work:
+        total = Work()
+        for iv in self.window:
+            if iv.bucket == bucket:
+                total = total.plus(iv.work)
+        return total
 
     def compare(self, metric: str, min_samples: int, normal_min_samples: int,
                 normal_min_s: float = 0.0) -> list[Comparison]:
