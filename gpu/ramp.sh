@@ -51,9 +51,10 @@ for C in $STAGES; do
     stamp "stage: $C streams for ${STAGE_S}s"
     # new prompts every stage: with one seed each stage replayed the stage before's prompts
     # (prefix-cache hits) until it ran past them — a change of work the detector rightly saw
+    # (enough requests to outlast the stage: a request takes > 1 s; not 100,000 made up front)
     SEED=$((SEED + 1))
     timeout -k 10 -s INT "$STAGE_S" $PY -m zerod bench --port 8000 --no-progress --input-len 128 --output-len 256 \
-        --max-concurrency "$C" --num-prompts $((C * STAGE_S)) --warmup 0 --seed "$SEED" \
+        --max-concurrency "$C" --num-prompts $((4 * C * STAGE_S)) --warmup 0 --seed "$SEED" \
         >> "$W/load.txt" 2>&1
 done
 stamp "ramp done"
