@@ -99,6 +99,26 @@ def test_kernels_in_interpreter():
     run_in_interpreter(SCRIPT)
 
 
+def test_splitk_fills_the_gpu_with_short_programs_at_8b_shapes():
+    """A batch-1 decode's products at the 8B shape (qkv, o, gate_up, down) get ~100+
+    programs each, none walking more than MAX_CHUNK of K nor split below MIN_CHUNK; with
+    9 row tiles (16 rows over 8 adapters) the splits shrink instead of multiplying."""
+    pytest.importorskip("triton")
+    import triton
+
+    from zerod.engine.kernels.lora import MAX_CHUNK, MIN_CHUNK, TARGET_PROGRAMS, splitk_splits
+
+    for K, N in ((4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096)):
+        cols = triton.cdiv(N, 256)
+        for nt in (1, 9):
+            s = splitk_splits(K, nt * cols)
+            chunk = triton.cdiv(K, s)
+            assert chunk <= MAX_CHUNK and (s == 1 or chunk >= MIN_CHUNK), (K, N, nt, s)
+            assert nt * cols * s <= 2 * TARGET_PROGRAMS or chunk == MAX_CHUNK, (K, N, nt, s)
+            if nt == 1:
+                assert nt * cols * s >= TARGET_PROGRAMS // 2, (K, N, s)
+
+
 # ---------------------------------------------------------------------- on the GPU
 
 @pytest.mark.gpu
