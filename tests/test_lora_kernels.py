@@ -12,12 +12,13 @@ from zerod.engine.lora.delta import lora_reference
 from zerod.engine.lora.slabs import LoraBatch
 
 
-# (rows, segments of the output, max rank, slots incl. 0): decode-sized batches (the
-# fused kernel, up to FUSED_MAX_ROWS rows) and larger ones (shrink + expand), fused qkv
-# (GQA) and gate_up, a plain projection, a rank below the tile, more rows of one slot
-# than a tile holds
-CASES = [(1, (64, 32, 32), 16, 5), (7, (48,), 8, 3), (16, (96, 96), 16, 3),
-         (40, (96, 96), 16, 9), (300, (64, 32, 32), 16, 4), (33, (80,), 4, 2)]
+# (rows, segments of the output, max rank, slots incl. 0, every row in slot 1): decode-sized
+# batches (up to FUSED_MAX_ROWS rows, the DECODE ways) with base rows mixed in, and larger
+# ones (shrink + expand): fused qkv (GQA) and gate_up, a plain projection, ranks 16, 8 and
+# one below the tile, more rows of one slot than a tile holds
+CASES = [(1, (64, 32, 32), 16, 5, True), (7, (48,), 8, 3, False), (16, (96, 96), 16, 3, True),
+         (12, (64, 32, 32), 8, 4, False), (9, (96, 96), 8, 5, False), (16, (48,), 16, 4, False),
+         (40, (96, 96), 16, 9, False), (300, (64, 32, 32), 16, 4, False), (33, (80,), 4, 2, False)]
 
 
 def check_grouping(groups, idx: torch.Tensor, S: int) -> list[str]:
@@ -39,15 +40,18 @@ def check_grouping(groups, idx: torch.Tensor, S: int) -> list[str]:
 
 def check_kernels(device: str, dtype: torch.dtype, tol: float) -> list[str]:
     """Failures (empty: all match) of the kernels vs the reference over CASES, through
-    add_lora (the way a forward takes) and through the other way for the same rows."""
-    from zerod.engine.kernels.lora import add_lora, lora_expand, lora_fused, lora_shrink
+    add_lora (the way a forward takes) and every other way for the same rows."""
+    from zerod.engine.kernels.lora import DECODE, FUSED_MAX_ROWS, add_lora, lora_splitk
 
-    def split(y, x, A, B, segs, g):
-        lora_expand(y, lora_shrink(x, A, g), B, segs, g)
+    def splitk3(y, x, A, B, segs, g):   # K = 72 in three chunks of 32, 32 and 8
+        lora_splitk(y, x, A, B, segs, g, splits=3)
 
     g = torch.Generator().manual_seed(1)
     bad = []
-    for T, segs, R, S in CASES:
+    for T, segs, R, S, one_slot in CASES:
+        ways = {"add_lora": add_lora, "two-launch": DECODE["two-launch"]}
+        if T <= FUSED_MAX_ROWS:
+            ways.update(DECODE, **{"splitk-atomic x3": splitk3})
         n_in = 72
         A = torch.randn(S, len(segs) * R, n_in, generator=g) * 0.2
         B = torch.randn(S, sum(segs), R, generator=g) * 0.2
@@ -56,8 +60,10 @@ def check_kernels(device: str, dtype: torch.dtype, tol: float) -> list[str]:
         x = torch.randn(T, n_in, generator=g)
         y = torch.randn(T, sum(segs), generator=g)
         idx = torch.randint(0, S, (T,), generator=g, dtype=torch.int32)
-        if T == 16:
-            idx[:] = 1     # one slot, a full tile
+        if one_slot:
+            idx[:] = 1
+        else:
+            idx[0] = 0     # a base row among adapter rows
         A, B, x, y, idx = (t.to(device) for t in (A, B, x, y, idx))
         A, B, x, y = (t.to(dtype) for t in (A, B, x, y))
         want = lora_reference(y.clone(), x, A, B, segs, idx).float()
@@ -65,7 +71,7 @@ def check_kernels(device: str, dtype: torch.dtype, tol: float) -> list[str]:
         batch.set(idx, grouped=True)
         bad += check_grouping(batch.groups, idx, S)
         base = idx == 0
-        for way, fn in (("add_lora", add_lora), ("fused", lora_fused), ("shrink+expand", split)):
+        for way, fn in ways.items():
             got = y.clone()
             fn(got, x, A, B, segs, batch.groups)
             err = (got.float() - want).abs().max().item()
@@ -91,6 +97,26 @@ print("RESULT", "bad" if bad else "ok")
 def test_kernels_in_interpreter():
     pytest.importorskip("triton")
     run_in_interpreter(SCRIPT)
+
+
+def test_splitk_fills_the_gpu_with_short_programs_at_8b_shapes():
+    """A batch-1 decode's products at the 8B shape (qkv, o, gate_up, down) get ~100+
+    programs each, none walking more than MAX_CHUNK of K nor split below MIN_CHUNK; with
+    9 row tiles (16 rows over 8 adapters) the splits shrink instead of multiplying."""
+    pytest.importorskip("triton")
+    import triton
+
+    from zerod.engine.kernels.lora import MAX_CHUNK, MIN_CHUNK, TARGET_PROGRAMS, splitk_splits
+
+    for K, N in ((4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096)):
+        cols = triton.cdiv(N, 256)
+        for nt in (1, 9):
+            s = splitk_splits(K, nt * cols)
+            chunk = triton.cdiv(K, s)
+            assert chunk <= MAX_CHUNK and (s == 1 or chunk >= MIN_CHUNK), (K, N, nt, s)
+            assert nt * cols * s <= 2 * TARGET_PROGRAMS or chunk == MAX_CHUNK, (K, N, nt, s)
+            if nt == 1:
+                assert nt * cols * s >= TARGET_PROGRAMS // 2, (K, N, s)
 
 
 # ---------------------------------------------------------------------- on the GPU

@@ -11,11 +11,18 @@ in the decode CUDA graphs. The ints that vary with a step's rows (T, tiles, spli
 not specialised on: a prefill of a row count the warm-up did not run compiles nothing
 (the H200 showed 0.7-1.8 s compiles at the first 700-token mixed-adapter step).
 
-Two ways, by the number of rows T (the projection's segments are fused in both):
-- T <= FUSED_MAX_ROWS (decode): one launch per projection. Each program computes its
-  rows' x A_segᵀ (rank columns of its output segment only) over all of K, then adds
-  that times B_segᵀ into its column tile of y. Re-reading A per column tile costs L2
-  traffic, not launches: at batch 1, launches are what a step pays for.
+Two paths, by the number of rows T (the projection's segments are fused in all):
+- T <= FUSED_MAX_ROWS (decode): DECODE_WAY picks one of DECODE (the bench times
+  each, gpu/lora_kernels_bench.py):
+  "splitk-atomic" (default): ONE launch, grid (row tiles, column tiles, K splits). Each
+    program computes its rows' x A_segᵀ over its K chunk only, times B_segᵀ of its
+    column tile, and atomically adds that into y (the delta is linear in the K chunks).
+    A batch-1 step is latency bound: this fills the GPU (~TARGET_PROGRAMS programs) with
+    short programs (<= MAX_CHUNK of K each) for one launch, paying the re-reads of each A
+    chunk per column tile from L2 (~5-9 MB a product at the 8B shape).
+  "two-launch": the shrink and expand below (A and B read once each, two launches).
+  "fused": one launch, grid (row tiles, column tiles), each program walks all of K alone:
+    few long programs (16 for down_proj at T=1, 56 serial K steps each).
 - larger T (prefill, big batches): a shrink, split over K so that few rows still fill
   the GPU, writes float32 partials [splits, T, R]; the expand sums them as it reads
   them (no reduction launch) and adds into y in place.
@@ -30,6 +37,10 @@ import triton
 import triton.language as tl
 
 FUSED_MAX_ROWS = 16
+DECODE_WAY = "splitk-atomic"
+TARGET_PROGRAMS = 256   # splitk-atomic: ~2 programs an SM of an H200 (132 SMs)
+MIN_CHUNK = 512         # ... K per split at least (each split rounds its partial into y)
+MAX_CHUNK = 2048        # ... and at most (a program's serial K steps)
 
 
 class Groups(NamedTuple):
@@ -123,16 +134,26 @@ def _segment_cols(tile, n1, n2, n3, t1, t2, BN: tl.constexpr):
 
 
 @triton.jit
+def _load_bt(b_ptr, stride_bn, s, cols, mask_n, rank, stride_bs, BR: tl.constexpr):
+    """B_s[cols]ᵀ [BR, BN] (rows past the rank: zeros)."""
+    offs_r = tl.arange(0, BR)
+    return tl.load(b_ptr + s.to(tl.int64) * stride_bs + cols[None, :].to(tl.int64) * stride_bn + offs_r[:, None],
+                   mask=mask_n[None, :] & (offs_r[:, None] < rank), other=0.0)
+
+
+@triton.jit
+def _dot(a, b, IEEE: tl.constexpr):
+    if IEEE:
+        return tl.dot(a, b, input_precision="ieee")
+    return tl.dot(a, b)
+
+
+@triton.jit
 def _add_expand(y_ptr, stride_yt, b_ptr, stride_bn, xa, s, rows, mask_m, cols, mask_n,
                 rank, stride_bs, BR: tl.constexpr, IEEE: tl.constexpr):
     """y[rows, cols] += xa [BM, BR] (float32) B_s[cols]ᵀ."""
-    offs_r = tl.arange(0, BR)
-    bt = tl.load(b_ptr + s.to(tl.int64) * stride_bs + cols[None, :].to(tl.int64) * stride_bn + offs_r[:, None],
-                 mask=mask_n[None, :] & (offs_r[:, None] < rank), other=0.0)
-    if IEEE:
-        d = tl.dot(xa.to(bt.dtype), bt, input_precision="ieee")
-    else:
-        d = tl.dot(xa.to(bt.dtype), bt)
+    bt = _load_bt(b_ptr, stride_bn, s, cols, mask_n, rank, stride_bs, BR)
+    d = _dot(xa.to(bt.dtype), bt, IEEE)
     ptrs = y_ptr + rows[:, None] * stride_yt + cols[None, :]
     mask = mask_m[:, None] & mask_n[None, :]
     y = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
@@ -158,12 +179,38 @@ def _fused_kernel(y_ptr, x_ptr, a_ptr, b_ptr, order_ptr, starts_ptr, counts_ptr,
         xt = tl.load(x_ptr + rows[:, None] * stride_xt + offs_k[None, :],
                      mask=mask_m[:, None] & mask_k[None, :], other=0.0)
         at = tl.load(a_base + offs_k[:, None], mask=(offs_r[None, :] < rank) & mask_k[:, None], other=0.0)
-        if IEEE:
-            acc += tl.dot(xt, at, input_precision="ieee")
-        else:
-            acc += tl.dot(xt, at)
+        acc += _dot(xt, at, IEEE)
     _add_expand(y_ptr, stride_yt, b_ptr, stride_bn, acc, s, rows, mask_m, cols, mask_n,
                 rank, stride_bs, BR, IEEE)
+
+
+@triton.jit(do_not_specialize=["NT"])
+def _splitk_kernel(y_ptr, x_ptr, a_ptr, b_ptr, order_ptr, starts_ptr, counts_ptr, tiles_ptr,
+                   NT, K, k_per_split, n1, n2, n3, t1, t2, rank,
+                   stride_yt, stride_xt, stride_as, stride_ar, stride_bs, stride_bn,
+                   BM: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
+                   IEEE: tl.constexpr):
+    s, rows, mask_m = _tile_rows(tiles_ptr, NT, order_ptr, starts_ptr, counts_ptr, BM)
+    if s == 0:
+        return
+    seg, cols, mask_n = _segment_cols(tl.program_id(1), n1, n2, n3, t1, t2, BN)
+    bt = _load_bt(b_ptr, stride_bn, s, cols, mask_n, rank, stride_bs, BR)   # first: overlaps the K loop
+    offs_r = tl.arange(0, BR)
+    a_base = a_ptr + s.to(tl.int64) * stride_as + (seg * rank + offs_r[None, :]) * stride_ar
+    acc = tl.zeros((BM, BR), dtype=tl.float32)
+    k_lo = tl.program_id(2) * k_per_split
+    for k0 in range(k_lo, k_lo + k_per_split, BK):
+        offs_k = k0 + tl.arange(0, BK)
+        mask_k = offs_k < K
+        xt = tl.load(x_ptr + rows[:, None] * stride_xt + offs_k[None, :],
+                     mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+        at = tl.load(a_base + offs_k[:, None], mask=(offs_r[None, :] < rank) & mask_k[:, None], other=0.0)
+        acc += _dot(xt, at, IEEE)
+    d = _dot(acc.to(bt.dtype), bt, IEEE)
+    # the splits add in whatever order they finish: in bf16/fp16 each partial is rounded
+    # into y on its own, so y's last bits differ from run to run (not bit-reproducible)
+    tl.atomic_add(y_ptr + rows[:, None] * stride_yt + cols[None, :], d,
+                  mask=mask_m[:, None] & mask_n[None, :], sem="relaxed")
 
 
 @triton.jit(do_not_specialize=["NT", "T", "k_per_split"])
@@ -187,10 +234,7 @@ def _shrink_kernel(x_ptr, a_ptr, out_ptr, order_ptr, starts_ptr, counts_ptr, til
                      mask=mask_m[:, None] & mask_k[None, :], other=0.0)
         at = tl.load(a_base + offs_r[None, :] * stride_ar + offs_k[:, None],
                      mask=mask_r[None, :] & mask_k[:, None], other=0.0)
-        if IEEE:
-            acc += tl.dot(xt, at, input_precision="ieee")
-        else:
-            acc += tl.dot(xt, at)
+        acc += _dot(xt, at, IEEE)
     out = out_ptr + split.to(tl.int64) * T * stride_ot
     tl.store(out + rows[:, None] * stride_ot + offs_r[None, :], acc,
              mask=mask_m[:, None] & mask_r[None, :])
@@ -200,17 +244,21 @@ def _shrink_kernel(x_ptr, a_ptr, out_ptr, order_ptr, starts_ptr, counts_ptr, til
 def _expand_kernel(y_ptr, part_ptr, b_ptr, order_ptr, starts_ptr, counts_ptr, tiles_ptr,
                    NT, T, splits, n1, n2, n3, t1, t2, rank,
                    stride_yt, stride_pt, stride_bs, stride_bn,
-                   BM: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr, IEEE: tl.constexpr):
+                   BM: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr, SB: tl.constexpr,
+                   IEEE: tl.constexpr):
     s, rows, mask_m = _tile_rows(tiles_ptr, NT, order_ptr, starts_ptr, counts_ptr, BM)
     if s == 0:
         return
     seg, cols, mask_n = _segment_cols(tl.program_id(1), n1, n2, n3, t1, t2, BN)
     offs_r = tl.arange(0, BR)
-    ptrs = part_ptr + rows[:, None] * stride_pt + seg * rank + offs_r[None, :]
-    mask = mask_m[:, None] & (offs_r[None, :] < rank)
+    offs_sp = tl.arange(0, SB)
+    ptrs = (part_ptr + rows[None, :, None] * stride_pt + seg * rank + offs_r[None, None, :]
+            + offs_sp[:, None, None].to(tl.int64) * T * stride_pt)
+    mask = mask_m[None, :, None] & (offs_r[None, None, :] < rank)
     xa = tl.zeros((BM, BR), dtype=tl.float32)
-    for sp in range(0, splits):   # the shrink's K splits, summed here
-        xa += tl.load(ptrs + sp * T * stride_pt, mask=mask, other=0.0)   # < 2**31: splits > 1 only for T <= 1024
+    for sp0 in range(0, splits, SB):   # the shrink's K splits, SB of them a load, summed here
+        sp_mask = (sp0 + offs_sp[:, None, None]) < splits
+        xa += tl.sum(tl.load(ptrs + sp0 * T * stride_pt, mask=mask & sp_mask, other=0.0), axis=0)
     _add_expand(y_ptr, stride_yt, b_ptr, stride_bn, xa, s, rows, mask_m, cols, mask_n,
                 rank, stride_bs, BR, IEEE)
 
@@ -241,6 +289,38 @@ def lora_fused(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tenso
         y, x, A, B, g.order, g.starts, g.counts, g.tiles, nt, K, n[0], n[1], n[2], tiles[0], tiles[1], rank,
         y.stride(0), x.stride(0), A.stride(0), A.stride(1), B.stride(0), B.stride(1),
         BM=g.block_m, BN=bn, BR=_block_r(rank), BK=256, IEEE=y.dtype == torch.float32, num_warps=4)
+
+
+def splitk_splits(K: int, programs: int) -> int:
+    """K splits for splitk-atomic with `programs` (row tiles x column tiles) per split:
+    about TARGET_PROGRAMS in all, each split's chunk within [MIN_CHUNK, MAX_CHUNK] of K
+    where K allows (a chunk is never cut below MIN_CHUNK to reach the target)."""
+    fill = max(1, round(TARGET_PROGRAMS / programs))
+    return max(1, min(fill, K // MIN_CHUNK), triton.cdiv(K, MAX_CHUNK))
+
+
+def lora_splitk(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                segments: tuple[int, ...], g: Groups, splits: int | None = None) -> None:
+    """As lora_fused, one launch, with K split `splits` ways (None: splitk_splits) and each
+    split's delta added into y atomically. y must be float32, float16 or bfloat16."""
+    T, K = x.shape
+    S, N, rank = B.shape
+    nt = g.tiles.shape[1]
+    if not nt or S == 1:
+        return
+    assert y.stride(-1) == 1
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    bn = 256 if N >= 4096 else 64
+    n, tiles = _col_tiles(segments, bn)
+    splits = splits or splitk_splits(K, nt * sum(tiles))
+    chunk = triton.cdiv(K, splits)
+    bk = min(256, max(16, triton.next_power_of_2(chunk)))
+    k_per_split = triton.cdiv(chunk, bk) * bk
+    _splitk_kernel[(nt, sum(tiles), triton.cdiv(K, k_per_split))](
+        y, x, A, B, g.order, g.starts, g.counts, g.tiles, nt, K, k_per_split,
+        n[0], n[1], n[2], tiles[0], tiles[1], rank,
+        y.stride(0), x.stride(0), A.stride(0), A.stride(1), B.stride(0), B.stride(1),
+        BM=g.block_m, BN=bn, BR=_block_r(rank), BK=bk, IEEE=y.dtype == torch.float32, num_warps=4)
 
 
 def lora_shrink(x: torch.Tensor, A: torch.Tensor, g: Groups) -> torch.Tensor:
@@ -281,13 +361,22 @@ def lora_expand(y: torch.Tensor, part: torch.Tensor, B: torch.Tensor, segments: 
         y, part, B, g.order, g.starts, g.counts, g.tiles, nt, T, part.shape[0],
         n[0], n[1], n[2], tiles[0], tiles[1], rank,
         y.stride(0), part.stride(1), B.stride(0), B.stride(1),
-        BM=g.block_m, BN=bn, BR=_block_r(rank), IEEE=y.dtype == torch.float32, num_warps=4)
+        BM=g.block_m, BN=bn, BR=_block_r(rank), SB=8, IEEE=y.dtype == torch.float32, num_warps=4)
+
+
+def lora_two_launch(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                    segments: tuple[int, ...], g: Groups) -> None:
+    """y += the delta by lora_shrink then lora_expand."""
+    lora_expand(y, lora_shrink(x, A, g), B, segments, g)
+
+
+DECODE = {"splitk-atomic": lora_splitk, "two-launch": lora_two_launch, "fused": lora_fused}
 
 
 def add_lora(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
              segments: tuple[int, ...], g: Groups) -> None:
-    """y += the LoRA delta of each row's adapter, in place: fused for few rows."""
+    """y += the LoRA delta of each row's adapter, in place: DECODE_WAY for few rows."""
     if x.shape[0] <= FUSED_MAX_ROWS:
-        lora_fused(y, x, A, B, segments, g)
+        DECODE[DECODE_WAY](y, x, A, B, segments, g)
     else:
-        lora_expand(y, lora_shrink(x, A, g), B, segments, g)
+        lora_two_launch(y, x, A, B, segments, g)
