@@ -15,7 +15,7 @@ W=/tmp/lora; rm -rf "$W"; mkdir -p "$W"
 . gpu/wheels.sh peft xgrammar compressed_tensors   # packages the device image lacks (peft for the tests, psutil), carried in .whl
 SHAPE=8b; SERVE_X="--dtype bfloat16 --max-model-len 8192 --max-num-seqs 256"
 S200="--streams 200 --requests 400"; B1="--streams 1 --requests 4 --input-len 16 --output-len 256"
-# the kernels alone first: per projection, base product vs LoRA delta, new vs old (< 1 min)
+# the kernels alone first: per projection, base product vs each decode way's delta (< 1 min)
 [ "${KBENCH:-1}" = 1 ] && $PY gpu/lora_kernels_bench.py "$W/kernels.json" 2>&1 | tee "$W/kernels_bench.txt" | tail -12
 if [ "${SMOKE:-0}" = 1 ]; then
   SHAPE=tiny; SERVE_X="--dtype float32 --device cpu --max-model-len 1024 --max-num-seqs 64"
