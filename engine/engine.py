@@ -510,10 +510,7 @@ class Engine:
         try:
             if start is not None:
                 start.record()
-            with torch.inference_mode():   # runner.step in two parts, timed apart
-                staged = self.runner.stage(ring_idx, batch)
-                clock.staged()
-                rows = self.runner.launch(ring_idx, staged)
+            rows = self.runner.step(ring_idx, batch, on_staged=clock.staged)
             if end is not None:
                 end.record()
         except BaseException:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
@@ -291,11 +292,15 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ one step
     @torch.inference_mode()
-    def step(self, ring_idx: int, batch: Batch) -> list[Request]:
+    def step(self, ring_idx: int, batch: Batch, on_staged: Callable[[], None] | None = None) -> list[Request]:
         """Launch one step: slot tables of requests new on the device, the prefill chunks,
         one decode token per decoding request. Sampled ids land in ring.tokens[ring_idx];
-        returns the requests in ring-row order."""
-        return self.launch(ring_idx, self.stage(ring_idx, batch))
+        returns the requests in ring-row order. on_staged: called between staging and
+        launching (the engine times the two)."""
+        staged = self.stage(ring_idx, batch)
+        if on_staged is not None:
+            on_staged()
+        return self.launch(ring_idx, staged)
 
     def stage(self, ring_idx: int, batch: Batch) -> StepInputs:
         """Pack the step's inputs into ring slot ring_idx's pinned buffer; one H2D copy."""
