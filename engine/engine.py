@@ -27,6 +27,7 @@ from .config import EngineConfig, EngineError, RequestRejected
 from .hf_config import load_model_config, parse_dtype
 from .interface import EngineStats
 from .kv_pool import KVPool, kv_torch_dtype
+from .launch_clock import LaunchClock
 from .loader import build_model
 from .lora import LoraAdapter, LoraError, LoraManager
 from .metrics import EngineMetrics
@@ -164,6 +165,7 @@ class Engine:
         self._error: str | None = None
         self._stream_errors = 0
         self._steps = 0
+        self._clock = LaunchClock()   # a slow launch's log line says where its time went
         self._running_count = 0
         # vLLM's lora_requests_info (running, waiting, max_loras, when), written by the step thread
         self._lora_info = ("", "", cfg.max_loras, time.time()) if self.loras is not None else None
@@ -503,11 +505,12 @@ class Engine:
         ring = self.runner.ring
         ring_idx = ring.free.get()
         start, end = ring.event(), ring.event()
-        t0 = time.perf_counter()
+        clock = self._clock
+        clock.start()
         try:
             if start is not None:
                 start.record()
-            rows = self.runner.step(ring_idx, batch)
+            rows = self.runner.step(ring_idx, batch, on_staged=clock.staged)
             if end is not None:
                 end.record()
         except BaseException:
@@ -517,12 +520,12 @@ class Engine:
                 ring.free.put(ring_idx)
             raise
         self._steps += 1
-        launch_s = time.perf_counter() - t0
-        if launch_s > SLOW_LAUNCH_S:  # the host, not the GPU, held this step up (a compile?)
-            log.warning("step %d took %.0f ms to launch (%d prompt chunks, %d tokens, %d decodes)",
-                        self._steps, launch_s * 1000, len(batch.chunks),
-                        sum(c.n for c in batch.chunks), len(batch.decodes))
-        self.poller.put(StepRecord(ring_idx, rows, start if start is not None else t0,
+        took = clock.done()
+        if took.wall > SLOW_LAUNCH_S:  # the host, not the GPU, held this step up
+            log.warning("step %d took %.0f ms to launch (%d prompt chunks, %d tokens, %d decodes; %s)",
+                        self._steps, took.wall * 1000, len(batch.chunks),
+                        sum(c.n for c in batch.chunks), len(batch.decodes), took.describe())
+        self.poller.put(StepRecord(ring_idx, rows, start if start is not None else took.started,
                                    end if end is not None else time.perf_counter(),
                                    prefill_tokens=sum(c.n for c in batch.chunks),
                                    decodes=len(batch.decodes)))

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
@@ -54,7 +55,12 @@ def _sample_class(r: Request) -> int:
 
 # A prompt that arrives alone (the idle-TTFT case) is prefilled by a CUDA graph captured
 # for a padded token count: eager, its ~400 launches (a third of them Triton, each costing
-# tens of microseconds of Python) take longer than the GPU work of a short prompt.
+# tens of microseconds of Python) take longer than the GPU work of a short prompt. Its
+# cached prefix, if any, is read through the block table (the graph's table spans the
+# whole context). Every eager launch also lets go of the GIL: while another thread is
+# busy (the HTTP thread taking a wave of arrivals), each one it loses costs the step
+# thread a switch interval (5 ms), which made 100-190 ms launches of eager cached-prefix
+# prefills on the H200.
 PREFILL_GRAPH_TOKENS = (16, 32, 64, 128, 256, 512)
 
 
@@ -267,9 +273,11 @@ class ModelRunner:
         self.g_slots = torch.full((S,), self.pad_slot, dtype=torch.int64, device=dev)
         self.g_pos = torch.zeros(S, dtype=torch.int64, device=dev)
         self.buckets: list[int] = []
-        # prefill graph buffers: a padded batch of two sequences, the prompt (L tokens) and
-        # a dummy one (T - L tokens, block-table row of zeros: it reads and writes only the
-        # scratch page 0), so the shapes are fixed per T and the real rows are exact.
+        # prefill graph buffers: a padded batch of two sequences, the prompt's chunk (L
+        # tokens after its cached prefix, if any) and a dummy one (T - L tokens, block-table
+        # row of zeros: it reads and writes only the scratch page 0), so the shapes are
+        # fixed per T and the real rows are exact. The block table has every column of a
+        # context: the kernel reads only the pages below each sequence's context length.
         Tp = max((t for t in PREFILL_GRAPH_TOKENS
                   if t <= cfg.max_num_batched_tokens and t < max_model_len), default=0)
         self.pgraphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
@@ -279,16 +287,20 @@ class ModelRunner:
         self.p_smap = torch.zeros(Tp, dtype=torch.int64, device=dev)
         self.p_cu = torch.zeros(3, dtype=torch.int32, device=dev)
         self.p_ctx = torch.zeros(2, dtype=torch.int32, device=dev)
-        self.p_bt = torch.zeros(2, (Tp + self.ps - 1) // self.ps, dtype=torch.int32, device=dev)
+        self.p_bt = torch.zeros(2, self.W, dtype=torch.int32, device=dev)
         self.p_sidx = torch.zeros(1, dtype=torch.int64, device=dev)
 
     # ------------------------------------------------------------------ one step
     @torch.inference_mode()
-    def step(self, ring_idx: int, batch: Batch) -> list[Request]:
+    def step(self, ring_idx: int, batch: Batch, on_staged: Callable[[], None] | None = None) -> list[Request]:
         """Launch one step: slot tables of requests new on the device, the prefill chunks,
         one decode token per decoding request. Sampled ids land in ring.tokens[ring_idx];
-        returns the requests in ring-row order."""
-        return self.launch(ring_idx, self.stage(ring_idx, batch))
+        returns the requests in ring-row order. on_staged: called between staging and
+        launching (the engine times the two)."""
+        staged = self.stage(ring_idx, batch)
+        if on_staged is not None:
+            on_staged()
+        return self.launch(ring_idx, staged)
 
     def stage(self, ring_idx: int, batch: Batch) -> StepInputs:
         """Pack the step's inputs into ring slot ring_idx's pinned buffer; one H2D copy."""
@@ -371,16 +383,17 @@ class ModelRunner:
         with_lora = self.lora is not None and any(c.req.lora_slot for c in chunks)
         padded = self._prefill_bucket(chunks) if pad and not want_plp and not with_lora else 0
         if padded:
-            # the prompt, then a dummy sequence on the scratch page up to the padded size
+            # the prompt's chunk, then a dummy sequence on the scratch page up to the padded size
             c = chunks[0]
             L = c.n
             dummy = np.arange(padded - L, dtype=np.int64)
             toks = np.zeros(padded, dtype=np.int64)
-            toks[:L] = c.req.prompt_ids
-            pos = np.concatenate([np.arange(L, dtype=np.int64), dummy])
-            pages = np.asarray(c.req.pages, dtype=np.int64)[np.arange(L) // ps]
-            smap = np.concatenate([pages * ps + pos[:L] % ps, dummy % ps])
-            cu, ctx = [0, L, padded], [L, padded - L]
+            toks[:L] = c.req.prompt_ids[c.start:]
+            real = np.arange(c.start, c.start + L, dtype=np.int64)
+            pos = np.concatenate([real, dummy])
+            pages = np.asarray(c.req.pages, dtype=np.int64)[real // ps]
+            smap = np.concatenate([pages * ps + real % ps, dummy % ps])
+            cu, ctx = [0, L, padded], [c.start + L, padded - L]
             done, s_idx = [0], [L - 1]
         else:
             C = len(chunks)
@@ -585,11 +598,12 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ padded prefill
     def _prefill_bucket(self, chunks: list[Chunk]) -> int:
-        """The padded token count for a lone, whole, uncached prompt; 0 = the general path."""
+        """The padded token count for a lone chunk that completes its prompt (after a cached
+        prefix or from its start); 0 = the general path."""
         if not self.pad_prefill or len(chunks) != 1:
             return 0
         c = chunks[0]
-        if c.start != 0 or not c.completes:
+        if not c.completes:
             return 0
         return next((t for t in PREFILL_GRAPH_TOKENS if t > c.n and t <= self.p_toks.numel()), 0)
 
@@ -600,8 +614,7 @@ class ModelRunner:
         self.p_smap[:T].copy_(p.slot_mapping)
         self.p_cu.copy_(p.cu_seqlens)
         self.p_ctx.copy_(p.context_lens)
-        w = (T + self.ps - 1) // self.ps
-        self.p_bt[0, :w].copy_(self.block_table.index_select(0, p.slots)[0, :w])
+        self.p_bt[0].copy_(self.block_table.index_select(0, p.slots)[0])
         self.p_sidx.copy_(p.sample_idx)
         if T in self.pgraphs:
             g, out = self.pgraphs[T]
@@ -610,8 +623,7 @@ class ModelRunner:
         return self._prefill_padded_forward(T)
 
     def _prefill_padded_forward(self, T: int) -> torch.Tensor:
-        w = (T + self.ps - 1) // self.ps
-        meta = AttnMeta(slot_mapping=self.p_smap[:T], block_tables=self.p_bt[:, :w],
+        meta = AttnMeta(slot_mapping=self.p_smap[:T], block_tables=self.p_bt,
                         context_lens=self.p_ctx, cu_seqlens_q=self.p_cu)
         hidden = self.model(self.p_toks[:T], self.p_pos[:T], self.pool.kv, meta)
         return self.model.logits(hidden.index_select(0, self.p_sidx))

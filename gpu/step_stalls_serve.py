@@ -1,0 +1,36 @@
+"""`zerod serve` under one variant of gpu/step_stalls.sh:
+    python3 gpu/step_stalls_serve.py VARIANT serve ARGS...
+
+eager-prefix: the rule before this round, a lone prompt with a cached prefix prefilled
+              eagerly (~1,000 launches for the 8B shape, each letting go of the GIL);
+graph-prefix: as shipped (the padded prefill graph reads the cached prefix);
+switch-0.5ms: as shipped, and the interpreter's GIL switch interval 0.5 ms instead of 5 ms
+              (what an eager launch that loses the GIL to a busy thread waits each time).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from zerod.engine.model_runner import ModelRunner
+
+VARIANTS = ("eager-prefix", "graph-prefix", "switch-0.5ms")
+
+
+def main() -> None:
+    variant = sys.argv[1] if len(sys.argv) > 1 else ""
+    if variant not in VARIANTS:
+        sys.exit(f"usage: step_stalls_serve.py {{{','.join(VARIANTS)}}} serve ARGS...")
+    if variant == "eager-prefix":
+        bucket = ModelRunner._prefill_bucket
+        ModelRunner._prefill_bucket = lambda self, chunks: (
+            0 if chunks and chunks[0].start else bucket(self, chunks))
+    elif variant == "switch-0.5ms":
+        sys.setswitchinterval(0.0005)
+    sys.argv = ["zerod"] + sys.argv[2:]
+    from zerod.cli import main as zerod_main
+    zerod_main()
+
+
+if __name__ == "__main__":
+    main()
