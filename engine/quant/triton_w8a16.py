@@ -13,16 +13,19 @@ the float32 accumulator: once at the end per output channel, or per K tile for
 [bn, bk]-block scales (a K tile never crosses a block).
 
 Two kernels compute it, `KERNEL` picks (gpu/fp8_gemm_bench.py times both):
-- "ab": acc[BLOCK_M, BLOCK_N] = x tile · wᵀ tile, the weights as the MMA's B operand. On
-  Hopper B must sit in shared memory, so each e4m3 tile goes global -> shared ->
-  registers (widened) -> shared again before the MMA; it read the weights at 1.4-2.5 TB/s
-  on the H200 (docs/perf.md section 11).
+- "ab": acc[BLOCK_M, BLOCK_N] = x tile · wᵀ tile, the weights as the MMA's B operand. At
+  BLOCK_M = 16 Triton gives it Ampere's synchronous mma.sync.m16n8k16 (Hopper's wgmma
+  needs 64 rows of A); it read the weights at 1.4-2.5 TB/s on the H200 (docs/perf.md
+  section 11).
 - "swap_ab": yᵀ = (W·s) xᵀ, acc[BLOCK_N, BLOCK_M] = w tile · xᵀ tile, the weights as the
-  MMA's A operand, which Hopper's wgmma takes from registers: a tile is loaded once as
-  16-byte vectors along K (rows of the row-major [N, K] weight), widened in registers and
-  fed to the tensor cores, and the few activation rows (BLOCK_M = 16 at decode, wgmma's
-  N) are the operand in shared memory. Rows past N or M are read wrapped (`% N`, `% M`)
-  and never stored, so with K a multiple of BLOCK_K no weight load is masked.
+  MMA's A operand (64-128 rows: wgmma's M) and the few activation rows as its N (16 at
+  decode). wgmma takes A from registers: a weight tile is loaded as 16-byte vectors along
+  K (rows of the row-major [N, K] weight), widened in registers and fed to the tensor
+  cores asynchronously, so the next tiles' loads overlap the MMA; larger K tiles
+  (256-512) keep more bytes in flight per SM. Weight rows past N are read wrapped
+  (`% N`) and never stored, so with K a multiple of BLOCK_K no weight load is masked.
+  Compiled ahead for sm_90a (Triton 3.6, ptxas -v, no GPU): wgmma.m64n16k16 with A in
+  registers, 16-byte cp.async for the weights, no spills at any tile the bench sweeps.
 
 Split-K partials are summed by a second kernel, not float32 atomics into a zeroed
 buffer: atomics need the zeroing and a cast to the output dtype (three launches, not
