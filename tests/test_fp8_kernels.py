@@ -82,8 +82,10 @@ def run_checks(device: torch.device) -> list[tuple[str, float, float]]:
             cases += [("swap_ab", M, 200, 1000, block, None, M > 1, None),   # K, N tails; its split
                       ("swap_ab", M, 384, 512, block, 3, M == 1, None)]      # K whole: unmasked loads
     cases += [("swap_ab", 70, 200, 384, None, None, True, None),             # two row tiles
-              ("swap_ab", 16, 200, 1000, None, None, True, Tiles(128, 512, num_stages=3, num_warps=8)),
-              ("swap_ab", 3, 384, 1024, (128, 128), 2, False, Tiles(128, 256, num_warps=8, hints=False))]
+              # swept tiles (within 99 KB of shared memory: Ada's too)
+              ("swap_ab", 16, 200, 1000, None, None, True, Tiles(128, 256, num_stages=3, num_warps=8)),
+              ("swap_ab", 3, 384, 1024, None, 2, False, Tiles(64, 512, num_stages=2, num_warps=8, hints=False)),
+              ("swap_ab", 5, 384, 512, (128, 128), None, True, Tiles(128, 128, num_stages=3, num_warps=4))]
     for kernel, M, N, K, block, split, bias, tiles in cases:
         x, w = rnd(M, K, dt=adt), rnd(N, K) * 0.05
         wq, ws = fp8.quantize_blocks(w, block) if block else fp8.quantize_rows(w)
