@@ -1,5 +1,6 @@
 """The FP8 kernels against their torch references: activation quantization per token and
-per group, the block-scaled GEMM, the small-M W8A16 GEMM, `Fp8Linear` on both sides of
+per group, the block-scaled GEMM, the small-M W8A16 GEMMs (both kernels, and captured in a
+CUDA graph on the GPU), `Fp8Linear` on both sides of
 its M threshold (W8A16; W8A8 through `torch._scaled_mm`), and the KV
 cache's FP8 pages in write_kv and the decode / prefill attention kernels.
 
@@ -66,22 +67,48 @@ def run_checks(device: torch.device) -> list[tuple[str, float, float]]:
         y = triton_fp8.block_fp8_matmul(aq, as_, bq, bs, (128, 128), torch.float32)
         ref = (aq.float().view(M, -1, 128) * as_[..., None]).view(M, K) @ fp8.dequantize_blocks(bq, bs, (128, 128)).t()
         out.append((f"block_fp8_matmul M={M} N={N} K={K}", _rel(y, ref), mm_tol))
-    # the W8A16 kernel against the dequantized weights (activations as they are): exact
+    # the W8A16 kernels against the dequantized weights (activations as they are): exact
     # products summed in float32, then rounded to the activations' dtype (bf16 on the GPU:
-    # ~1e-3 relative; fp16 in the interpreter: ~2e-4). Its own splits, forced splits
-    # (partials summed by the second kernel), a K tail, bias, channel and block scales
+    # ~1e-3 relative; fp16 in the interpreter: ~2e-4). Their own splits, forced splits
+    # (partials summed by the second kernel), a K tail, an N tail, bias, channel and block
+    # scales; swap_ab also with tiles other than its defaults (as the bench sweeps them)
     wtol = 5e-3 if adt == torch.bfloat16 else 1e-3
-    for M, N, K, block, split, bias in [(1, 384, 256, None, None, False), (5, 640, 384, None, 2, True),
-                                        (17, 256, 1000, None, None, True), (70, 640, 384, (128, 128), None, False),
-                                        (3, 384, 512, (128, 128), 4, True)]:
+    Tiles = triton_w8a16.Tiles
+    cases = [("ab", M, N, K, block, split, bias, None) for M, N, K, block, split, bias in [
+        (1, 384, 256, None, None, False), (5, 640, 384, None, 2, True), (17, 256, 1000, None, None, True),
+        (70, 640, 384, (128, 128), None, False), (3, 384, 512, (128, 128), 4, True)]]
+    for M in (1, 3, 16):
+        for block in (None, (128, 128)):
+            cases += [("swap_ab", M, 200, 1000, block, None, M > 1, None),   # K, N tails; its split
+                      ("swap_ab", M, 384, 512, block, 3, M == 1, None)]      # K whole: unmasked loads
+    cases += [("swap_ab", 70, 200, 384, None, None, True, None),             # two row tiles
+              # swept tiles (within 99 KB of shared memory: Ada's too)
+              ("swap_ab", 16, 200, 1000, None, None, True, Tiles(128, 256, num_stages=3, num_warps=8)),
+              ("swap_ab", 3, 384, 1024, None, 2, False, Tiles(64, 512, num_stages=2, num_warps=8, hints=False)),
+              ("swap_ab", 5, 384, 512, (128, 128), None, True, Tiles(128, 128, num_stages=3, num_warps=4))]
+    for kernel, M, N, K, block, split, bias, tiles in cases:
         x, w = rnd(M, K, dt=adt), rnd(N, K) * 0.05
         wq, ws = fp8.quantize_blocks(w, block) if block else fp8.quantize_rows(w)
         deq = fp8.dequantize_blocks(wq, ws, block) if block else wq.float() * ws[:, None]
         b = rnd(N, dt=adt) if bias else None
-        y = triton_w8a16.w8a16_matmul(x, wq, ws, b, block, split=split)
+        y = triton_w8a16.w8a16_matmul(x, wq, ws, b, block, kernel=kernel, tiles=tiles, split=split)
         ref = x.float() @ deq.t() + (b.float() if bias else 0.0)
-        out.append((f"w8a16_matmul M={M} N={N} K={K} block={block} split={split} bias={bias}",
-                    _rel(y.float(), ref), wtol))
+        out.append((f"w8a16_matmul {kernel} M={M} N={N} K={K} block={block} split={split} bias={bias} "
+                    f"tiles={tiles}", _rel(y.float(), ref), wtol))
+    if device.type == "cuda":
+        # graph-safe: captured once (split, so the partials come from the graph's pool), then
+        # replayed on new activations
+        wq, ws = fp8.quantize_rows(rnd(4096, 4096) * 0.05)
+        x = rnd(4, 4096, dt=adt)
+        for kernel in ("ab", "swap_ab"):
+            triton_w8a16.w8a16_matmul(x, wq, ws, kernel=kernel)   # compiled outside the capture
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                y = triton_w8a16.w8a16_matmul(x, wq, ws, kernel=kernel)
+            x.copy_(rnd(4, 4096, dt=adt))
+            graph.replay()
+            out.append((f"w8a16_matmul {kernel} replayed from a CUDA graph",
+                        _rel(y.float(), x.float() @ (wq.float() * ws[:, None]).t()), wtol))
     if device.type == "cuda":   # torch._scaled_mm: cuBLASLt, CUDA only
         for scheme in (QuantConfig("online", "channel", "token"), QuantConfig("fp8", "tensor", "static"),
                        QuantConfig("fp8", "block", "token", block=(128, 128))):
@@ -97,6 +124,12 @@ def run_checks(device: torch.device) -> list[tuple[str, float, float]]:
                 w8a16 = lin.takes_w8a16(M)
                 out.append((f"Fp8Linear {scheme.weights}/{scheme.activations} M={M} {'W8A16' if w8a16 else 'W8A8'}",
                             _rel(lin(x).float(), lin.reference(x, quantize_activations=not w8a16).float()), 1e-2))
+            for M in (1, 5, 16):   # the W8A16 kernel `KERNEL` does not pick
+                x = rnd(M, 256, dt=torch.bfloat16)
+                other = "swap_ab" if triton_w8a16.KERNEL == "ab" else "ab"
+                out.append((f"Fp8Linear {scheme.weights}/{scheme.activations} M={M} W8A16 {other}",
+                            _rel(lin.w8a16(x, kernel=other).float(),
+                                 lin.reference(x, quantize_activations=False).float()), 1e-2))
     K_ = load_kernels()
     # KV cache: FP8 pages with per-tensor scales
     ks, vs = 0.02, 0.03

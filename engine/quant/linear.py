@@ -116,12 +116,13 @@ class Fp8Linear(Linear):
         block = self.scheme.weights == "block"
         return self.scheme.activations == "none" or m <= W8A16_MAX_M["block" if block else "row"]
 
-    def w8a16(self, x: torch.Tensor) -> torch.Tensor:
-        """x [M, K] bf16 / fp16 times the dequantized weights, in one Triton GEMM (+ its split-K sum)."""
+    def w8a16(self, x: torch.Tensor, kernel: str | None = None) -> torch.Tensor:
+        """x [M, K] bf16 / fp16 times the dequantized weights, in one Triton GEMM (+ its split-K
+        sum); kernel: triton_w8a16's "ab" or "swap_ab" (None: its KERNEL; the bench times both)."""
         from .triton_w8a16 import w8a16_matmul
 
         return w8a16_matmul(x, self.weight, self.weight_scale, self.bias,
-                            self.scheme.block if self.scheme.weights == "block" else None)
+                            self.scheme.block if self.scheme.weights == "block" else None, kernel=kernel)
 
     def w8a8(self, x: torch.Tensor) -> torch.Tensor:
         """x quantized as the scheme says, then the FP8 GEMM (cuBLASLt, or Triton for blocks)."""
