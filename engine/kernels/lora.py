@@ -273,18 +273,25 @@ def _block_r(r: int) -> int:
     return max(16, triton.next_power_of_2(r))
 
 
+def _decode_grid(y: torch.Tensor, x: torch.Tensor, B: torch.Tensor, segments: tuple[int, ...],
+                 g: Groups) -> tuple[torch.Tensor, int, list[int], list[int]] | None:
+    """A decode way's launch shape: (x contiguous in K, column tile, segment sizes, column
+    tiles per segment); None when no row has an adapter slot to add."""
+    if not g.tiles.shape[1] or B.shape[0] == 1:
+        return None
+    assert y.stride(-1) == 1
+    bn = 256 if B.shape[1] >= 4096 else 64
+    n, tiles = _col_tiles(segments, bn)
+    return (x if x.stride(-1) == 1 else x.contiguous()), bn, n, tiles
+
+
 def lora_fused(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
                segments: tuple[int, ...], g: Groups) -> None:
     """y [T, N] += per segment j: x A[slot, j*Rmax:(j+1)*Rmax]ᵀ B[slot, segment j]ᵀ, one launch."""
-    T, K = x.shape
-    S, N, rank = B.shape
-    nt = g.tiles.shape[1]
-    if not nt or S == 1:
+    if (grid := _decode_grid(y, x, B, segments, g)) is None:
         return
-    assert y.stride(-1) == 1
-    x = x if x.stride(-1) == 1 else x.contiguous()
-    bn = 256 if N >= 4096 else 64
-    n, tiles = _col_tiles(segments, bn)
+    x, bn, n, tiles = grid
+    nt, K, rank = g.tiles.shape[1], x.shape[1], B.shape[2]
     _fused_kernel[(nt, sum(tiles))](
         y, x, A, B, g.order, g.starts, g.counts, g.tiles, nt, K, n[0], n[1], n[2], tiles[0], tiles[1], rank,
         y.stride(0), x.stride(0), A.stride(0), A.stride(1), B.stride(0), B.stride(1),
@@ -303,15 +310,10 @@ def lora_splitk(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tens
                 segments: tuple[int, ...], g: Groups, splits: int | None = None) -> None:
     """As lora_fused, one launch, with K split `splits` ways (None: splitk_splits) and each
     split's delta added into y atomically. y must be float32, float16 or bfloat16."""
-    T, K = x.shape
-    S, N, rank = B.shape
-    nt = g.tiles.shape[1]
-    if not nt or S == 1:
+    if (grid := _decode_grid(y, x, B, segments, g)) is None:
         return
-    assert y.stride(-1) == 1
-    x = x if x.stride(-1) == 1 else x.contiguous()
-    bn = 256 if N >= 4096 else 64
-    n, tiles = _col_tiles(segments, bn)
+    x, bn, n, tiles = grid
+    nt, K, rank = g.tiles.shape[1], x.shape[1], B.shape[2]
     splits = splits or splitk_splits(K, nt * sum(tiles))
     chunk = triton.cdiv(K, splits)
     bk = min(256, max(16, triton.next_power_of_2(chunk)))
