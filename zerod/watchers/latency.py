@@ -220,7 +220,8 @@ class LatencyWatcher(Watcher):
                 summary += "; likely cause: the prompts, not the host"
                 desc += "; likely cause: the prompts, not the host: " + prompts
                 labels.update(cause="prompts")
-                fix = "none on the host: the traffic changed (compare prefix-cache hits in zerod top)"
+                fix = (f"none on the host: the traffic changed (the engine's {names.PREFIX_CACHE_HITS_TOTAL} "
+                       f"and {names.PROMPT_TOKENS_TOTAL} against the hour before)")
             else:
                 summary += "; no likely cause found"
                 desc += (f"; no likely cause found: no new process on the GPU, no throttling, Xid, PCIe replays, "
