@@ -160,6 +160,23 @@ def _add_expand(y_ptr, stride_yt, b_ptr, stride_bn, xa, s, rows, mask_m, cols, m
     tl.store(ptrs, (y + d).to(y_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _xa(x_ptr, stride_xt, rows, mask_m, a_rows, r_lim, k_lo, k_hi, K,
+        BM: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):
+    """x[rows, k_lo:k_hi] A[:, k_lo:k_hi]ᵀ in float32 [BM, BR]; a_rows [1, BR]: pointers to
+    A's rank rows at k = 0 (rows from r_lim on read as zero)."""
+    offs_r = tl.arange(0, BR)
+    acc = tl.zeros((BM, BR), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BK):
+        offs_k = k0 + tl.arange(0, BK)
+        mask_k = offs_k < K
+        xt = tl.load(x_ptr + rows[:, None] * stride_xt + offs_k[None, :],
+                     mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+        at = tl.load(a_rows + offs_k[:, None], mask=(offs_r[None, :] < r_lim) & mask_k[:, None], other=0.0)
+        acc += _dot(xt, at, IEEE)
+    return acc
+
+
 @triton.jit(do_not_specialize=["NT"])
 def _fused_kernel(y_ptr, x_ptr, a_ptr, b_ptr, order_ptr, starts_ptr, counts_ptr, tiles_ptr,
                   NT, K, n1, n2, n3, t1, t2, rank,
@@ -170,16 +187,8 @@ def _fused_kernel(y_ptr, x_ptr, a_ptr, b_ptr, order_ptr, starts_ptr, counts_ptr,
     if s == 0:
         return
     seg, cols, mask_n = _segment_cols(tl.program_id(1), n1, n2, n3, t1, t2, BN)
-    offs_r = tl.arange(0, BR)
-    a_base = a_ptr + s.to(tl.int64) * stride_as + (seg * rank + offs_r[None, :]) * stride_ar
-    acc = tl.zeros((BM, BR), dtype=tl.float32)
-    for k0 in range(0, K, BK):
-        offs_k = k0 + tl.arange(0, BK)
-        mask_k = offs_k < K
-        xt = tl.load(x_ptr + rows[:, None] * stride_xt + offs_k[None, :],
-                     mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-        at = tl.load(a_base + offs_k[:, None], mask=(offs_r[None, :] < rank) & mask_k[:, None], other=0.0)
-        acc += _dot(xt, at, IEEE)
+    a_rows = a_ptr + s.to(tl.int64) * stride_as + (seg * rank + tl.arange(0, BR)[None, :]) * stride_ar
+    acc = _xa(x_ptr, stride_xt, rows, mask_m, a_rows, rank, 0, K, K, BM, BR, BK, IEEE)
     _add_expand(y_ptr, stride_yt, b_ptr, stride_bn, acc, s, rows, mask_m, cols, mask_n,
                 rank, stride_bs, BR, IEEE)
 
@@ -195,17 +204,9 @@ def _splitk_kernel(y_ptr, x_ptr, a_ptr, b_ptr, order_ptr, starts_ptr, counts_ptr
         return
     seg, cols, mask_n = _segment_cols(tl.program_id(1), n1, n2, n3, t1, t2, BN)
     bt = _load_bt(b_ptr, stride_bn, s, cols, mask_n, rank, stride_bs, BR)   # first: overlaps the K loop
-    offs_r = tl.arange(0, BR)
-    a_base = a_ptr + s.to(tl.int64) * stride_as + (seg * rank + offs_r[None, :]) * stride_ar
-    acc = tl.zeros((BM, BR), dtype=tl.float32)
+    a_rows = a_ptr + s.to(tl.int64) * stride_as + (seg * rank + tl.arange(0, BR)[None, :]) * stride_ar
     k_lo = tl.program_id(2) * k_per_split
-    for k0 in range(k_lo, k_lo + k_per_split, BK):
-        offs_k = k0 + tl.arange(0, BK)
-        mask_k = offs_k < K
-        xt = tl.load(x_ptr + rows[:, None] * stride_xt + offs_k[None, :],
-                     mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-        at = tl.load(a_base + offs_k[:, None], mask=(offs_r[None, :] < rank) & mask_k[:, None], other=0.0)
-        acc += _dot(xt, at, IEEE)
+    acc = _xa(x_ptr, stride_xt, rows, mask_m, a_rows, rank, k_lo, k_lo + k_per_split, K, BM, BR, BK, IEEE)
     d = _dot(acc.to(bt.dtype), bt, IEEE)
     # the splits add in whatever order they finish: in bf16/fp16 each partial is rounded
     # into y on its own, so y's last bits differ from run to run (not bit-reproducible)
@@ -224,17 +225,9 @@ def _shrink_kernel(x_ptr, a_ptr, out_ptr, order_ptr, starts_ptr, counts_ptr, til
     split = tl.program_id(1)
     offs_r = tl.arange(0, BR)
     mask_r = offs_r < R
-    acc = tl.zeros((BM, BR), dtype=tl.float32)
     k_lo = split * k_per_split
-    a_base = a_ptr + s.to(tl.int64) * stride_as
-    for k0 in range(k_lo, k_lo + k_per_split, BK):
-        offs_k = k0 + tl.arange(0, BK)
-        mask_k = offs_k < K
-        xt = tl.load(x_ptr + rows[:, None] * stride_xt + offs_k[None, :],
-                     mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-        at = tl.load(a_base + offs_r[None, :] * stride_ar + offs_k[:, None],
-                     mask=mask_r[None, :] & mask_k[:, None], other=0.0)
-        acc += _dot(xt, at, IEEE)
+    a_rows = a_ptr + s.to(tl.int64) * stride_as + offs_r[None, :] * stride_ar
+    acc = _xa(x_ptr, stride_xt, rows, mask_m, a_rows, R, k_lo, k_lo + k_per_split, K, BM, BR, BK, IEEE)
     out = out_ptr + split.to(tl.int64) * T * stride_ot
     tl.store(out + rows[:, None] * stride_ot + offs_r[None, :], acc,
              mask=mask_m[:, None] & mask_r[None, :])
