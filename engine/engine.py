@@ -520,12 +520,12 @@ class Engine:
                 ring.free.put(ring_idx)
             raise
         self._steps += 1
-        took = clock.done()
-        if took.wall > SLOW_LAUNCH_S:  # the host, not the GPU, held this step up
+        if clock.elapsed() > SLOW_LAUNCH_S:  # the host, not the GPU, held this step up
+            took = clock.done()   # the breakdown only then: every step pays elapsed() alone
             log.warning("step %d took %.0f ms to launch (%d prompt chunks, %d tokens, %d decodes; %s)",
                         self._steps, took.wall * 1000, len(batch.chunks),
                         sum(c.n for c in batch.chunks), len(batch.decodes), took.describe())
-        self.poller.put(StepRecord(ring_idx, rows, start if start is not None else took.started,
+        self.poller.put(StepRecord(ring_idx, rows, start if start is not None else clock.started,
                                    end if end is not None else time.perf_counter(),
                                    prefill_tokens=sum(c.n for c in batch.chunks),
                                    decodes=len(batch.decodes)))

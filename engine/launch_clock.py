@@ -66,7 +66,8 @@ class LaunchTimes:
 
 
 class LaunchClock:
-    """Times one launch: start(), staged() after staging, done() at the end."""
+    """Times one launch: start(), staged() after staging, elapsed() at the end, and
+    done() for the breakdown of a slow one."""
 
     __slots__ = ("_t0", "_c0", "_g0", "_g0_here", "_staged")
 
@@ -77,6 +78,14 @@ class LaunchClock:
 
     def staged(self) -> None:
         self._staged = time.perf_counter()
+
+    @property
+    def started(self) -> float:
+        return self._t0
+
+    def elapsed(self) -> float:
+        """Wall seconds since start() (cheap: the check every step makes)."""
+        return time.perf_counter() - self._t0
 
     def done(self) -> LaunchTimes:
         wall = time.perf_counter() - self._t0
