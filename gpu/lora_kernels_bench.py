@@ -1,12 +1,14 @@
 """The LoRA decode kernels' cost per projection against the base product (8B shapes, rank
 16, bf16), timed in CUDA graphs the way a decode step replays them (< 1 min on an H200).
 
-For M in (1, 4, 16) rows (a decode step, engine/kernels/lora.py's FUSED_MAX_ROWS and
+For M in (1, 2, 4, 16) rows (a decode step, engine/kernels/lora.py's FUSED_MAX_ROWS and
 below) spread over 1 or 8 adapters (slabs for 8, as --max-loras 8): the base F.linear
 and every decode way of engine/kernels/lora.py (DECODE: splitk-atomic, two-launch,
 fused), each checked against the torch reference first. Then per decode step of 32
 layers: the four projections' base products vs their LoRA deltas plus one group_rows,
-and last a table of the fastest way at each M.
+and a table of the fastest way at each M. Last, big decode steps (M = 64, 200 over 8
+adapters: the 200-stream benchmark's steps): two-launch with its expand's column tile
+and its shrink's K splits swept, per step as above.
 
     python3 gpu/lora_kernels_bench.py [OUT.json]     (SMOKE=1: tiny shapes, interpreter)
 """
@@ -32,7 +34,10 @@ if SMOKE:   # the kernels through Triton's CPU interpreter
     patch_triton_interpreter()
 H, Q, KV, I, LAYERS = (64, 64, 32, 96, 2) if SMOKE else (4096, 4096, 1024, 14336, 32)
 PROJ = {"qkv": ((Q, KV, KV), H), "o": ((H,), Q), "gate_up": ((I, I), H), "down": ((H,), I)}
-MS = (1, 4, 16)
+MS = (1, 2, 4, 16)
+BIG_MS = (64, 200)
+EXPAND_BN = (64, 128, 256)
+SHRINK_SPLITS = (None, 1, 4, 16)   # None: lora_shrink's own choice
 RANK, SLOTS = 16, 9
 
 
@@ -110,6 +115,42 @@ def step_table(rows: list[dict], ways) -> list[dict]:
     return steps
 
 
+def sweep_big(lora, dev, dt) -> tuple[list[dict], list[str]]:
+    """Per big M over 8 adapters: a step's base products and two-launch's extra for each
+    (expand column tile, shrink splits), checked against the reference."""
+    from zerod.engine.lora.delta import lora_reference
+
+    g = torch.Generator(device=dev).manual_seed(1)
+    out, bad = [], []
+    for M in ((16,) if SMOKE else BIG_MS):
+        idx = (torch.arange(M, device=dev) % 8 + 1).int()
+        groups = lora.group_rows(idx, SLOTS)
+        base, extra = 0.0, {}
+        for name, (segs, K) in PROJ.items():
+            N = sum(segs)
+            x = torch.randn(M, K, device=dev, generator=g).to(dt)
+            W = (torch.randn(N, K, device=dev, generator=g) * 0.02).to(dt)
+            A = (torch.randn(SLOTS, len(segs) * RANK, K, device=dev, generator=g) * 0.02).to(dt)
+            B = (torch.randn(SLOTS, N, RANK, device=dev, generator=g) * 0.02).to(dt)
+            y = F.linear(x, W)
+            want = lora_reference(y.clone(), x, A, B, segs, idx).float()
+            base += LAYERS * graph_us(lambda: F.linear(x, W))
+            for bn in EXPAND_BN:
+                for sp in SHRINK_SPLITS:
+                    def fn():
+                        lora.lora_expand(y, lora.lora_shrink(x, A, groups, sp), B, segs, groups, bn)
+                    y.copy_(F.linear(x, W))
+                    fn()
+                    err = (y.float() - want).abs().max().item() / (1 + want.abs().max().item())
+                    if err > 3e-2:
+                        bad.append(f"two-launch bn={bn} splits={sp} {name} M={M}: error {err:.3g}")
+                    extra[(bn, sp)] = extra.get((bn, sp), 0.0) + LAYERS * graph_us(fn)
+        group = graph_us(lambda: lora.group_rows(idx, SLOTS))
+        for (bn, sp), us in extra.items():
+            out.append(dict(M=M, base_us=base, bn=bn, splits=sp or "auto", extra_us=us + group))
+    return out, bad
+
+
 def main() -> None:
     from zerod.engine.kernels import lora
 
@@ -127,15 +168,23 @@ def main() -> None:
               + "".join(f"{us[w]:18.1f}" for w in ways) + f"   {best}")
     steps = step_table(rows, ways)
     print(f"\nper decode step ({LAYERS} layers: 4 products + their deltas, one group_rows; "
-          f"linear layers only), base vs with the delta (default way: {lora.DECODE_WAY})")
+          f"linear layers only), base vs with the delta (add_lora: splitk-atomic up to "
+          f"{lora.SPLITK_MAX_ROWS} rows, two-launch above)")
     print(" M  adapters    base us" + "".join(f"{w + ' +us (share)':>28s}" for w in ways) + "   fastest")
     for s in steps:
         cells = "".join(f"{s['extra_us'][w]:14.1f} ({s['base_us'] / (s['base_us'] + s['extra_us'][w]):6.1%})     "
                         for w in ways)
         print(f"{s['M']:2d} {s['adapters']:9d} {s['base_us']:10.1f}" + cells + f"   {s['fastest']}")
+    big, bad_big = sweep_big(lora, dev, dt)
+    bad += bad_big
+    print("\nbig decode steps over 8 adapters, two-launch swept: expand column tile x shrink K splits")
+    print("   M    base us   bn  splits   +us (share)")
+    for b in sorted(big, key=lambda b: (b["M"], b["extra_us"])):
+        print(f"{b['M']:4d} {b['base_us']:10.1f} {b['bn']:4d} {b['splits']!s:>7} "
+              f"{b['extra_us']:9.1f} ({b['base_us'] / (b['base_us'] + b['extra_us']):6.1%})")
     if len(sys.argv) > 1:
-        Path(sys.argv[1]).write_text(json.dumps({"rows": rows, "steps": steps, "errors": bad,
-                                                 "default": lora.DECODE_WAY}, indent=1))
+        Path(sys.argv[1]).write_text(json.dumps({"rows": rows, "steps": steps, "big": big, "errors": bad,
+                                                 "splitk_max_rows": lora.SPLITK_MAX_ROWS}, indent=1))
     print("\n" + ("\n".join(bad) if bad else "every decode way matches the torch reference"))
     sys.exit(1 if bad else 0)
 

@@ -12,9 +12,11 @@ not specialised on: a prefill of a row count the warm-up did not run compiles no
 (the H200 showed 0.7-1.8 s compiles at the first 700-token mixed-adapter step).
 
 Two paths, by the number of rows T (the projection's segments are fused in all):
-- T <= FUSED_MAX_ROWS (decode): DECODE_WAY picks one of DECODE (the bench times
-  each, gpu/lora_kernels_bench.py):
-  "splitk-atomic" (default): ONE launch, grid (row tiles, column tiles, K splits). Each
+- T <= FUSED_MAX_ROWS (decode): the ways of DECODE, timed by gpu/lora_kernels_bench.py
+  (H200, gpu/results/lora/2026-12-01-e6b9444/): splitk-atomic is fastest at 1 and 2
+  rows, two-launch at 4 and 16 rows (8 adapters), fused nowhere; add_lora takes splitk-atomic up to
+  SPLITK_MAX_ROWS rows and two-launch above.
+  "splitk-atomic": ONE launch, grid (row tiles, column tiles, K splits). Each
     program computes its rows' x A_segᵀ over its K chunk only, times B_segᵀ of its
     column tile, and atomically adds that into y (the delta is linear in the K chunks).
     A batch-1 step is latency bound: this fills the GPU (~TARGET_PROGRAMS programs) with
@@ -37,7 +39,8 @@ import triton
 import triton.language as tl
 
 FUSED_MAX_ROWS = 16
-DECODE_WAY = "splitk-atomic"
+DECODE_MAX_ROWS = 256   # the largest decode graph: up to it, the big-decode tiling below (measured at 64, 200)
+SPLITK_MAX_ROWS = 2     # the rows up to which add_lora takes splitk-atomic (measured: above)
 TARGET_PROGRAMS = 256   # splitk-atomic: ~2 programs an SM of an H200 (132 SMs)
 MIN_CHUNK = 512         # ... K per split at least (each split rounds its partial into y)
 MAX_CHUNK = 2048        # ... and at most (a program's serial K steps)
@@ -318,9 +321,9 @@ def lora_splitk(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tens
         BM=g.block_m, BN=bn, BR=_block_r(rank), BK=bk, IEEE=y.dtype == torch.float32, num_warps=4)
 
 
-def lora_shrink(x: torch.Tensor, A: torch.Tensor, g: Groups) -> torch.Tensor:
+def lora_shrink(x: torch.Tensor, A: torch.Tensor, g: Groups, splits: int | None = None) -> torch.Tensor:
     """x [T, K], A [S, R, K] -> partial sums [splits, T, R] float32 of x A_slotᵀ over K
-    (rows of slot 0: undefined, never read)."""
+    (rows of slot 0: undefined, never read). splits: None picks them by T."""
     T, K = x.shape
     S, R, _ = A.shape
     nt = g.tiles.shape[1]
@@ -328,7 +331,9 @@ def lora_shrink(x: torch.Tensor, A: torch.Tensor, g: Groups) -> torch.Tensor:
     bk = 64
     # enough K splits that a step with a few rows per adapter still fills the GPU; a big
     # prefill has programs enough without (and would pay T x R floats per split)
-    splits = max(1, min(32, K // 256, 2048 // max(T, 1)))
+    # (H200: at a 200-row decode step 16 splits cut two-launch's extra 2.2 -> 1.9 ms a step
+    # against the 10 of 2048 // T; gpu/results/lora/2026-12-01-e6b9444/)
+    splits = splits or max(1, min(32, K // 256, max(2048 // max(T, 1), 16 if T <= DECODE_MAX_ROWS else 1)))
     k_per_split = triton.cdiv(triton.cdiv(K, splits), bk) * bk
     splits = triton.cdiv(K, k_per_split)
     part = torch.empty(splits, T, R, dtype=torch.float32, device=x.device)
@@ -340,8 +345,14 @@ def lora_shrink(x: torch.Tensor, A: torch.Tensor, g: Groups) -> torch.Tensor:
     return part
 
 
+def expand_bn(T: int) -> int:
+    """The expand's column tile: 256 for big decode steps (H200, 8 adapters: the fastest at
+    64 and 200 rows, 11-24 % less than 128), 128 elsewhere (not measured against others)."""
+    return 256 if FUSED_MAX_ROWS < T <= DECODE_MAX_ROWS else 128
+
+
 def lora_expand(y: torch.Tensor, part: torch.Tensor, B: torch.Tensor, segments: tuple[int, ...],
-                g: Groups) -> None:
+                g: Groups, bn: int | None = None) -> None:
     """y [T, N] += per segment j: xa[:, j*Rmax:(j+1)*Rmax] B[slot, segment j]ᵀ in place,
     xa the sum of lora_shrink's partials."""
     T = y.shape[0]
@@ -350,7 +361,7 @@ def lora_expand(y: torch.Tensor, part: torch.Tensor, B: torch.Tensor, segments: 
     if not nt or S == 1:
         return
     assert y.stride(-1) == 1 and part.is_contiguous()
-    bn = 128
+    bn = bn or expand_bn(T)
     n, tiles = _col_tiles(segments, bn)
     _expand_kernel[(nt, sum(tiles))](
         y, part, B, g.order, g.starts, g.counts, g.tiles, nt, T, part.shape[0],
@@ -370,8 +381,8 @@ DECODE = {"splitk-atomic": lora_splitk, "two-launch": lora_two_launch, "fused": 
 
 def add_lora(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
              segments: tuple[int, ...], g: Groups) -> None:
-    """y += the LoRA delta of each row's adapter, in place: DECODE_WAY for few rows."""
-    if x.shape[0] <= FUSED_MAX_ROWS:
-        DECODE[DECODE_WAY](y, x, A, B, segments, g)
+    """y += the LoRA delta of each row's adapter, in place."""
+    if x.shape[0] <= SPLITK_MAX_ROWS:
+        lora_splitk(y, x, A, B, segments, g)
     else:
         lora_two_launch(y, x, A, B, segments, g)

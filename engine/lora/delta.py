@@ -2,8 +2,8 @@
 
 On CUDA with the Triton kernels (engine/kernels/lora.py): tiled over the rows grouped by
 slot so that each adapter's matrices are read once per tile, slot 0 (base rows) skipped;
-for a decode step's few rows one launch per projection split over K (DECODE_WAY), a
-shrink and an expand for more. Elsewhere the torch reference: one bmm over the gathered slabs per half.
+for a batch-1 step one launch per projection split over K, a shrink and an expand for
+more rows. Elsewhere the torch reference: one bmm over the gathered slabs per half.
 `ops.kernels_disabled({"lora"})` forces the reference (tests compare the two).
 """
 

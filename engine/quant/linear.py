@@ -38,12 +38,11 @@ from .config import QuantConfig
 MIN_CAPABILITY = (8, 9)   # e4m3 tensor cores: Ada (sm_89), Hopper (sm_90) and newer
 # The largest M that takes the W8A16 kernel, per weight scales (per-row, block): where it
 # stops beating activation quantization + the W8A8 GEMM. Measured on the H200
-# (gpu/fp8_gemm_bench.py, gpu/results/fp8/, docs/perf.md section 11): per-row W8A16 wins
-# to M = 16 (100-104 vs 125-129 us a layer), loses at 64. Block weights: 0, the block
-# W8A16 path is off: its decode graphs did not capture on the first H200 run; they did on
-# the second (tests/test_fp8_checkpoints.py, once every bucket was warmed before capture),
-# but its speed against the block W8A8 GEMM at small M is not measured yet.
-W8A16_MAX_M = {"row": 16, "block": 0}
+# (gpu/fp8_gemm_bench.py, gpu/results/fp8/, docs/perf.md sections 11 and 13): per-row
+# W8A16 wins to M = 16 (102-108 vs 128-135 us a layer), loses at 64 (160 vs 121). Block
+# W8A16 (swap_ab) wins to M = 64 (117-159 vs 143-210 us a layer), loses at 200 (its decode
+# graphs capture since every bucket is warmed first: tests/test_fp8_checkpoints.py).
+W8A16_MAX_M = {"row": 16, "block": 64}
 
 
 def check_device(device: torch.device) -> None:

@@ -12,7 +12,10 @@ bf16 / fp16 values) and multiplied on the tensor cores in float32; the scale mul
 the float32 accumulator: once at the end per output channel, or per K tile for
 [bn, bk]-block scales (a K tile never crosses a block).
 
-Two kernels compute it, `KERNEL` picks (gpu/fp8_gemm_bench.py times both):
+Two kernels compute it, `KERNEL` picks per kind of weight scales (gpu/fp8_gemm_bench.py
+times both; H200, gpu/results/fp8/2026-12-01-e6b9444/: "ab" for per-channel scales, 95-97
+vs 106-108 us a layer at M = 1-16 with its best tiles; "swap_ab" for block scales, 117-159
+vs 124-192 us at M = 1-64):
 - "ab": acc[BLOCK_M, BLOCK_N] = x tile · wᵀ tile, the weights as the MMA's B operand. At
   BLOCK_M = 16 Triton gives it Ampere's synchronous mma.sync.m16n8k16 (Hopper's wgmma
   needs 64 rows of A); it read the weights at 1.4-2.5 TB/s on the H200 (docs/perf.md
@@ -60,8 +63,9 @@ class Tiles:
     hints: bool = False   # swap_ab: tl.multiple_of / max_contiguous on the K offsets
 
 
-KERNEL = "ab"   # the current kernel until the H200 sweep shows swap_ab faster
-TILES = {"ab": Tiles(64, 128), "swap_ab": Tiles(64, 256, hints=True)}
+KERNEL = {"row": "ab", "block": "swap_ab"}   # per weight scales: the faster on the H200 (above)
+# "ab": 32 x 128 beat the first 64 x 128 on every projection at M = 1 and 16 (the sweep above)
+TILES = {"ab": Tiles(32, 128), "swap_ab": Tiles(64, 256, hints=True)}
 WAVES = 2           # programs per SM wanted before K is split
 SPLIT_BYTES = 0.25  # the float32 partials may move at most this share of the weight bytes
 PARTIAL_BLOCK = 1024
@@ -189,9 +193,9 @@ def w8a16_matmul(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: to
                  split: int | None = None) -> torch.Tensor:
     """x [M, K] bf16 / fp16; w e4m3 [N, K] row-major (the weight); scale float32 [N] per
     output channel or, with block=(bn, bk), [⌈N/bn⌉, ⌈K/bk⌉]; bias [N] -> [M, N] in x's
-    dtype. kernel ("ab" / "swap_ab", None: KERNEL), tiles (None: its TILES) and split
-    (None: `split_k`'s) are the bench's sweep."""
-    kernel = kernel or KERNEL
+    dtype. kernel ("ab" / "swap_ab", None: KERNEL's for the scales), tiles (None: its TILES)
+    and split (None: `split_k`'s) are the bench's sweep."""
+    kernel = kernel or KERNEL["block" if block is not None else "row"]
     t = tiles or TILES[kernel]
     M, K = x.shape
     N = w.shape[0]
