@@ -4,7 +4,8 @@
 # load (32 streams), the normal learned for 90 s, then a rogue job (16 GiB, bf16 matmuls in a
 # loop, gpu/rogue_job.py) — how long until a LatencyRegression fires, and whether it names the
 # job. The compute-mode prevention is not shown here: this workplace's device rules forbid
-# changing a lent GPU's compute mode (tested against a fake NVML in tests/). Results: $OUT/latency.tgz.
+# changing a lent GPU's compute mode (tested against a fake NVML in tests/). Results: $OUT/latency.tgz
+# (with the engine's scrapes at 1 Hz in scrapes.jsonl: gpu/latency_replay.py replays them offline).
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
@@ -24,6 +25,8 @@ stamp "load: 32 streams"
 timeout 200 $PY -m zerod bench --port 8000 --no-progress --input-len 128 --output-len 512 \
     --max-concurrency 32 --num-prompts 100000 --warmup 0 --out "$W/load.json" > "$W/load.txt" 2>&1 &
 LPID=$!
+$PY gpu/latency_replay.py record http://127.0.0.1:8000/metrics "$W/scrapes.jsonl" &
+RECPID=$!
 sleep $LEARN
 stamp "rogue job starts"
 $ROGUE > "$W/rogue.txt" 2>&1 &
@@ -40,7 +43,7 @@ def get(path):
         buf += chunk
     return json.loads(buf.partition(b"\r\n\r\n")[2])
 out = {"fired": False}
-while time.time() - t0 < 45:
+while time.time() - t0 < 60:
     alerts = [a for a in get("/v1/alerts")["alerts"] if a["state"] == "firing"]
     reg = [a for a in alerts if a["alertname"] == "LatencyRegression"]
     if reg:
@@ -58,6 +61,7 @@ $PY -c "import socket,json;s=socket.socket(socket.AF_UNIX);s.connect('$W/run/con
 while (c:=s.recv(65536)): b+=c
 print(b.partition(b'\r\n\r\n')[2].decode())" > "$W/alerts-after.json" 2>&1
 kill -INT $LPID 2>/dev/null; wait $LPID 2>/dev/null
+kill $RECPID 2>/dev/null
 kill -TERM $DPID; wait $DPID; echo "daemon exit $?" | tee -a "$W/timeline.txt"
 pack
 $PY - "$W/regression.json" <<'PYEOF'
@@ -70,3 +74,5 @@ print("labels:", a.get("labels"))
 e = d.get("engine", {})
 print("engine p99 ITL now / normal:", e.get("itl_p99_s"), e.get("itl_normal_p99_s"), " TTFT:", e.get("ttft_p99_s"), e.get("ttft_normal_p99_s"))
 PYEOF
+echo "the recorded scrapes replayed offline (gpu/latency_replay.py; t_s from the first scrape):"
+$PY gpu/latency_replay.py replay "$W/scrapes.jsonl" | grep -v '^alert=' | cut -c1-400

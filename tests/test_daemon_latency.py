@@ -206,7 +206,8 @@ def test_a_rogue_job_is_named_within_20_s_and_not_learned_as_normal():
         each=lambda i: fired_at.append(clock.t) if regressions(book) and not fired_at else None)
     assert fired_at and fired_at[0] - start <= 20
     a = book.get("LatencyRegression", "itl")
-    assert a.summary.startswith("p99 inter-token latency over 1.5x its normal ")
+    assert a.summary.startswith(("p99 inter-token latency over 1.5x its normal ",
+                                 "mean inter-token latency over 1.5x its normal "))
     assert a.summary.endswith(" ms at 64-95 concurrent requests; likely cause: python3 (pid 9131) on GPU 0")
     assert "rogue_matmul.py" in a.description
     assert f"{a.starts_at - start:.0f} s before the regression began" in a.description
@@ -219,6 +220,64 @@ def test_a_rogue_job_is_named_within_20_s_and_not_learned_as_normal():
     sim.slowdown = 1.0
     run(sim, clock, metrics, latency, 65)
     assert not regressions(book)
+
+
+class StallTail(SimEngine):
+    """The H200's shape at 32 streams (gpu/results/daemon/2026-12-01-ramp/run3-e6b9444):
+    95 % of ITL observations in the 5-10 ms histogram bucket (a step of ~5.5 ms), and a
+    tail set by the steps that launch a new request's prefill on the CPU (15-40 ms, 0.7 %;
+    the H200 had 0.8-0.9 % over 10 ms).
+    A rogue job slows the GPU's steps 2.3x (5,600 -> 2,400 tokens/s there) but hardly
+    those CPU-bound launches, so the tail barely moves."""
+
+    def second(self) -> None:
+        n = self.streams
+        itl = 0.0055 * self.slowdown * self.rng.lognormal(0.0, 0.08, size=4 * n)
+        stalls = self.rng.random(itl.size) < 0.007
+        itl[stalls] = self.rng.uniform(0.015, 0.040, size=int(stalls.sum()))
+        for x in itl:
+            self.metrics.itl.observe(float(x))
+        self.generated += 4 * n
+        self.metrics.generation_tokens.inc(4 * n)
+
+
+def test_a_rogue_job_is_named_within_20_s_when_the_tail_is_the_engines_own_launches():
+    """The H200 run at e6b9444 (gpu/results/latency/): the minute's ITL p99 went from
+    10.0 ms (the 5-10 ms bucket's edge) to 14.9 ms under the rogue job, 1.49x for a 2.3x
+    slowdown, and no LatencyRegression came within 45 s. The mean of the last seconds
+    is exact and moved 2.3x."""
+    sim = StallTail()
+    cfg, clock, book, metrics, latency, recent = daemon_side()
+    run(sim, clock, metrics, latency, 300, streams=lambda i: 32,
+        each=lambda i: not regressions(book) or pytest.fail(f"a regression at {i} s of steady load"))
+    start = clock.t
+    recent.append({**ROGUE, "first_seen": start, "last_seen": start})
+    sim.slowdown = 2.3
+    fired_at, p99_ratio = [], []
+
+    def first_alert(i):
+        if regressions(book) and not fired_at:
+            fired_at.append(clock.t)
+            p99 = latency.baseline.compare("itl", cfg.latency_min_samples, cfg.latency_baseline_min_samples)
+            p99_ratio.append(max(c.ratio for c in p99))
+
+    run(sim, clock, metrics, latency, 20, each=first_alert)
+    assert fired_at and fired_at[0] - start <= 15
+    a = book.get("LatencyRegression", "itl")
+    assert a.summary.startswith("mean inter-token latency over 1.5x its normal ")
+    assert "likely cause: python3 (pid 9131) on GPU 0" in a.summary
+    assert "over the last 10 s, 2." in a.description   # 2.2-2.3x
+    # the tail alone would not have told by then: the minute's p99 was under the factor
+    assert p99_ratio[0] < cfg.latency_regression_factor
+
+
+def test_the_shift_window_is_the_windows_last_seconds():
+    from zerod.daemon_config import DaemonConfigError
+
+    assert DaemonConfig.from_dict({"latency_shift_s": 60}).latency_shift_s == 60
+    with pytest.raises(DaemonConfigError) as e:
+        DaemonConfig.from_dict({"latency_shift_s": 90})
+    assert "latency_shift_s" in str(e.value) and "must be <= latency_window_s (60)" in str(e.value)
 
 
 def test_without_a_foreign_process_the_alert_names_throttling_or_says_none_found():

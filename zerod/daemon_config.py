@@ -119,6 +119,8 @@ class DaemonConfig:
     slo_itl_p99_s: float = setting(0.0, ge=0)  # absolute SLOs, optional; 0: none
     slo_ttft_p99_s: float = setting(0.0, ge=0)
     latency_window_s: float = setting(60.0, ge=1.0)
+    # the recent part of the window whose mean is compared (a sustained shift shows there first)
+    latency_shift_s: float = setting(10.0, ge=1.0)  # and <= latency_window_s (when set)
     latency_min_samples: int = setting(20, ge=0)
     cause_window_s: float = setting(300.0, ge=0)
     temperature_max_celsius: float = setting(85.0, gt=0, le=150)
@@ -133,7 +135,7 @@ class DaemonConfig:
         values, refusals = check_table(cls, "daemon", section)
         if not refusals:
             cfg = cls(**values)
-            refusals = cfg.cross_refusals()
+            refusals = cfg.cross_refusals() + cfg.shift_refusals(section)
         if refusals:
             raise DaemonConfigError(refusals)
         return cfg
@@ -147,6 +149,18 @@ class DaemonConfig:
             out.append(refusal("daemon", "health_timeout_s", self.health_timeout_s,
                                f"must be > health_interval_s ({self.health_interval_s:g})"))
         return out
+
+    def shift_refusals(self, given: dict[str, Any]) -> list[str]:
+        """latency_shift_s is the window's last seconds: one set above the window is a
+        typo; the default (10 s) simply fits a shorter window (latency_shift_window_s)."""
+        if "latency_shift_s" in given and self.latency_shift_s > self.latency_window_s:
+            return [refusal("daemon", "latency_shift_s", self.latency_shift_s,
+                            f"must be <= latency_window_s ({self.latency_window_s:g}): it is the window's last seconds")]
+        return []
+
+    @property
+    def latency_shift_window_s(self) -> float:
+        return min(self.latency_shift_s, self.latency_window_s)
 
 
 @dataclass

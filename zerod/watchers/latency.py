@@ -5,10 +5,11 @@ p50/p99 of TTFT and ITL are computed from the difference of two scrapes a
 `latency_window_s` apart (histogram_quantile over bucket deltas, as
 Prometheus' `rate()` + `histogram_quantile()` would).
 
-`LatencyRegression` fires, on by default, when the window's p99 at some load
-exceeds `latency_regression_factor` times the normal p99 at that load
-(zerod.watchers.latency_baseline: learned per concurrency bucket over
-`latency_baseline_s`), and — as an option — when a p99 exceeds an absolute SLO
+`LatencyRegression` fires, on by default, when the window's p99 at some load, or
+the mean of its last `latency_shift_s` seconds, exceeds `latency_regression_factor`
+times the normal's at that load (zerod.watchers.latency_baseline: learned per
+concurrency bucket over `latency_baseline_s`; why the two, there), and — as an
+option — when a p99 exceeds an absolute SLO
 (`slo_itl_p99_s`, `slo_ttft_p99_s`); either needs `latency_min_samples`
 observations in the window. A relative test is what catches the source
 document's incident (a monitoring agent's GPU poll taking P99 from 90 to
@@ -85,6 +86,7 @@ class LatencyWatcher(Watcher):
         self.history: dict[str, collections.deque] = {k: collections.deque(maxlen=HISTORY) for k in (
             "output_tokens_per_s", "running", "waiting", "kv_pages_used", "itl_p99_s", "ttft_p99_s")}
         self._over_since: dict[str, float] = {}
+        self._stat: dict[str, str] = {}   # the statistic a firing regression was named by
         self.baseline = LatencyBaseline(cfg.latency_window_s, cfg.latency_baseline_s)
         self._learned_to = -math.inf  # the newest sample filed into the baseline
 
@@ -155,15 +157,23 @@ class LatencyWatcher(Watcher):
             verdicts.append("fine")
         factor = self.cfg.latency_regression_factor
         if factor:
-            comps = self.baseline.compare(what, self.cfg.latency_min_samples, self.cfg.latency_baseline_min_samples,
-                                          self.cfg.latency_baseline_min_s)
+            cfg = self.cfg
+            comps = [c for stat, recent in (("p99", None), ("mean", cfg.latency_shift_window_s))
+                     for c in self.baseline.compare(what, cfg.latency_min_samples, cfg.latency_baseline_min_samples,
+                                                    cfg.latency_baseline_min_s, stat=stat, recent_s=recent)]
             if comps:
-                worst = max(comps, key=lambda c: c.ratio)
+                over = [c for c in comps if c.ratio > factor]
+                # the statistic that crossed first names the alert while it holds (its
+                # summary changes only with the facts), else the one furthest over
+                worst = next((c for c in over if c.stat == self._stat.get(what)), None) or \
+                    max(comps, key=lambda c: c.ratio)
                 if worst.ratio > factor:
+                    self._stat[what] = worst.stat
                     self.baseline.taint(what)  # a regression is not the new normal
-                    return "over", {"basis": "baseline", "p99": worst.p99_s, "normal": worst.normal_p99_s,
-                                    "bucket": worst.bucket, "count": worst.count, "ratio": worst.ratio,
-                                    "factor": factor}
+                    return "over", {"basis": "baseline", "stat": worst.stat, "value": worst.value_s,
+                                    "normal": worst.normal_s, "bucket": worst.bucket, "count": worst.count,
+                                    "ratio": worst.ratio, "factor": factor,
+                                    "over_s": cfg.latency_window_s if worst.stat == "p99" else cfg.latency_shift_window_s}
                 verdicts.append("fine")
         return ("fine" if verdicts else "none"), {}
 
@@ -173,6 +183,7 @@ class LatencyWatcher(Watcher):
             if verdict != "over":
                 if verdict == "fine" or self.figures[f"{what}_count"] == 0:
                     self._over_since.pop(what, None)
+                    self._stat.pop(what, None)
                     self.book.resolve("LatencyRegression", self.spec.key(what))
                 continue
             since = self._over_since.setdefault(what, now)
@@ -183,11 +194,12 @@ class LatencyWatcher(Watcher):
                 desc = (f"p50 {_ms(self.figures[f'{what}_p50_s'])}, p99 {_ms(v['p99'])} over the last "
                         f"{self.cfg.latency_window_s:.0f} s ({v['count']} observations)")
             else:
-                summary = (f"p99 {label} over {self.cfg.latency_regression_factor:g}x its normal "
+                summary = (f"{v['stat']} {label} over {self.cfg.latency_regression_factor:g}x its normal "
                            f"{_ms(v['normal'])} at {v['bucket']} concurrent requests")
-                desc = (f"p99 {_ms(v['p99'])} over the last {self.cfg.latency_window_s:.0f} s, {v['ratio']:.1f}x "
+                desc = (f"{v['stat']} {_ms(v['value'])} over the last {v['over_s']:.0f} s, {v['ratio']:.1f}x "
                         f"the normal of the last {self.cfg.latency_baseline_s / 60:.0f} min at that load "
                         f"({v['count']} observations at {v['bucket']} concurrent requests)")
+            # "slo" names the figure zerod top marks (its p99 row); the summary says what crossed
             labels: dict[str, Any] = {"slo": f"{what}_p99", "basis": v["basis"], "load": v.get("bucket"),
                                       **self.spec.labels}
             if self.spec.tagged:

@@ -8,14 +8,26 @@ window is only ever compared with the normal of its own bucket. A load ramp
 then moves from bucket to bucket without looking like a regression; a bucket
 with too little history has no normal yet and gives no verdict.
 
-A regression must show beyond the window's `SPARED` worst intervals (ranked by
-their own p99): when a stage of load starts at once, its burst of arrivals
-queues first tokens behind their prefills and stalls every running stream's
-steps for a second or two. That burst is over 1 % of a minute's observations,
-so it alone would set the window's p99 — against a normal in which bursts are
-rarer — though nothing regressed (the H200 ramp, docs/perf.md). A sustained
-shift (a rogue job slows every step) shows in every interval and fires
-`SPARED` scrape intervals later than it would otherwise.
+Two statistics are compared, each in its own bucket:
+- the p99 over the window (`latency_window_s`, a minute): the tail — a monitoring
+  agent's GPU poll that took an incident's p99 from 90 to 320 ms;
+- the mean over its last `latency_shift_s` seconds: a sustained shift. A rogue
+  job slows every step (the H200: 5,600 -> 2,400 tokens/s at 32 streams), but the
+  minute's p99 moves late and little: it needs 1 % of the minute's observations
+  slow, and histogram buckets as coarse as the engines' (5-10 ms, 10-15 ms) put
+  95 % of a normal's ITL in one bucket, so every quantile inside it is an
+  interpolation (the H200's normal "p99" of 10.0 ms was the bucket's edge; the
+  rogue's 14.9 ms the next one: 1.49x for a 2.3x slowdown). The mean is exact
+  (the histogram's sum over its count) and moves with every slow step.
+
+A regression must show beyond the `SPARED` worst intervals of what is compared
+(ranked by the statistic): when a stage of load starts at once, its burst of
+arrivals queues first tokens behind their prefills and stalls every running
+stream's steps for a second or two. That burst is over 1 % of a minute's
+observations, so it alone would set the window's p99 — against a normal in
+which bursts are rarer — though nothing regressed (the H200 ramp, docs/perf.md).
+A sustained shift shows in every interval and fires `SPARED` scrape intervals
+later than it would otherwise.
 
 Intervals stay in the current window (`latency_window_s`) first and join the
 normal only once they leave it, so the window is never compared with itself;
@@ -96,18 +108,27 @@ class Slot:
     work: Work
 
 
+def _mean(h: Histogram) -> float | None:
+    return h.sum / h.count if h.count > 0 else None
+
+
+# the statistics compared: name -> its value of a histogram
+STATS = {"p99": lambda h: h.quantile(0.99), "mean": _mean}
+
+
 @dataclass
 class Comparison:
     metric: str
+    stat: str           # "p99" over the window, "mean" over its last seconds
     bucket: str
-    p99_s: float
-    normal_p99_s: float
+    value_s: float
+    normal_s: float
     count: int
     normal_count: int
 
     @property
     def ratio(self) -> float:
-        return self.p99_s / self.normal_p99_s if self.normal_p99_s > 0 else math.inf
+        return self.value_s / self.normal_s if self.normal_s > 0 else math.inf
 
 
 class LatencyBaseline:
@@ -152,10 +173,14 @@ class LatencyBaseline:
                 if not slots:
                     del by_bucket[bucket]
 
-    def current(self, metric: str) -> dict[str, list[Histogram]]:
-        """The window's observations of `metric`: each load bucket's intervals."""
+    def current(self, metric: str, recent_s: float | None = None) -> dict[str, list[Histogram]]:
+        """The window's observations of `metric` (its last recent_s seconds only, if
+        given): each load bucket's intervals."""
         out: dict[str, list[Histogram]] = {}
+        since = self.window[-1].t - recent_s if recent_s is not None and self.window else -math.inf
         for iv in self.window:
+            if iv.t <= since:
+                continue
             h = iv.hists.get(metric)
             if h is not None and h.count > 0:
                 out.setdefault(iv.bucket, []).append(h)
@@ -185,27 +210,30 @@ class LatencyBaseline:
         return total
 
     def compare(self, metric: str, min_samples: int, normal_min_samples: int,
-                normal_min_s: float = 0.0) -> list[Comparison]:
-        """Each bucket of the window with enough observations, less its SPARED worst
-        intervals, against its normal (buckets whose normal has too few observations,
-        or spans less than normal_min_s, give no verdict: the first seconds at a new load
-        — clients connecting, prompts arriving together — are no normal)."""
+                normal_min_s: float = 0.0, stat: str = "p99",
+                recent_s: float | None = None) -> list[Comparison]:
+        """Each bucket of the window (its last recent_s seconds, if given) with enough
+        observations, less its SPARED worst intervals by `stat`, against its normal's
+        `stat` (buckets whose normal has too few observations, or spans less than
+        normal_min_s, give no verdict: the first seconds at a new load — clients
+        connecting, prompts arriving together — are no normal)."""
+        value = STATS[stat]
         out = []
-        for bucket, hists in self.current(metric).items():
+        for bucket, hists in self.current(metric, recent_s).items():
             if len(hists) <= SPARED:
                 continue
             cur = Histogram()
-            for h in sorted(hists, key=lambda h: h.quantile(0.99))[:-SPARED]:
+            for h in sorted(hists, key=lambda h: value(h) or 0.0)[:-SPARED]:
                 cur = cur.plus(h)
             if cur.count < max(1, min_samples):
                 continue
             base = self.normal(metric, bucket)
             if base.count < normal_min_samples or self.normal_seconds(metric, bucket) < normal_min_s:
                 continue
-            p99, b99 = cur.quantile(0.99), base.quantile(0.99)
-            if p99 is None or b99 is None:
+            now, normal = value(cur), value(base)
+            if now is None or normal is None:
                 continue
-            out.append(Comparison(metric, bucket, p99, b99, int(cur.count), int(base.count)))
+            out.append(Comparison(metric, stat, bucket, now, normal, int(cur.count), int(base.count)))
         return out
 
     def normals(self) -> dict[str, dict[str, float | None]]:
