@@ -6,9 +6,10 @@ below) spread over 1 or 8 adapters (slabs for 8, as --max-loras 8): the base F.l
 and every decode way of engine/kernels/lora.py (DECODE: splitk-atomic, two-launch,
 fused), each checked against the torch reference first. Then per decode step of 32
 layers: the four projections' base products vs their LoRA deltas plus one group_rows,
-and a table of the fastest way at each M. Last, big decode steps (M = 64, 200 over 8
-adapters: the 200-stream benchmark's steps): two-launch with its expand's column tile
-and its shrink's K splits swept, per step as above.
+and a table of the fastest way at each M. Then batch-1 and 2 (over 8 adapters):
+splitk-atomic with its column tile and K splits swept; last, big decode steps (M = 64,
+200 over 8 adapters: the 200-stream benchmark's steps): two-launch with its expand's
+column tile and its shrink's K splits swept; each per step as above.
 
     python3 gpu/lora_kernels_bench.py [OUT.json]     (SMOKE=1: tiny shapes, interpreter)
 """
@@ -38,6 +39,8 @@ MS = (1, 2, 4, 16)
 BIG_MS = (64, 200)
 EXPAND_BN = (64, 128, 256)
 SHRINK_SPLITS = (None, 1, 4, 16)   # None: lora_shrink's own choice
+SPLITK_BN = (128, 256, 512)
+SPLITK_SPLITS = (None, 2, 4, 8)      # None: splitk_splits's choice
 RANK, SLOTS = 16, 9
 
 
@@ -115,6 +118,41 @@ def step_table(rows: list[dict], ways) -> list[dict]:
     return steps
 
 
+def sweep_splitk(lora, dev, dt) -> tuple[list[dict], list[str]]:
+    """Per small M over 8 adapters: a step's extra for splitk-atomic at each (column tile,
+    K splits), checked against the reference."""
+    from zerod.engine.lora.delta import lora_reference
+
+    g = torch.Generator(device=dev).manual_seed(2)
+    out, bad = [], []
+    for M in ((1,) if SMOKE else (1, 2)):
+        idx = (torch.arange(M, device=dev) % 8 + 1).int()
+        groups = lora.group_rows(idx, SLOTS)
+        extra: dict = {}
+        for name, (segs, K) in PROJ.items():
+            N = sum(segs)
+            x = torch.randn(M, K, device=dev, generator=g).to(dt)
+            W = (torch.randn(N, K, device=dev, generator=g) * 0.02).to(dt)
+            A = (torch.randn(SLOTS, len(segs) * RANK, K, device=dev, generator=g) * 0.02).to(dt)
+            B = (torch.randn(SLOTS, N, RANK, device=dev, generator=g) * 0.02).to(dt)
+            y = F.linear(x, W)
+            want = lora_reference(y.clone(), x, A, B, segs, idx).float()
+            for bn in SPLITK_BN:
+                for sp in SPLITK_SPLITS:
+                    def fn():
+                        lora.lora_splitk(y, x, A, B, segs, groups, sp, bn)
+                    y.copy_(F.linear(x, W))
+                    fn()
+                    err = (y.float() - want).abs().max().item() / (1 + want.abs().max().item())
+                    if err > 3e-2:
+                        bad.append(f"splitk bn={bn} splits={sp} {name} M={M}: error {err:.3g}")
+                    extra.setdefault((bn, sp), {})[name] = LAYERS * graph_us(fn)
+        for (bn, sp), per in extra.items():
+            out.append(dict(M=M, bn=bn, splits=sp or "auto", extra_us=sum(per.values()),
+                            per_proj_us={k: v / LAYERS for k, v in per.items()}))
+    return out, bad
+
+
 def sweep_big(lora, dev, dt) -> tuple[list[dict], list[str]]:
     """Per big M over 8 adapters: a step's base products and two-launch's extra for each
     (expand column tile, shrink splits), checked against the reference."""
@@ -175,6 +213,13 @@ def main() -> None:
         cells = "".join(f"{s['extra_us'][w]:14.1f} ({s['base_us'] / (s['base_us'] + s['extra_us'][w]):6.1%})     "
                         for w in ways)
         print(f"{s['M']:2d} {s['adapters']:9d} {s['base_us']:10.1f}" + cells + f"   {s['fastest']}")
+    small, bad_small = sweep_splitk(lora, dev, dt)
+    bad += bad_small
+    print("\nbatch-1 and 2 over 8 adapters, splitk-atomic swept: column tile x K splits (per step, "
+          "without group_rows; per projection us)")
+    for b in sorted(small, key=lambda b: (b["M"], b["extra_us"])):
+        per = " ".join(f"{k} {v:5.1f}" for k, v in b["per_proj_us"].items())
+        print(f"{b['M']:4d} {b['bn']:4d} {b['splits']!s:>5} {b['extra_us']:9.1f}   {per}")
     big, bad_big = sweep_big(lora, dev, dt)
     bad += bad_big
     print("\nbig decode steps over 8 adapters, two-launch swept: expand column tile x shrink K splits")
@@ -183,7 +228,7 @@ def main() -> None:
         print(f"{b['M']:4d} {b['base_us']:10.1f} {b['bn']:4d} {b['splits']!s:>7} "
               f"{b['extra_us']:9.1f} ({b['base_us'] / (b['base_us'] + b['extra_us']):6.1%})")
     if len(sys.argv) > 1:
-        Path(sys.argv[1]).write_text(json.dumps({"rows": rows, "steps": steps, "big": big, "errors": bad,
+        Path(sys.argv[1]).write_text(json.dumps({"rows": rows, "steps": steps, "splitk": small, "big": big, "errors": bad,
                                                  "splitk_max_rows": lora.SPLITK_MAX_ROWS}, indent=1))
     print("\n" + ("\n".join(bad) if bad else "every decode way matches the torch reference"))
     sys.exit(1 if bad else 0)

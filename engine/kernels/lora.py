@@ -270,13 +270,13 @@ def _block_r(r: int) -> int:
 
 
 def _decode_grid(y: torch.Tensor, x: torch.Tensor, B: torch.Tensor, segments: tuple[int, ...],
-                 g: Groups) -> tuple[torch.Tensor, int, list[int], list[int]] | None:
-    """A decode way's launch shape: (x contiguous in K, column tile, segment sizes, column
-    tiles per segment); None when no row has an adapter slot to add."""
+                 g: Groups, bn: int | None = None) -> tuple[torch.Tensor, int, list[int], list[int]] | None:
+    """A decode way's launch shape: (x contiguous in K, column tile (None: by N), segment
+    sizes, column tiles per segment); None when no row has an adapter slot to add."""
     if not g.tiles.shape[1] or B.shape[0] == 1:
         return None
     assert y.stride(-1) == 1
-    bn = 256 if B.shape[1] >= 4096 else 64
+    bn = bn or (256 if B.shape[1] >= 4096 else 64)
     n, tiles = _col_tiles(segments, bn)
     return (x if x.stride(-1) == 1 else x.contiguous()), bn, n, tiles
 
@@ -303,10 +303,12 @@ def splitk_splits(K: int, programs: int) -> int:
 
 
 def lora_splitk(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
-                segments: tuple[int, ...], g: Groups, splits: int | None = None) -> None:
+                segments: tuple[int, ...], g: Groups, splits: int | None = None,
+                bn: int | None = None) -> None:
     """As lora_fused, one launch, with K split `splits` ways (None: splitk_splits) and each
-    split's delta added into y atomically. y must be float32, float16 or bfloat16."""
-    if (grid := _decode_grid(y, x, B, segments, g)) is None:
+    split's delta added into y atomically; bn the column tile (None: _decode_grid's).
+    y must be float32, float16 or bfloat16."""
+    if (grid := _decode_grid(y, x, B, segments, g, bn)) is None:
         return
     x, bn, n, tiles = grid
     nt, K, rank = g.tiles.shape[1], x.shape[1], B.shape[2]
