@@ -70,10 +70,37 @@ def graph_us(fn, calls: int = 16, reps: int = 10) -> float:
     return t0.elapsed_time(t1) * 1000 / (reps * calls)
 
 
+TOL = 3e-2   # relative to the reference's largest value (bf16 rounding of y)
+
+
+class Problem:
+    """One projection's LoRA problem: x [M, K], its base weight, the adapters' A and B, and
+    the torch reference's result for rows of slots idx."""
+
+    def __init__(self, segs: tuple[int, ...], K: int, idx: torch.Tensor, g, dev, dt) -> None:
+        from zerod.engine.lora.delta import lora_reference
+
+        M, N = idx.shape[0], sum(segs)
+        self.segs = segs
+        self.x = torch.randn(M, K, device=dev, generator=g).to(dt)
+        self.W = (torch.randn(N, K, device=dev, generator=g) * 0.02).to(dt)
+        self.A = (torch.randn(SLOTS, len(segs) * RANK, K, device=dev, generator=g) * 0.02).to(dt)
+        self.B = (torch.randn(SLOTS, N, RANK, device=dev, generator=g) * 0.02).to(dt)
+        self.y = self.base()
+        self.want = lora_reference(self.y.clone(), self.x, self.A, self.B, segs, idx).float()
+
+    def base(self) -> torch.Tensor:
+        return F.linear(self.x, self.W)
+
+    def error(self, add) -> float:
+        """add(y) adds the delta into y (y reset to the base product first): its error."""
+        self.y.copy_(self.base())
+        add(self.y)
+        return (self.y.float() - self.want).abs().max().item() / (1 + self.want.abs().max().item())
+
+
 def measure(lora, ways, dev, dt) -> tuple[list[dict], list[str]]:
     """One row per (adapters, M, projection): base_us and <way>_us; and the errors."""
-    from zerod.engine.lora.delta import lora_reference
-
     g = torch.Generator(device=dev).manual_seed(0)
     rows, bad = [], []
     for adapters in (1, 8):
@@ -82,23 +109,14 @@ def measure(lora, ways, dev, dt) -> tuple[list[dict], list[str]]:
             groups = lora.group_rows(idx, SLOTS)
             group_us = graph_us(lambda: lora.group_rows(idx, SLOTS))
             for name, (segs, K) in PROJ.items():
-                N = sum(segs)
-                x = torch.randn(M, K, device=dev, generator=g).to(dt)
-                W = (torch.randn(N, K, device=dev, generator=g) * 0.02).to(dt)
-                A = (torch.randn(SLOTS, len(segs) * RANK, K, device=dev, generator=g) * 0.02).to(dt)
-                B = (torch.randn(SLOTS, N, RANK, device=dev, generator=g) * 0.02).to(dt)
-                y = F.linear(x, W)
-                want = lora_reference(y.clone(), x, A, B, segs, idx).float()
-                r = dict(proj=name, M=M, adapters=adapters, group_us=group_us,
-                         base_us=graph_us(lambda: F.linear(x, W)))
+                p = Problem(segs, K, idx, g, dev, dt)
+                r = dict(proj=name, M=M, adapters=adapters, group_us=group_us, base_us=graph_us(p.base))
                 for way in ways:
-                    fn = lora.DECODE[way]
-                    y.copy_(F.linear(x, W))
-                    fn(y, x, A, B, segs, groups)
-                    err = (y.float() - want).abs().max().item() / (1 + want.abs().max().item())
-                    if err > 3e-2:
+                    def add(y, fn=lora.DECODE[way]):
+                        fn(y, p.x, p.A, p.B, p.segs, groups)
+                    if (err := p.error(add)) > TOL:
                         bad.append(f"{way} {name} M={M} adapters={adapters}: error {err:.3g}")
-                    r[f"{way}_us"] = graph_us(lambda: fn(y, x, A, B, segs, groups))
+                    r[f"{way}_us"] = graph_us(lambda: add(p.y))
                 rows.append(r)
                 print(json.dumps(r), flush=True)
     return rows, bad
@@ -121,8 +139,6 @@ def step_table(rows: list[dict], ways) -> list[dict]:
 def sweep_splitk(lora, dev, dt) -> tuple[list[dict], list[str]]:
     """Per small M over 8 adapters: a step's extra for splitk-atomic at each (column tile,
     K splits), checked against the reference."""
-    from zerod.engine.lora.delta import lora_reference
-
     g = torch.Generator(device=dev).manual_seed(2)
     out, bad = [], []
     for M in ((1,) if SMOKE else (1, 2)):
@@ -130,23 +146,14 @@ def sweep_splitk(lora, dev, dt) -> tuple[list[dict], list[str]]:
         groups = lora.group_rows(idx, SLOTS)
         extra: dict = {}
         for name, (segs, K) in PROJ.items():
-            N = sum(segs)
-            x = torch.randn(M, K, device=dev, generator=g).to(dt)
-            W = (torch.randn(N, K, device=dev, generator=g) * 0.02).to(dt)
-            A = (torch.randn(SLOTS, len(segs) * RANK, K, device=dev, generator=g) * 0.02).to(dt)
-            B = (torch.randn(SLOTS, N, RANK, device=dev, generator=g) * 0.02).to(dt)
-            y = F.linear(x, W)
-            want = lora_reference(y.clone(), x, A, B, segs, idx).float()
+            p = Problem(segs, K, idx, g, dev, dt)
             for bn in SPLITK_BN:
                 for sp in SPLITK_SPLITS:
-                    def fn():
-                        lora.lora_splitk(y, x, A, B, segs, groups, sp, bn)
-                    y.copy_(F.linear(x, W))
-                    fn()
-                    err = (y.float() - want).abs().max().item() / (1 + want.abs().max().item())
-                    if err > 3e-2:
+                    def add(y, sp=sp, bn=bn):
+                        lora.lora_splitk(y, p.x, p.A, p.B, p.segs, groups, sp, bn)
+                    if (err := p.error(add)) > TOL:
                         bad.append(f"splitk bn={bn} splits={sp} {name} M={M}: error {err:.3g}")
-                    extra.setdefault((bn, sp), {})[name] = LAYERS * graph_us(fn)
+                    extra.setdefault((bn, sp), {})[name] = LAYERS * graph_us(lambda: add(p.y))
         for (bn, sp), per in extra.items():
             out.append(dict(M=M, bn=bn, splits=sp or "auto", extra_us=sum(per.values()),
                             per_proj_us={k: v / LAYERS for k, v in per.items()}))
@@ -156,8 +163,6 @@ def sweep_splitk(lora, dev, dt) -> tuple[list[dict], list[str]]:
 def sweep_big(lora, dev, dt) -> tuple[list[dict], list[str]]:
     """Per big M over 8 adapters: a step's base products and two-launch's extra for each
     (expand column tile, shrink splits), checked against the reference."""
-    from zerod.engine.lora.delta import lora_reference
-
     g = torch.Generator(device=dev).manual_seed(1)
     out, bad = [], []
     for M in ((16,) if SMOKE else BIG_MS):
@@ -165,24 +170,15 @@ def sweep_big(lora, dev, dt) -> tuple[list[dict], list[str]]:
         groups = lora.group_rows(idx, SLOTS)
         base, extra = 0.0, {}
         for name, (segs, K) in PROJ.items():
-            N = sum(segs)
-            x = torch.randn(M, K, device=dev, generator=g).to(dt)
-            W = (torch.randn(N, K, device=dev, generator=g) * 0.02).to(dt)
-            A = (torch.randn(SLOTS, len(segs) * RANK, K, device=dev, generator=g) * 0.02).to(dt)
-            B = (torch.randn(SLOTS, N, RANK, device=dev, generator=g) * 0.02).to(dt)
-            y = F.linear(x, W)
-            want = lora_reference(y.clone(), x, A, B, segs, idx).float()
-            base += LAYERS * graph_us(lambda: F.linear(x, W))
+            p = Problem(segs, K, idx, g, dev, dt)
+            base += LAYERS * graph_us(p.base)
             for bn in EXPAND_BN:
                 for sp in SHRINK_SPLITS:
-                    def fn():
-                        lora.lora_expand(y, lora.lora_shrink(x, A, groups, sp), B, segs, groups, bn)
-                    y.copy_(F.linear(x, W))
-                    fn()
-                    err = (y.float() - want).abs().max().item() / (1 + want.abs().max().item())
-                    if err > 3e-2:
+                    def add(y, sp=sp, bn=bn):
+                        lora.lora_expand(y, lora.lora_shrink(p.x, p.A, groups, sp), p.B, p.segs, groups, bn)
+                    if (err := p.error(add)) > TOL:
                         bad.append(f"two-launch bn={bn} splits={sp} {name} M={M}: error {err:.3g}")
-                    extra[(bn, sp)] = extra.get((bn, sp), 0.0) + LAYERS * graph_us(fn)
+                    extra[(bn, sp)] = extra.get((bn, sp), 0.0) + LAYERS * graph_us(lambda: add(p.y))
         group = graph_us(lambda: lora.group_rows(idx, SLOTS))
         for (bn, sp), us in extra.items():
             out.append(dict(M=M, base_us=base, bn=bn, splits=sp or "auto", extra_us=us + group))
