@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# The step thread's 100-190 ms launches of cached-prefix prefills (H200, ~4 min): a dummy
+# The step thread's 100-190 ms launches of prefills (H200, ~4 min): a dummy
 # Llama-3-8B server, 128 closed-loop streams whose prompts are one of 16 shared 112-token
 # prefixes + 16 new tokens (the 128-token prompts of the ramp, 112 of them cached), 256
 # output tokens, so the streams finish and arrive in waves: each wave's first prefill is
 # launched while the HTTP thread takes the other arrivals. Three variants
 # (gpu/step_stalls_serve.py): eager-prefix (the rule before: the cached-prefix prompt
-# prefilled eagerly), graph-prefix (as shipped), switch-0.5ms (as shipped, GIL switch
-# interval 0.5 ms). Each slow-launch log line splits its time into staging, the step
-# thread's CPU, garbage collection and waiting (GIL, device or a core): the table sums them.
-# Results: $OUT/step_stalls.tgz (serve logs, bench JSON); a table last. SMOKE=1: the CPU, tiny.
+# prefilled eagerly), graph-prefix (as shipped), profiled (as shipped, sampled by py-spy
+# --native at 100 Hz, which pauses it for each sample: its speed is not compared; py-spy
+# carried in .whl). Each slow-launch log line
+# splits its time into staging, the step thread's CPU, garbage collection and waiting (GIL,
+# device or a core): the table sums them; then the step thread's hottest frames in its
+# launches (gpu/pyspy_summary.py). Results: $OUT/step_stalls.tgz (serve logs, bench JSON,
+# py-spy's raw stacks); the tables last. SMOKE=1: the CPU, tiny.
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
@@ -21,19 +24,30 @@ if [ "${SMOKE:-0}" = 1 ]; then
   SHAPE=tiny; SERVE_X="--dtype float32 --device cpu --max-model-len 1024 --max-num-seqs 64"
   LOAD_S=${LOAD_S:-10}; STREAMS=16; OUTLEN=32
 fi
+. gpu/wheels.sh psutil   # and py-spy's binary, from .whl, into /tmp/site/bin
+PYSPY=$(command -v py-spy || echo /tmp/site/bin/py-spy)
 M=/tmp/zerod-dummy-$SHAPE
 $PY gpu/server_make_model.py "$M" --shape $SHAPE > /dev/null || exit 1
-for V in eager-prefix graph-prefix switch-0.5ms; do
+for V in eager-prefix graph-prefix profiled; do
   # shellcheck disable=SC2086
   $PY gpu/step_stalls_serve.py $V serve --model "$M" --load-format dummy --port 8000 $SERVE_X \
       --gpu-memory-utilization 0.90 > "$W/serve-$V.log" 2>&1 &
   SPID=$!
   for _ in $(seq 1 600); do curl -sf -o /dev/null http://127.0.0.1:8000/health && break; sleep 0.25; done
+  if [ "$V" = profiled ]; then
+    if [ -x "$PYSPY" ]; then
+      "$PYSPY" record --pid $SPID --duration $((LOAD_S - 2)) --rate 100 --native --threads \
+          --format raw -o "$W/pyspy-$V.txt" > "$W/pyspy.log" 2>&1 &
+    else
+      echo "py-spy: not available (carry its wheel in .whl)" > "$W/pyspy.log"
+    fi
+  fi
   timeout -k 5 -s INT "$LOAD_S" $PY -m zerod bench --port 8000 --no-progress --prefix-len 112 --num-prefixes 16 \
       --suffix-len 16 --output-len $OUTLEN --max-concurrency $STREAMS --num-prompts $((STREAMS * 40)) \
       --seed 1 --out "$W/bench-$V.json" > "$W/bench-$V.txt" 2>&1
   curl -s http://127.0.0.1:8000/metrics > "$W/metrics-$V.txt"
   kill -TERM $SPID; wait $SPID
+  wait   # py-spy, if it ran
 done
 tar czf "$FINAL/step_stalls.tgz" -C "$W" .
 $PY - "$W" <<'PYEOF'
@@ -43,7 +57,7 @@ pat = re.compile(r"took (\d+) ms to launch \((\d+) prompt chunks, (\d+) tokens, 
                  r"step thread on CPU (\d+) ms, garbage collection (\d+) ms, waiting \(GIL, device or a core\) (\d+) ms")
 print(f"{'variant':14s} {'slow':>5s} {'p50 ms':>7s} {'max ms':>7s} {'cpu':>6s} {'gc':>6s} {'waited':>7s} "
       f"{'lone 0-decode':>13s} {'tok/s':>8s} {'TTFT p99':>9s} {'ITL p99':>8s}")
-for v in ("eager-prefix", "graph-prefix", "switch-0.5ms"):
+for v in ("eager-prefix", "graph-prefix", "profiled"):
     rows = [tuple(float(x) for x in m.groups()) for m in map(pat.search, open(os.path.join(W, f"serve-{v}.log")))
             if m]
     rows = rows[1:] if rows and rows[0][0] > 300 else rows   # a first-step compile is another story
@@ -60,3 +74,5 @@ for v in ("eager-prefix", "graph-prefix", "switch-0.5ms"):
 print("slow: launches over 100 ms; cpu / gc / waited: their ms summed (step thread CPU, garbage collection,"
       " waiting for the GIL, the device or a core); lone 0-decode: slow launches of one prompt chunk alone")
 PYEOF
+cat "$W/pyspy.log" 2>/dev/null | tail -2
+[ -f "$W/pyspy-profiled.txt" ] && $PY gpu/pyspy_summary.py "$W/pyspy-profiled.txt" _launch

@@ -4,8 +4,9 @@
 eager-prefix: the rule before this round, a lone prompt with a cached prefix prefilled
               eagerly (~1,000 launches for the 8B shape, each letting go of the GIL);
 graph-prefix: as shipped (the padded prefill graph reads the cached prefix);
-switch-0.5ms: as shipped, and the interpreter's GIL switch interval 0.5 ms instead of 5 ms
-              (what an eager launch that loses the GIL to a busy thread waits each time).
+profiled:     as shipped, sampled by py-spy (gpu/step_stalls.sh starts it): where the step
+              thread's CPU goes in its slow launches (the third session showed them the
+              thread's own CPU time, not waiting for the GIL).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import sys
 
 from zerod.engine.model_runner import ModelRunner
 
-VARIANTS = ("eager-prefix", "graph-prefix", "switch-0.5ms")
+VARIANTS = ("eager-prefix", "graph-prefix", "profiled")
 
 
 def main() -> None:
@@ -25,8 +26,6 @@ def main() -> None:
         bucket = ModelRunner._prefill_bucket
         ModelRunner._prefill_bucket = lambda self, chunks: (
             0 if chunks and chunks[0].start else bucket(self, chunks))
-    elif variant == "switch-0.5ms":
-        sys.setswitchinterval(0.0005)
     sys.argv = ["zerod"] + sys.argv[2:]
     from zerod.cli import main as zerod_main
     zerod_main()
