@@ -13,9 +13,9 @@ not specialised on: a prefill of a row count the warm-up did not run compiles no
 
 Two paths, by the number of rows T (the projection's segments are fused in all):
 - T <= FUSED_MAX_ROWS (decode): the ways of DECODE, timed by gpu/lora_kernels_bench.py
-  (H200, gpu/results/lora/2026-12-01-e6b9444/): splitk-atomic is fastest at 1 and 2
-  rows, two-launch at 4 and 16 rows (8 adapters), fused nowhere; add_lora takes splitk-atomic up to
-  SPLITK_MAX_ROWS rows and two-launch above.
+  (H200, gpu/results/lora/2026-12-01-{e6b9444,a736602}/): splitk-atomic is fastest at
+  1 and 2 rows, two-launch at 4 and 16 rows (8 adapters), fused nowhere; add_lora takes
+  splitk-atomic up to SPLITK_MAX_ROWS rows and two-launch above.
   "splitk-atomic": ONE launch, grid (row tiles, column tiles, K splits). Each
     program computes its rows' x A_segᵀ over its K chunk only, times B_segᵀ of its
     column tile, and atomically adds that into y (the delta is linear in the K chunks).
@@ -334,7 +334,7 @@ def lora_shrink(x: torch.Tensor, A: torch.Tensor, g: Groups, splits: int | None 
     # enough K splits that a step with a few rows per adapter still fills the GPU; a big
     # prefill has programs enough without (and would pay T x R floats per split)
     # (H200: at a 200-row decode step 16 splits cut two-launch's extra 2.2 -> 1.9 ms a step
-    # against the 10 of 2048 // T; gpu/results/lora/2026-12-01-e6b9444/)
+    # against the 10 of 2048 // T; gpu/results/lora/2026-12-01-a736602/lora_kernels.txt)
     splits = splits or max(1, min(32, K // 256, max(2048 // max(T, 1), 16 if T <= DECODE_MAX_ROWS else 1)))
     k_per_split = triton.cdiv(triton.cdiv(K, splits), bk) * bk
     splits = triton.cdiv(K, k_per_split)
