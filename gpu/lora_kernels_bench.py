@@ -224,7 +224,8 @@ def main() -> None:
         print(f"{b['M']:4d} {b['base_us']:10.1f} {b['bn']:4d} {b['splits']!s:>7} "
               f"{b['extra_us']:9.1f} ({b['base_us'] / (b['base_us'] + b['extra_us']):6.1%})")
     if len(sys.argv) > 1:
-        Path(sys.argv[1]).write_text(json.dumps({"rows": rows, "steps": steps, "splitk": small, "big": big, "errors": bad,
+        Path(sys.argv[1]).write_text(json.dumps({"rows": rows, "steps": steps, "splitk": small, "big": big,
+                                                 "errors": bad,
                                                  "splitk_max_rows": lora.SPLITK_MAX_ROWS}, indent=1))
     print("\n" + ("\n".join(bad) if bad else "every decode way matches the torch reference"))
     sys.exit(1 if bad else 0)

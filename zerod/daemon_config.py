@@ -155,7 +155,8 @@ class DaemonConfig:
         typo; the default (10 s) simply fits a shorter window (latency_shift_window_s)."""
         if "latency_shift_s" in given and self.latency_shift_s > self.latency_window_s:
             return [refusal("daemon", "latency_shift_s", self.latency_shift_s,
-                            f"must be <= latency_window_s ({self.latency_window_s:g}): it is the window's last seconds")]
+                            f"must be <= latency_window_s ({self.latency_window_s:g}): "
+                            "it is the window's last seconds")]
         return []
 
     @property

@@ -170,10 +170,10 @@ class LatencyWatcher(Watcher):
                 if worst.ratio > factor:
                     self._stat[what] = worst.stat
                     self.baseline.taint(what)  # a regression is not the new normal
+                    over_s = cfg.latency_window_s if worst.stat == "p99" else cfg.latency_shift_window_s
                     return "over", {"basis": "baseline", "stat": worst.stat, "value": worst.value_s,
                                     "normal": worst.normal_s, "bucket": worst.bucket, "count": worst.count,
-                                    "ratio": worst.ratio, "factor": factor,
-                                    "over_s": cfg.latency_window_s if worst.stat == "p99" else cfg.latency_shift_window_s}
+                                    "ratio": worst.ratio, "factor": factor, "over_s": over_s}
                 verdicts.append("fine")
         return ("fine" if verdicts else "none"), {}
 
