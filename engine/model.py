@@ -196,6 +196,20 @@ class LlamaModel(nn.Module):
         return torch.tanh(logits / cap) * cap if cap else logits
 
 
+# Fresh prompts' lengths padded up to a bounded set before SDPA: off until the H200 says
+# (gpu/sdpa_shapes.py). A backend that builds a plan per shape (cuDNN's attention; SGLang
+# measured ~400 ms a build) pays one for every new prompt length on the step thread; with
+# padding the lengths fall into ~8 per power of two. Trailing padding is exact under the
+# causal mask (no real query sees a later key), at most 1/8 more attention work.
+SDPA_PAD_LENGTHS = False
+
+
+def sdpa_length(n: int) -> int:
+    """n rounded up to a multiple of an eighth of its power of two (of 16 at least)."""
+    step = max(16, 1 << max(0, n.bit_length() - 4))
+    return -(-n // step) * step
+
+
 def _sdpa_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqlens: list[int],
                  scale: float) -> torch.Tensor:
     """Causal attention over the step's own contiguous q/k/v (no cached prefix), CUDA:
@@ -208,7 +222,9 @@ def _sdpa_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqlens: lis
         qb = q[s0:s0 + n].transpose(0, 1).unsqueeze(0)
         kb = k[s0:s0 + n].transpose(0, 1).unsqueeze(0)
         vb = v[s0:s0 + n].transpose(0, 1).unsqueeze(0)
+        if SDPA_PAD_LENGTHS and (m := sdpa_length(n)) > n:   # zeros after the last real token
+            qb, kb, vb = (F.pad(t, (0, 0, 0, m - n)) for t in (qb, kb, vb))
         o = F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, scale=scale, enable_gqa=gqa)
-        out.append(o[0].transpose(0, 1))
+        out.append(o[0, :, :n].transpose(0, 1))
         s0 += n
     return torch.cat(out, 0) if len(out) > 1 else out[0]

@@ -5,12 +5,13 @@ time (engine/model.py `_sdpa_varlen`), so every new prompt length is a new shape
 backend that builds a plan per shape (cuDNN's attention does) pays that on the step
 thread's CPU the first time: the third session's slow launches (100-154 ms of the step
 thread's own CPU, steps prefilling new prompts of varied lengths) and each FP8 server's
-first 16K prompts (573-933 ms to launch, 16,368 then 16,384 tokens) would fit.
+first 16K prompts (0.6-1.1 s to launch) would fit.
 
 For the 8B attention shape (32 query heads, 8 KV heads, head_dim 128, bf16, causal, GQA)
-and lengths the ramp's chunks had: the host wall time of the first and the third call of
-each length, per backend (the default's choice, then each one forced), and which backend
-the default picks.
+and lengths the ramp's chunks had: per backend (the default's choice, then each one
+forced) the host milliseconds of the first and the third call at each length, and the
+device milliseconds of the third; then the default with engine/model.py's padded
+lengths (`sdpa_length`, what SDPA_PAD_LENGTHS would do). Last, a verdict line.
 
     python3 gpu/sdpa_shapes.py [OUT.json]
 """
@@ -18,12 +19,17 @@ the default picks.
 from __future__ import annotations
 
 import json
+import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from zerod.engine.model import sdpa_length  # noqa: E402
 
 HQ, HK, D = 32, 8, 128
 LENGTHS = (31, 45, 98, 114, 128, 200, 511, 2048, 16368, 16384)
@@ -31,20 +37,24 @@ BACKENDS = {"default": None, "flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBa
             "efficient": SDPBackend.EFFICIENT_ATTENTION}
 
 
-def call_ms(n: int, backend) -> float:
+def call(n: int, backend) -> tuple[float, float]:
+    """(host ms of the call, device ms of its kernels)."""
     q = torch.randn(1, HQ, n, D, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(1, HK, n, D, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
     t = time.perf_counter()
+    a.record()
     if backend is None:
         F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
     else:
         with sdpa_kernel(backend):
             F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    b.record()
     host = (time.perf_counter() - t) * 1000   # the launch on the host, before any sync
     torch.cuda.synchronize()
-    return host
+    return host, a.elapsed_time(b)
 
 
 def main() -> None:
@@ -52,22 +62,30 @@ def main() -> None:
            "cudnn_sdp_enabled": torch.backends.cuda.cudnn_sdp_enabled(),
            "flash_sdp_enabled": torch.backends.cuda.flash_sdp_enabled(), "rows": []}
     print(json.dumps({k: v for k, v in out.items() if k != "rows"}))
-    print(f"{'backend':10s} {'length':>7s} {'first ms':>9s} {'third ms':>9s}")
-    for name, backend in BACKENDS.items():
+    print(f"{'backend':14s} {'length':>7s} {'first ms':>9s} {'third ms':>9s} {'device ms':>10s}")
+    variants = [(name, backend, False) for name, backend in BACKENDS.items()] + [("default+pad", None, True)]
+    for name, backend, pad in variants:
         try:
-            call_ms(7, backend)   # the backend's own first use (libraries, handles), not a shape's
+            call(7, backend)   # the backend's own first use (libraries, handles), not a shape's
         except RuntimeError:
             pass
         for n in LENGTHS:
+            m = sdpa_length(n) if pad else n
             try:
-                first = call_ms(n, backend)
-                call_ms(n, backend)
-                third = call_ms(n, backend)
+                first, _ = call(m, backend)
+                call(m, backend)
+                third, dev = call(m, backend)
             except RuntimeError as e:   # a backend that refuses the shape
-                print(f"{name:10s} {n:7d}  refused: {str(e).splitlines()[0][:80]}")
+                print(f"{name:14s} {m:7d}  refused: {str(e).splitlines()[0][:80]}")
                 continue
-            out["rows"].append(dict(backend=name, length=n, first_ms=first, third_ms=third))
-            print(f"{name:10s} {n:7d} {first:9.2f} {third:9.2f}", flush=True)
+            out["rows"].append(dict(variant=name, length=n, run_length=m, first_ms=first,
+                                    third_ms=third, device_ms=dev))
+            print(f"{name:14s} {m:7d} {first:9.2f} {third:9.2f} {dev:10.3f}", flush=True)
+    d = [r for r in out["rows"] if r["variant"] == "default"]
+    if d:
+        print(f"verdict: the default's first call at a new length takes a median "
+              f"{statistics.median(r['first_ms'] for r in d):.1f} ms on the host, its third "
+              f"{statistics.median(r['third_ms'] for r in d):.2f} ms")
     if len(sys.argv) > 1:
         with open(sys.argv[1], "w") as f:
             json.dump(out, f, indent=1)

@@ -125,3 +125,27 @@ def test_kernels_disabled_restores_what_was_off_before():
         assert "decode_attention" not in ops.DISABLED and "rms_norm" in ops.DISABLED
     finally:
         ops.DISABLED.discard("rms_norm")
+
+
+@pytest.mark.parametrize("pad", [False, True])
+def test_fresh_prompts_sdpa_matches_dense_with_and_without_padded_lengths(monkeypatch, pad):
+    """engine/model.py's per-sequence SDPA for fresh prompts; with SDPA_PAD_LENGTHS each
+    length is padded up to one of a bounded set (trailing zeros: exact under the causal mask)."""
+    from zerod.engine import model
+
+    monkeypatch.setattr(model, "SDPA_PAD_LENGTHS", pad)
+    g = torch.Generator().manual_seed(3)
+    lens = [1, 5, 17, 100, 129]
+    T, hq, hk, d = sum(lens), 4, 2, 16
+    q, k, v = (torch.randn(T, h, d, generator=g) for h in (hq, hk, hk))
+    got = model._sdpa_varlen(q, k, v, lens, 0.25)
+    s0 = 0
+    for n in lens:
+        want = _dense_causal(q[s0:s0 + n], k[s0:s0 + n], v[s0:s0 + n], 0.25, 0)
+        torch.testing.assert_close(got[s0:s0 + n], want, rtol=1e-4, atol=1e-5)
+        s0 += n
+    # the padded lengths: within an eighth, and few of them
+    assert [model.sdpa_length(n) for n in (1, 16, 17, 100, 128, 129, 1000, 16368)] == [
+        16, 16, 32, 112, 128, 144, 1024, 16384]
+    assert len({model.sdpa_length(n) for n in range(1, 16385)}) <= 8 * 11 + 1
+    assert all(model.sdpa_length(n) - n <= max(15, n // 8) for n in range(1, 5000))
