@@ -6,6 +6,7 @@ verdict can be re-read without the device.
     python3 gpu/latency_replay.py record URL OUT.jsonl     (until killed)
     python3 gpu/latency_replay.py replay OUT.jsonl [KEY=VALUE ...]   ([daemon] overrides)
     python3 gpu/latency_replay.py intervals OUT.jsonl      (each scrape interval's load and p50/p99)
+    python3 gpu/latency_replay.py margins OUT.jsonl        (each statistic's largest ratio to its normal)
 """
 
 from __future__ import annotations
@@ -41,7 +42,9 @@ def record(url: str, out: str) -> None:
             time.sleep(max(0.0, 1.0 - (time.time() - t)))
 
 
-def replay(path: str, overrides: list[str]) -> list[dict]:
+def replay(path: str, overrides: list[str], each=None) -> list[dict]:
+    """The LatencyRegression alerts the recording raises; each(latency watcher, seconds into
+    the recording) after every scrape, if given."""
     from zerod.alerts import AlertBook
     from zerod.daemon_config import DaemonConfig
     from zerod.watchers.engine_metrics import EngineMetricsWatcher
@@ -62,11 +65,33 @@ def replay(path: str, overrides: list[str]) -> list[dict]:
         t0 = rec["t"] if t0 is None else t0
         metrics.ingest("\n".join(rec["lines"]) + "\n", pid=1, now=rec["t"])
         f = latency.update(now=rec["t"])
+        if each is not None:
+            each(latency, rec["t"] - t0)
         for a in book.firing():
             if a.alertname == "LatencyRegression" and a.id not in fired:
                 fired[a.id] = {"t_s": round(rec["t"] - t0, 1), "load_now": f["load_bucket"], "summary": a.summary,
                                "description": a.description}
     return list(fired.values())
+
+
+def margins(path: str) -> None:
+    """How far below the factor the recording stays: each (metric, statistic)'s largest
+    ratio to its normal over the recording, with the factor out of reach (no alert, so no
+    interval is kept out of the normal) — the statistics the watcher judges and TTFT's mean."""
+    best: dict[tuple[str, str], tuple[float, float, str]] = {}
+
+    def each(latency, t: float) -> None:
+        cfg = latency.cfg
+        for metric in ("itl", "ttft"):
+            for stat, recent in (("p99", None), ("mean", cfg.latency_shift_window_s)):
+                for c in latency.baseline.compare(metric, cfg.latency_min_samples, cfg.latency_baseline_min_samples,
+                                                  cfg.latency_baseline_min_s, stat=stat, recent_s=recent):
+                    if c.ratio > best.get((metric, stat), (0.0,))[0]:
+                        best[(metric, stat)] = (c.ratio, t, c.bucket)
+
+    replay(path, ["latency_regression_factor=1000"], each)
+    for (metric, stat), (ratio, t, bucket) in sorted(best.items()):
+        print(f"{metric:4s} {stat:4s}  largest ratio {ratio:5.2f}  at {t:5.0f} s, {bucket} concurrent requests")
 
 
 def intervals(path: str) -> None:
@@ -102,5 +127,7 @@ if __name__ == "__main__":
         print(f"LatencyRegression in the replay: {len(fired) or 'none'}")
     elif len(sys.argv) == 3 and sys.argv[1] == "intervals":
         intervals(sys.argv[2])
+    elif len(sys.argv) == 3 and sys.argv[1] == "margins":
+        margins(sys.argv[2])
     else:
         sys.exit(__doc__)

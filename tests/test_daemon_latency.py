@@ -168,7 +168,7 @@ def test_no_regression_when_stages_of_8_to_200_streams_start_in_bursts():
     assert {"32-47", "64-95", "128-191"} <= judged
 
 
-def test_a_recorded_run_replays_through_the_real_watchers(tmp_path):
+def test_a_recorded_run_replays_through_the_real_watchers(tmp_path, capsys):
     """gpu/latency_replay.py: a device run's engine scrapes, judged again offline."""
     import json
     import sys
@@ -189,6 +189,13 @@ def test_a_recorded_run_replays_through_the_real_watchers(tmp_path):
     assert [a["t_s"] for a in fired if "inter-token" in a["summary"]] == [pytest.approx(310, abs=10)]
     assert fired[0]["load_now"] == "8-11" and "no likely cause found" in fired[0]["summary"]
     assert replay(str(rec), ["latency_regression_factor=3"]) == []  # 2.3x is under a 3x factor
+    # margins: each statistic's largest ratio to its normal, nothing kept out of the normal
+    from latency_replay import margins
+
+    margins(str(rec))
+    out = capsys.readouterr().out
+    ratio = {tuple(line.split()[:2]): float(line.split()[4]) for line in out.splitlines()}
+    assert 2.0 < ratio[("itl", "mean")] < 2.6 and ratio[("itl", "p99")] > 1.5   # the job: 2.3x
 
 
 def test_a_rogue_job_is_named_within_20_s_and_not_learned_as_normal():

@@ -6,7 +6,7 @@ p50/p99 of TTFT and ITL are computed from the difference of two scrapes a
 Prometheus' `rate()` + `histogram_quantile()` would).
 
 `LatencyRegression` fires, on by default, when the window's p99 at some load, or
-the mean of its last `latency_shift_s` seconds, exceeds `latency_regression_factor`
+(for ITL) the mean of its last `latency_shift_s` seconds, exceeds `latency_regression_factor`
 times the normal's at that load (zerod.watchers.latency_baseline: learned per
 concurrency bucket over `latency_baseline_s`; why the two, there), and — as an
 option — when a p99 exceeds an absolute SLO
@@ -158,7 +158,10 @@ class LatencyWatcher(Watcher):
         factor = self.cfg.latency_regression_factor
         if factor:
             cfg = self.cfg
-            comps = [c for stat, recent in (("p99", None), ("mean", cfg.latency_shift_window_s))
+            # the mean for ITL alone: thousands of tokens a second make it steady, while a
+            # few seconds' first tokens are too few (three long prompts would double it)
+            stats = (("p99", None), ("mean", cfg.latency_shift_window_s)) if what == "itl" else (("p99", None),)
+            comps = [c for stat, recent in stats
                      for c in self.baseline.compare(what, cfg.latency_min_samples, cfg.latency_baseline_min_samples,
                                                     cfg.latency_baseline_min_s, stat=stat, recent_s=recent)]
             if comps:
