@@ -269,7 +269,7 @@ def test_a_rogue_job_is_named_within_20_s_when_the_tail_is_the_engines_own_launc
             p99_ratio.append(max(c.ratio for c in p99))
 
     run(sim, clock, metrics, latency, 20, each=first_alert)
-    assert fired_at and fired_at[0] - start <= 15
+    assert fired_at and fired_at[0] - start <= 10   # 5 s here; the p99 alone: 13 s
     a = book.get("LatencyRegression", "itl")
     assert a.summary.startswith("mean inter-token latency over 1.5x its normal ")
     assert "likely cause: python3 (pid 9131) on GPU 0" in a.summary
