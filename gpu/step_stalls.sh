@@ -24,8 +24,11 @@ if [ "${SMOKE:-0}" = 1 ]; then
   SHAPE=tiny; SERVE_X="--dtype float32 --device cpu --max-model-len 1024 --max-num-seqs 64"
   LOAD_S=${LOAD_S:-10}; STREAMS=16; OUTLEN=32
 fi
-. gpu/wheels.sh psutil   # and py-spy's binary, from .whl, into /tmp/site/bin
+. gpu/wheels.sh psutil   # packages the device image lacks, carried in .whl
 PYSPY=$(command -v py-spy || echo /tmp/site/bin/py-spy)
+if [ ! -x "$PYSPY" ] && ls .whl/py_spy-*.whl > /dev/null 2>&1; then   # a binary: no module to import
+  $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/py_spy-*.whl
+fi
 M=/tmp/zerod-dummy-$SHAPE
 $PY gpu/server_make_model.py "$M" --shape $SHAPE > /dev/null || exit 1
 for V in eager-prefix graph-prefix profiled; do
