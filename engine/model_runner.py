@@ -57,10 +57,9 @@ def _sample_class(r: Request) -> int:
 # for a padded token count: eager, its ~400 launches (a third of them Triton, each costing
 # tens of microseconds of Python) take longer than the GPU work of a short prompt. Its
 # cached prefix, if any, is read through the block table (the graph's table spans the
-# whole context). Every eager launch also lets go of the GIL: while another thread is
-# busy (the HTTP thread taking a wave of arrivals), each one it loses costs the step
-# thread a switch interval (5 ms), which made 100-190 ms launches of eager cached-prefix
-# prefills on the H200.
+# whole context). (The 100-190 ms eager launches that moved these prompts here were
+# blamed on lost GIL hand-overs; the H200 later showed such launches to be the step
+# thread's own CPU time: docs/perf.md section 13.)
 PREFILL_GRAPH_TOKENS = (16, 32, 64, 128, 256, 512)
 
 

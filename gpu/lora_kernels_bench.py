@@ -3,8 +3,8 @@
 
 For M in (1, 2, 4, 16) rows (a decode step, engine/kernels/lora.py's FUSED_MAX_ROWS and
 below) spread over 1 or 8 adapters (slabs for 8, as --max-loras 8): the base F.linear
-and every decode way of engine/kernels/lora.py (DECODE: splitk-atomic, two-launch,
-fused), each checked against the torch reference first. Then per decode step of 32
+and every decode way of engine/kernels/lora.py (DECODE: splitk-atomic, two-launch),
+each checked against the torch reference first. Then per decode step of 32
 layers: the four projections' base products vs their LoRA deltas plus one group_rows,
 and a table of the fastest way at each M. Then batch-1 and 2 (over 8 adapters):
 splitk-atomic with its column tile and K splits swept; last, big decode steps (M = 64,

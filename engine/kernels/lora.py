@@ -14,8 +14,10 @@ not specialised on: a prefill of a row count the warm-up did not run compiles no
 Two paths, by the number of rows T (the projection's segments are fused in all):
 - T <= FUSED_MAX_ROWS (decode): the ways of DECODE, timed by gpu/lora_kernels_bench.py
   (H200, gpu/results/lora/2026-12-01-{e6b9444,a736602}/): splitk-atomic is fastest at
-  1 and 2 rows, two-launch at 4 and 16 rows (8 adapters), fused nowhere; add_lora takes
-  splitk-atomic up to SPLITK_MAX_ROWS rows and two-launch above.
+  1 and 2 rows, two-launch at 4 and 16 rows (8 adapters); a third way, each program
+  walking all of K alone, was fastest nowhere (1.9 ms a batch-1 step against split-K's
+  0.7) and is gone. add_lora takes splitk-atomic up to SPLITK_MAX_ROWS rows and
+  two-launch above.
   "splitk-atomic": ONE launch, grid (row tiles, column tiles, K splits). Each
     program computes its rows' x A_segᵀ over its K chunk only, times B_segᵀ of its
     column tile, and atomically adds that into y (the delta is linear in the K chunks).
@@ -23,8 +25,6 @@ Two paths, by the number of rows T (the projection's segments are fused in all):
     short programs (<= MAX_CHUNK of K each) for one launch, paying the re-reads of each A
     chunk per column tile from L2 (~5-9 MB a product at the 8B shape).
   "two-launch": the shrink and expand below (A and B read once each, two launches).
-  "fused": one launch, grid (row tiles, column tiles), each program walks all of K alone:
-    few long programs (16 for down_proj at T=1, 56 serial K steps each).
 - larger T (prefill, big batches): a shrink, split over K so that few rows still fill
   the GPU, writes float32 partials [splits, T, R]; the expand sums them as it reads
   them (no reduction launch) and adds into y in place.
@@ -181,22 +181,6 @@ def _xa(x_ptr, stride_xt, rows, mask_m, a_rows, r_lim, k_lo, k_hi, K,
 
 
 @triton.jit(do_not_specialize=["NT"])
-def _fused_kernel(y_ptr, x_ptr, a_ptr, b_ptr, order_ptr, starts_ptr, counts_ptr, tiles_ptr,
-                  NT, K, n1, n2, n3, t1, t2, rank,
-                  stride_yt, stride_xt, stride_as, stride_ar, stride_bs, stride_bn,
-                  BM: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr,
-                  IEEE: tl.constexpr):
-    s, rows, mask_m = _tile_rows(tiles_ptr, NT, order_ptr, starts_ptr, counts_ptr, BM)
-    if s == 0:
-        return
-    seg, cols, mask_n = _segment_cols(tl.program_id(1), n1, n2, n3, t1, t2, BN)
-    a_rows = a_ptr + s.to(tl.int64) * stride_as + (seg * rank + tl.arange(0, BR)[None, :]) * stride_ar
-    acc = _xa(x_ptr, stride_xt, rows, mask_m, a_rows, rank, 0, K, K, BM, BR, BK, IEEE)
-    _add_expand(y_ptr, stride_yt, b_ptr, stride_bn, acc, s, rows, mask_m, cols, mask_n,
-                rank, stride_bs, BR, IEEE)
-
-
-@triton.jit(do_not_specialize=["NT"])
 def _splitk_kernel(y_ptr, x_ptr, a_ptr, b_ptr, order_ptr, starts_ptr, counts_ptr, tiles_ptr,
                    NT, K, k_per_split, n1, n2, n3, t1, t2, rank,
                    stride_yt, stride_xt, stride_as, stride_ar, stride_bs, stride_bn,
@@ -281,19 +265,6 @@ def _decode_grid(y: torch.Tensor, x: torch.Tensor, B: torch.Tensor, segments: tu
     return (x if x.stride(-1) == 1 else x.contiguous()), bn, n, tiles
 
 
-def lora_fused(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
-               segments: tuple[int, ...], g: Groups) -> None:
-    """y [T, N] += per segment j: x A[slot, j*Rmax:(j+1)*Rmax]ᵀ B[slot, segment j]ᵀ, one launch."""
-    if (grid := _decode_grid(y, x, B, segments, g)) is None:
-        return
-    x, bn, n, tiles = grid
-    nt, K, rank = g.tiles.shape[1], x.shape[1], B.shape[2]
-    _fused_kernel[(nt, sum(tiles))](
-        y, x, A, B, g.order, g.starts, g.counts, g.tiles, nt, K, n[0], n[1], n[2], tiles[0], tiles[1], rank,
-        y.stride(0), x.stride(0), A.stride(0), A.stride(1), B.stride(0), B.stride(1),
-        BM=g.block_m, BN=bn, BR=_block_r(rank), BK=256, IEEE=y.dtype == torch.float32, num_warps=4)
-
-
 def splitk_splits(K: int, programs: int) -> int:
     """K splits for splitk-atomic with `programs` (row tiles x column tiles) per split:
     about TARGET_PROGRAMS in all, each split's chunk within [MIN_CHUNK, MAX_CHUNK] of K
@@ -305,8 +276,9 @@ def splitk_splits(K: int, programs: int) -> int:
 def lora_splitk(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
                 segments: tuple[int, ...], g: Groups, splits: int | None = None,
                 bn: int | None = None) -> None:
-    """As lora_fused, one launch, with K split `splits` ways (None: splitk_splits) and each
-    split's delta added into y atomically; bn the column tile (None: _decode_grid's).
+    """y [T, N] += per segment j: x A[slot, j*Rmax:(j+1)*Rmax]ᵀ B[slot, segment j]ᵀ in one
+    launch, with K split `splits` ways (None: splitk_splits) and each split's delta added
+    into y atomically; bn the column tile (None: _decode_grid's).
     y must be float32, float16 or bfloat16."""
     if (grid := _decode_grid(y, x, B, segments, g, bn)) is None:
         return
@@ -378,7 +350,7 @@ def lora_two_launch(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.
     lora_expand(y, lora_shrink(x, A, g), B, segments, g)
 
 
-DECODE = {"splitk-atomic": lora_splitk, "two-launch": lora_two_launch, "fused": lora_fused}
+DECODE = {"splitk-atomic": lora_splitk, "two-launch": lora_two_launch}
 
 
 def add_lora(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tensor,

@@ -40,8 +40,8 @@ MIN_CAPABILITY = (8, 9)   # e4m3 tensor cores: Ada (sm_89), Hopper (sm_90) and n
 # stops beating activation quantization + the W8A8 GEMM. Measured on the H200
 # (gpu/fp8_gemm_bench.py, gpu/results/fp8/, docs/perf.md sections 11 and 13): per-row
 # W8A16 wins to M = 16 (102-108 vs 128-135 us a layer), loses at 64 (160 vs 121). Block
-# W8A16 (swap_ab) wins to M = 64 (117-159 vs 143-210 us a layer), loses at 200 (its decode
-# graphs capture since every bucket is warmed first: tests/test_fp8_checkpoints.py).
+# W8A16 (KERNEL's kernel for block scales) beats block W8A8 to M = 64, loses at 200 (its
+# decode graphs capture since every bucket is warmed first: tests/test_fp8_checkpoints.py).
 W8A16_MAX_M = {"row": 16, "block": 64}
 
 
@@ -117,7 +117,7 @@ class Fp8Linear(Linear):
 
     def w8a16(self, x: torch.Tensor, kernel: str | None = None) -> torch.Tensor:
         """x [M, K] bf16 / fp16 times the dequantized weights, in one Triton GEMM (+ its split-K
-        sum); kernel: triton_w8a16's "ab" or "swap_ab" (None: its KERNEL; the bench times both)."""
+        sum); kernel: one of triton_w8a16's (None: its KERNEL; the bench times each)."""
         from .triton_w8a16 import w8a16_matmul
 
         return w8a16_matmul(x, self.weight, self.weight_scale, self.bias,

@@ -158,8 +158,7 @@ class LatencyWatcher(Watcher):
         factor = self.cfg.latency_regression_factor
         if factor:
             cfg = self.cfg
-            # the mean for ITL alone: thousands of tokens a second make it steady, while a
-            # few seconds' first tokens are too few (three long prompts would double it)
+            # the mean for ITL alone (why: zerod.watchers.latency_baseline)
             stats = (("p99", None), ("mean", cfg.latency_shift_window_s)) if what == "itl" else (("p99", None),)
             comps = [c for stat, recent in stats
                      for c in self.baseline.compare(what, cfg.latency_min_samples, cfg.latency_baseline_min_samples,

@@ -12,15 +12,11 @@ Two statistics are compared, each in its own bucket:
 - the p99 over the window (`latency_window_s`, a minute): the tail — a monitoring
   agent's GPU poll that took an incident's p99 from 90 to 320 ms;
 - for ITL, the mean over its last `latency_shift_s` seconds: a sustained shift. A rogue
-  job slows every step (the H200: 5,600 -> 2,400 tokens/s at 32 streams), but the
-  minute's p99 moves late and little: it needs 1 % of the minute's observations
-  slow, and histogram buckets as coarse as the engines' (5-10 ms, 10-15 ms) put
-  95 % of a normal's ITL in one bucket, so every quantile inside it is an
-  interpolation (the H200's normal "p99" of 10.0 ms was the bucket's edge; the
-  rogue's 14.9 ms the next one: 1.49x for a 2.3x slowdown). The mean is exact
-  (the histogram's sum over its count) and moves with every slow step. Not for
-  TTFT: a few seconds hold too few first tokens for a steady mean (three long prompts
-  among forty short ones double it).
+  job slows every step, but the minute's p99 moves late and little: it needs 1 % of the
+  minute's observations slow, and buckets as coarse as the engines' hold most of a
+  normal's ITL in one bucket, so a quantile inside it is an interpolation. The mean is
+  exact (the histogram's sum over its count). Not for TTFT: a few seconds hold too few
+  first tokens for a steady mean. The H200 run that showed it: docs/daemon.md.
 
 A regression must show beyond the `SPARED` worst intervals of what is compared
 (ranked by the statistic): when a stage of load starts at once, its burst of
