@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from . import ops
 from .linear import VocabParallelHead, param as _p, row_linear
@@ -196,12 +197,16 @@ class LlamaModel(nn.Module):
         return torch.tanh(logits / cap) * cap if cap else logits
 
 
-# Fresh prompts' lengths padded up to a bounded set before SDPA: off until the H200 says
-# (gpu/sdpa_shapes.py). A backend that builds a plan per shape (cuDNN's attention; SGLang
-# measured ~400 ms a build) pays one for every new prompt length on the step thread; with
-# padding the lengths fall into ~8 per power of two. Trailing padding is exact under the
+# Fresh prompts' attention, one SDPA call per sequence. On the H200 (torch 2.11, cuDNN 9.19;
+# gpu/sdpa_shapes.py) the default backend is cuDNN's, which builds a plan for every new
+# sequence length (~42 ms of the step thread, stalling every stream) and then runs up to 2x
+# faster than flash at 16K; flash builds nothing and is as fast up to ~1K tokens. So: the
+# backends without plans up to SDPA_FLASH_MAX_LEN, the default above it with lengths padded
+# to ~8 per power of two (a plan per bucket, paid once). Trailing padding is exact under the
 # causal mask (no real query sees a later key), at most 1/8 more attention work.
-SDPA_PAD_LENGTHS = False
+SDPA_FLASH_MAX_LEN = 1024
+SDPA_PAD_LENGTHS = True
+_PLANLESS_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def sdpa_length(n: int) -> int:
@@ -213,7 +218,7 @@ def sdpa_length(n: int) -> int:
 def _sdpa_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqlens: list[int],
                  scale: float) -> torch.Tensor:
     """Causal attention over the step's own contiguous q/k/v (no cached prefix), CUDA:
-    flash SDPA per sequence (4-D, GQA through enable_gqa)."""
+    SDPA per sequence (4-D, GQA through enable_gqa), the backend by its length (above)."""
     hq, hk = q.shape[1], k.shape[1]
     gqa = hq != hk
     out = []
@@ -222,9 +227,15 @@ def _sdpa_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqlens: lis
         qb = q[s0:s0 + n].transpose(0, 1).unsqueeze(0)
         kb = k[s0:s0 + n].transpose(0, 1).unsqueeze(0)
         vb = v[s0:s0 + n].transpose(0, 1).unsqueeze(0)
-        if SDPA_PAD_LENGTHS and (m := sdpa_length(n)) > n:   # zeros after the last real token
-            qb, kb, vb = (F.pad(t, (0, 0, 0, m - n)) for t in (qb, kb, vb))
-        o = F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, scale=scale, enable_gqa=gqa)
+        if n <= SDPA_FLASH_MAX_LEN:
+            with sdpa_kernel(_PLANLESS_SDPA):
+                o = F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, scale=scale,
+                                                   enable_gqa=gqa)
+        else:
+            if SDPA_PAD_LENGTHS and (m := sdpa_length(n)) > n:   # zeros after the last real token
+                qb, kb, vb = (F.pad(t, (0, 0, 0, m - n)) for t in (qb, kb, vb))
+            o = F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, scale=scale,
+                                               enable_gqa=gqa)
         out.append(o[0, :, :n].transpose(0, 1))
         s0 += n
     return torch.cat(out, 0) if len(out) > 1 else out[0]

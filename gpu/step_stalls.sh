@@ -1,16 +1,14 @@
 #!/usr/bin/env bash
-# The step thread's 100-190 ms launches of prefills (H200, ~4 min): a dummy
-# Llama-3-8B server, 128 closed-loop streams whose prompts are one of 16 shared 112-token
-# prefixes + 16 new tokens (the 128-token prompts of the ramp, 112 of them cached), 256
-# output tokens, so the streams finish and arrive in waves: each wave's first prefill is
-# launched while the HTTP thread takes the other arrivals. Three variants
-# (gpu/step_stalls_serve.py): eager-prefix (the rule before: the cached-prefix prompt
-# prefilled eagerly), graph-prefix (as shipped), profiled (as shipped, sampled by py-spy
-# --native at 100 Hz, which pauses it for each sample: its speed is not compared; py-spy
-# carried in .whl). Each slow-launch log line
-# splits its time into staging, the step thread's CPU, garbage collection and waiting (GIL,
-# device or a core): the table sums them; then the step thread's hottest frames in its
-# launches (gpu/pyspy_summary.py). Results: $OUT/step_stalls.tgz (serve logs, bench JSON,
+# The step thread's slow launches (H200, ~4 min): a dummy Llama-3-8B server, 128 closed-loop
+# streams of fresh prompts whose lengths are drawn log-uniform from 32-1024 tokens (random
+# ids: no prefix-cache hits), 256 output tokens, so prompts of many lengths are prefilled
+# beside running decodes. Three variants (gpu/step_stalls_serve.py): cudnn-every-length
+# (the rule before: every new prompt length a new cuDNN attention plan), shipped, profiled
+# (as shipped, sampled by py-spy --native at 100 Hz, which pauses it for each sample: its
+# speed is not compared; py-spy carried in .whl). Launches over 30 ms are logged, each
+# split into staging, the step thread's CPU, garbage collection and waiting (GIL, device or
+# a core): the table sums them; then the step thread's hottest frames in its launches
+# (gpu/pyspy_summary.py). Results: $OUT/step_stalls.tgz (serve logs, bench JSON, metrics,
 # py-spy's raw stacks); the tables last. SMOKE=1: the CPU, tiny.
 set -u
 cd "$(dirname "$0")/.."
@@ -31,7 +29,7 @@ if [ ! -x "$PYSPY" ] && ls .whl/py_spy-*.whl > /dev/null 2>&1; then   # a binary
 fi
 M=/tmp/zerod-dummy-$SHAPE
 $PY gpu/server_make_model.py "$M" --shape $SHAPE > /dev/null || exit 1
-for V in eager-prefix graph-prefix profiled; do
+for V in cudnn-every-length shipped profiled; do
   # shellcheck disable=SC2086
   $PY gpu/step_stalls_serve.py $V serve --model "$M" --load-format dummy --port 8000 $SERVE_X \
       --gpu-memory-utilization 0.90 > "$W/serve-$V.log" 2>&1 &
@@ -45,8 +43,8 @@ for V in eager-prefix graph-prefix profiled; do
       echo "py-spy: not available (carry its wheel in .whl)" > "$W/pyspy.log"
     fi
   fi
-  timeout -k 5 -s INT "$LOAD_S" $PY -m zerod bench --port 8000 --no-progress --prefix-len 112 --num-prefixes 16 \
-      --suffix-len 16 --output-len $OUTLEN --max-concurrency $STREAMS --num-prompts $((STREAMS * 40)) \
+  timeout -k 5 -s INT "$LOAD_S" $PY -m zerod bench --port 8000 --no-progress --input-len-range 32:1024 \
+      --output-len $OUTLEN --max-concurrency $STREAMS --num-prompts $((STREAMS * 40)) \
       --seed 1 --out "$W/bench-$V.json" > "$W/bench-$V.txt" 2>&1
   curl -s http://127.0.0.1:8000/metrics > "$W/metrics-$V.txt"
   kill -TERM $SPID; wait $SPID
@@ -58,9 +56,9 @@ import json, os, re, statistics, sys
 W = sys.argv[1]
 pat = re.compile(r"took (\d+) ms to launch \((\d+) prompt chunks, (\d+) tokens, (\d+) decodes; staging ([\d.]+) ms, "
                  r"step thread on CPU (\d+) ms, garbage collection (\d+) ms, waiting \(GIL, device or a core\) (\d+) ms")
-print(f"{'variant':14s} {'slow':>5s} {'p50 ms':>7s} {'max ms':>7s} {'cpu':>6s} {'gc':>6s} {'waited':>7s} "
+print(f"{'variant':18s} {'slow':>5s} {'p50 ms':>7s} {'max ms':>7s} {'cpu':>6s} {'gc':>6s} {'waited':>7s} "
       f"{'lone 0-decode':>13s} {'tok/s':>8s} {'TTFT p99':>9s} {'ITL p99':>8s}")
-for v in ("eager-prefix", "graph-prefix", "profiled"):
+for v in ("cudnn-every-length", "shipped", "profiled"):
     rows = [tuple(float(x) for x in m.groups()) for m in map(pat.search, open(os.path.join(W, f"serve-{v}.log")))
             if m]
     rows = rows[1:] if rows and rows[0][0] > 300 else rows   # a first-step compile is another story
@@ -72,9 +70,9 @@ for v in ("eager-prefix", "graph-prefix", "profiled"):
     wall = [r[0] for r in rows]
     tot = lambda i: sum(r[i] for r in rows)
     lone = sum(1 for r in rows if r[1] == 1 and r[3] == 0)
-    print(f"{v:14s} {len(rows):5d} {statistics.median(wall) if wall else 0:7.0f} {max(wall, default=0):7.0f} "
+    print(f"{v:18s} {len(rows):5d} {statistics.median(wall) if wall else 0:7.0f} {max(wall, default=0):7.0f} "
           f"{tot(5):6.0f} {tot(6):6.0f} {tot(7):7.0f} {lone:13d} {tail}")
-print("slow: launches over 100 ms; cpu / gc / waited: their ms summed (step thread CPU, garbage collection,"
+print("slow: launches over 30 ms; cpu / gc / waited: their ms summed (step thread CPU, garbage collection,"
       " waiting for the GIL, the device or a core); lone 0-decode: slow launches of one prompt chunk alone")
 PYEOF
 cat "$W/pyspy.log" 2>/dev/null | tail -2

@@ -127,12 +127,15 @@ def test_kernels_disabled_restores_what_was_off_before():
         ops.DISABLED.discard("rms_norm")
 
 
-@pytest.mark.parametrize("pad", [False, True])
-def test_fresh_prompts_sdpa_matches_dense_with_and_without_padded_lengths(monkeypatch, pad):
-    """engine/model.py's per-sequence SDPA for fresh prompts; with SDPA_PAD_LENGTHS each
-    length is padded up to one of a bounded set (trailing zeros: exact under the causal mask)."""
+@pytest.mark.parametrize("flash_max,pad", [(0, False), (64, True), (0, True)])
+def test_fresh_prompts_sdpa_matches_dense_with_and_without_padded_lengths(monkeypatch, flash_max,
+                                                                          pad):
+    """engine/model.py's per-sequence SDPA for fresh prompts: the plan-free backends up to
+    SDPA_FLASH_MAX_LEN, above it the default with each length padded up to one of a bounded
+    set (trailing zeros: exact under the causal mask)."""
     from zerod.engine import model
 
+    monkeypatch.setattr(model, "SDPA_FLASH_MAX_LEN", flash_max)
     monkeypatch.setattr(model, "SDPA_PAD_LENGTHS", pad)
     g = torch.Generator().manual_seed(3)
     lens = [1, 5, 17, 100, 129]
