@@ -16,7 +16,8 @@ export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 FINAL=${OUT:-/tmp/zerod-step-stalls}; mkdir -p "$FINAL"
 W=/tmp/step_stalls; rm -rf "$W"; mkdir -p "$W"
-SHAPE=8b; SERVE_X="--dtype bfloat16 --max-model-len 8192 --max-num-seqs 256"; LOAD_S=${LOAD_S:-35}
+pack() { tar czf "$FINAL/step_stalls.tgz" -C "$W" .; }   # after each variant: kept if the call is cut short
+SHAPE=8b; SERVE_X="--dtype bfloat16 --max-model-len 8192 --max-num-seqs 256"; LOAD_S=${LOAD_S:-60}
 STREAMS=128; OUTLEN=256
 if [ "${SMOKE:-0}" = 1 ]; then
   SHAPE=tiny; SERVE_X="--dtype float32 --device cpu --max-model-len 1024 --max-num-seqs 64"
@@ -34,7 +35,9 @@ for V in cudnn-every-length shipped profiled; do
   $PY gpu/step_stalls_serve.py $V serve --model "$M" --load-format dummy --port 8000 $SERVE_X \
       --gpu-memory-utilization 0.90 > "$W/serve-$V.log" 2>&1 &
   SPID=$!
-  for _ in $(seq 1 600); do curl -sf -o /dev/null http://127.0.0.1:8000/health && break; sleep 0.25; done
+  for _ in $(seq 1 600); do curl -sf -o /dev/null http://127.0.0.1:8000/health && break
+    kill -0 $SPID 2>/dev/null || { echo "$V: the server exited:"; tail -30 "$W/serve-$V.log"; continue 2; }
+    sleep 0.25; done
   if [ "$V" = profiled ]; then
     if [ -x "$PYSPY" ]; then
       "$PYSPY" record --pid $SPID --duration $((LOAD_S - 2)) --rate 100 --native --threads \
@@ -44,13 +47,13 @@ for V in cudnn-every-length shipped profiled; do
     fi
   fi
   timeout -k 5 -s INT "$LOAD_S" $PY -m zerod bench --port 8000 --no-progress --input-len-range 32:1024 \
-      --output-len $OUTLEN --max-concurrency $STREAMS --num-prompts $((STREAMS * 40)) \
+      --output-len $OUTLEN --max-concurrency $STREAMS --num-prompts $((STREAMS * 8)) \
       --seed 1 --out "$W/bench-$V.json" > "$W/bench-$V.txt" 2>&1
   curl -s http://127.0.0.1:8000/metrics > "$W/metrics-$V.txt"
   kill -TERM $SPID; wait $SPID
   wait   # py-spy, if it ran
+  pack
 done
-tar czf "$FINAL/step_stalls.tgz" -C "$W" .
 $PY - "$W" <<'PYEOF'
 import json, os, re, statistics, sys
 W = sys.argv[1]

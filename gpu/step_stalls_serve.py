@@ -14,8 +14,10 @@ build is ~42 ms.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
-from zerod.engine import engine, model
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # the checkout, uninstalled
+from zerod.engine import engine, model  # noqa: E402
 
 VARIANTS = ("cudnn-every-length", "shipped", "profiled")
 

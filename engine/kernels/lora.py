@@ -249,6 +249,12 @@ def _col_tiles(segments: tuple[int, ...], bn: int) -> tuple[list[int], list[int]
     return n, [triton.cdiv(v, bn) for v in n]
 
 
+# split-K's column tile for wide projections: gpu/lora_kernels_bench.py's sweep on the H200
+# (8B shape, rank 16, 1-2 rows) put 512 first at both, ~100 µs a decode step under 256
+# (gpu/results/lora/2026-12-01-a8540cc/).
+SPLITK_BN = 512
+
+
 def _block_r(r: int) -> int:
     return max(16, triton.next_power_of_2(r))
 
@@ -260,7 +266,7 @@ def _decode_grid(y: torch.Tensor, x: torch.Tensor, B: torch.Tensor, segments: tu
     if not g.tiles.shape[1] or B.shape[0] == 1:
         return None
     assert y.stride(-1) == 1
-    bn = bn or (256 if B.shape[1] >= 4096 else 64)
+    bn = bn or (SPLITK_BN if B.shape[1] >= 4096 else 64)
     n, tiles = _col_tiles(segments, bn)
     return (x if x.stride(-1) == 1 else x.contiguous()), bn, n, tiles
 
