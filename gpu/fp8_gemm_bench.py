@@ -8,11 +8,9 @@ For qkv 6144x4096, o 4096x4096, gate_up 28672x4096, down 4096x14336 and M in
   w8a8       per-channel weights: per-token activation quant + torch._scaled_mm (Fp8Linear.w8a8)
   w8a16      per-channel weights: the Triton W8A16 kernel "ab" (Fp8Linear.w8a16, x · Wᵀ tiles)
   sab        per-channel weights: the swap-AB W8A16 kernel "swap_ab" (yᵀ = W xᵀ), M <= 64 only
-  gemv       per-channel weights: the W8A16 kernel "gemv" (FMAs, no tensor cores), M <= 4 only
   w8a8-blk   128x128 block weights: per-token-group quant + the Triton block GEMM
   w8a16-blk  128x128 block weights: the "ab" W8A16 kernel with block scales
   sab-blk    128x128 block weights: the "swap_ab" kernel with block scales, M <= 64 only
-  gemv-blk   128x128 block weights: the "gemv" kernel with block scales, M <= 4 only
 and `quant`, the per-token activation quantization alone (part of w8a8's time): what
 fusing it into the RMSNorm before qkv and gate_up would save at most, per projection.
 Each FP8 product is checked against the dequantized float32 reference first (nothing is timed if one
@@ -21,16 +19,15 @@ that none is in L2 when read (a decode step reads each layer's weights cold): me
 replays, per call. GB/s: the bytes a call must move (weights, scales, activations in,
 output) over its time. Then the tile sweeps at M=1 and 16 (per-channel weights): "ab"'s
 BLOCK_N x BLOCK_K, and "swap_ab"'s BLOCK_N x BLOCK_K x pipeline stages x warps (and its
-hints off), and at M=1 "gemv"'s BLOCK_N x BLOCK_K x warps, each configuration checked
-before it is timed, one that does not compile (shared memory) recorded and skipped.
+hints off), each configuration checked before it is timed, one that does not compile
+(shared memory) recorded and skipped.
 
-Last, a short table: per layer (the four projections) bf16 against the W8A16 kernels (at
+Last, a short table: per layer (the four projections) bf16 against both W8A16 kernels (at
 their default tiles and at the sweep's best), and the thresholds the sums imply, the
 largest M of the list up to which W8A16 beats W8A8 at every M. Everything into
-$OUT/fp8_gemm.json (also after each shape). About 3.5 min on an H200, estimated (the
-version before gemv took 200 s with its sweep); SWEEP=0 skips the sweeps. SMOKE=1: tiny
-shapes on the CPU through Triton's interpreter (wall-clock, no graphs), to prove the
-script end to end.
+$OUT/fp8_gemm.json (also after each shape). About 2 min on an H200; SWEEP=0 skips the
+sweeps. SMOKE=1: tiny shapes on the CPU through Triton's interpreter (wall-clock, no
+graphs), to prove the script end to end.
 """
 
 from __future__ import annotations
@@ -61,7 +58,7 @@ from zerod.engine.linear import Linear  # noqa: E402
 from zerod.engine.quant import triton_fp8, triton_w8a16  # noqa: E402
 from zerod.engine.quant.config import QuantConfig  # noqa: E402
 from zerod.engine.quant.linear import W8A16_MAX_M, Fp8Linear  # noqa: E402
-from zerod.engine.quant.triton_w8a16 import GEMV_MAX_M, TILES, Tiles  # noqa: E402
+from zerod.engine.quant.triton_w8a16 import TILES, Tiles  # noqa: E402
 
 OUT = Path(os.environ.get("OUT", "/tmp/fp8_gemm"))
 OUT.mkdir(parents=True, exist_ok=True)
@@ -83,23 +80,19 @@ SAB_SWEEP = ([Tiles(64, bk, ns, 4, True) for bk in (128, 256) for ns in (3, 4, 5
                 Tiles(128, 128, 4, 4, True)]
              + [Tiles(128, bk, ns, 8, True) for bk in (128, 256) for ns in (3, 4, 5)]
              + [Tiles(128, 512, 3, 8, True), dataclasses.replace(TILES["swap_ab"], hints=False)])
-# "gemv"'s (M <= GEMV_MAX_M): rows x K per program, its float32 products held in registers
-GEMV_SWEEP = [Tiles(bn, bk, 3, nw) for bn, bk in ((16, 128), (16, 256), (16, 512), (32, 128), (32, 256),
-                                                   (32, 512), (64, 128), (64, 256)) for nw in (4, 8)]
 if SMOKE:
     SHAPES = {"qkv": (384, 256), "o": (256, 256), "gate_up": (1024, 256), "down": (256, 512)}
     MS = [1, 16, 70]
     SWEEP_MS = (1,)
     AB_SWEEP, SAB_SWEEP = AB_SWEEP[:1], [TILES["swap_ab"], Tiles(128, 128, 3, 8)]
-    GEMV_SWEEP = [TILES["gemv"]]
 COLD_BYTES = 256 << 20     # weight copies per graph: more than L2 (50 MB on an H200) several times
 CHANNEL = QuantConfig("online", "channel", "token")
 BLOCK = QuantConfig("fp8", "block", "token", block=(128, 128))
-VARIANTS = ("bf16", "w8a8", "w8a16", "sab", "gemv", "w8a8-blk", "w8a16-blk", "sab-blk", "gemv-blk", "quant")
-KERNEL = {"w8a16": "ab", "sab": "swap_ab", "gemv": "gemv"}   # the W8A16 variants' kernels (triton_w8a16)
+VARIANTS = ("bf16", "w8a8", "w8a16", "sab", "w8a8-blk", "w8a16-blk", "sab-blk", "quant")
+KERNEL = {"w8a16": "ab", "sab": "swap_ab"}   # the W8A16 variants' kernels (triton_w8a16)
 # W8A8 against the same activation quantization in float32 (the interpreter truncates
 # to e4m3 where the GPU rounds: up to a step, 1/8); W8A16: exact products, a bf16 output
-TOL = {"w8a8": 1.5e-1 if SMOKE else 2e-2, "w8a16": 5e-3, "sab": 5e-3, "gemv": 5e-3}
+TOL = {"w8a8": 1.5e-1 if SMOKE else 2e-2, "w8a16": 5e-3, "sab": 5e-3}
 
 
 def log(*a):
@@ -130,8 +123,6 @@ def copies(fp8_bytes: int) -> int:
 
 
 def timed(variant: str, m: int) -> bool:
-    if variant.startswith("gemv"):
-        return m <= GEMV_MAX_M
     return m <= SAB_MAX_M or not variant.startswith("sab")
 
 
@@ -194,7 +185,7 @@ def check(lins: dict, x: torch.Tensor) -> list[tuple[str, float, float]]:
     res = []
     for blk in ("", "-blk"):
         lin = lins[blk][0]
-        for kind in ("w8a8", "w8a16", "sab", "gemv"):
+        for kind in ("w8a8", "w8a16", "sab"):
             if not timed(kind, x.shape[0]):
                 continue
             ref = lin.reference(x.float(), quantize_activations=kind == "w8a8")
@@ -210,9 +201,7 @@ def sweep(lins: dict, shape: str, n: int, k: int, g: torch.Generator) -> list[di
     for m in SWEEP_MS:
         x = torch.randn(m, k, generator=g, device=DEV).to(ADT)
         ref = lins[""][0].reference(x.float(), quantize_activations=False)
-        for kernel, configs in (("ab", AB_SWEEP), ("swap_ab", SAB_SWEEP), ("gemv", GEMV_SWEEP)):
-            if kernel == "gemv" and m > GEMV_MAX_M:
-                continue
+        for kernel, configs in (("ab", AB_SWEEP), ("swap_ab", SAB_SWEEP)):
             for t in configs:
                 row = {"shape": shape, "M": m, "kernel": kernel, "tiles": dataclasses.asdict(t),
                        "split": triton_w8a16.split_k(m, n, k, t.block_n, t.block_k, triton_w8a16._sm_count(DEV))}
@@ -324,14 +313,12 @@ def main() -> int:
                     else r.get("error") or f"BAD: {r['err']:.2e} against the reference")
             log(f"  {r['shape']:8} M={r['M']:>3} {r['kernel']:7} {label(r['tiles'], r['kernel'])} "
                 f"split={r['split']:>2} {what}")
-        best = {kernel: best_tiles(sweeps, kernel) for kernel in ("ab", "swap_ab", "gemv")}
+        best = {kernel: best_tiles(sweeps, kernel) for kernel in ("ab", "swap_ab")}
         result["best tiles"] = best
 
     implied = {"row": threshold(per_layer, "w8a16", "w8a8"), "block": threshold(per_layer, "w8a16-blk", "w8a8-blk"),
                "row swap_ab": threshold(per_layer, "sab", "w8a8"),
-               "block swap_ab": threshold(per_layer, "sab-blk", "w8a8-blk"),
-               "row gemv over ab": threshold(per_layer, "gemv", "w8a16"),
-               "block gemv over swap_ab": threshold(per_layer, "gemv-blk", "sab-blk")}
+               "block swap_ab": threshold(per_layer, "sab-blk", "w8a8-blk")}
     result["implied W8A16_MAX_M"] = implied
     (OUT / "fp8_gemm.json").write_text(json.dumps(result, indent=1))
 
@@ -341,14 +328,12 @@ def main() -> int:
         return f"{us:7.1f} ({wbytes[v] / us / 1e3:5.0f})" if us else "-"
     log(f"\nper layer at small M, us (GB/s of the weights); KERNEL = {triton_w8a16.KERNEL!r}, "
         f"W8A16_MAX_M = {W8A16_MAX_M}")
-    log(f"  {'M':>3} {'bf16':>15} {'w8a8':>15} {'ab':>15} {'swap_ab':>15} {'gemv':>15} {'ab best':>15} "
-        f"{'swap_ab best':>15} {'gemv best':>15}")
+    log(f"  {'M':>3} {'bf16':>15} {'w8a8':>15} {'ab':>15} {'swap_ab':>15} {'ab best':>15} {'swap_ab best':>15}")
     for m in [m for m in MS if m <= SAB_MAX_M]:
-        b = {k: best.get(k, {}).get(m, (None, None))[1] for k in ("ab", "swap_ab", "gemv")}
+        b = {k: best.get(k, {}).get(m, (None, None))[1] for k in ("ab", "swap_ab")}
         log(f"  {m:>3} {cell(per_layer['bf16'][m], 'bf16'):>15} {cell(per_layer['w8a8'][m]):>15} "
-            f"{cell(per_layer['w8a16'][m]):>15} {cell(per_layer['sab'][m]):>15} "
-            f"{cell(per_layer['gemv'].get(m)):>15} {cell(b['ab']):>15} {cell(b['swap_ab']):>15} "
-            f"{cell(b['gemv']):>15}")
+            f"{cell(per_layer['w8a16'][m]):>15} {cell(per_layer['sab'][m]):>15} {cell(b['ab']):>15} "
+            f"{cell(b['swap_ab']):>15}")
     for kernel, per_m in best.items():
         log(f"  best {kernel} tiles: " + ", ".join(f"M={m}: {lab}" for m, (lab, _) in per_m.items()))
     log(f"implied W8A16_MAX_M = {implied} (engine/quant/linear.py has {W8A16_MAX_M}; from M in {MS}: "

@@ -86,10 +86,6 @@ def run_checks(device: torch.device) -> list[tuple[str, float, float]]:
               ("swap_ab", 16, 200, 1000, None, None, True, Tiles(128, 256, num_stages=3, num_warps=8)),
               ("swap_ab", 3, 384, 1024, None, 2, False, Tiles(64, 512, num_stages=2, num_warps=8, hints=False)),
               ("swap_ab", 5, 384, 512, (128, 128), None, True, Tiles(128, 128, num_stages=3, num_warps=4))]
-    for M in (1, 2, 3, 4):   # gemv: up to GEMV_MAX_M rows (a row pad at 3), K and N tails, splits
-        for block in (None, (128, 128)):
-            cases += [("gemv", M, 200, 1000, block, None, M > 1, None),
-                      ("gemv", M, 384, 512, block, 2, M == 1, Tiles(16, 256, num_stages=2, num_warps=4))]
     for kernel, M, N, K, block, split, bias, tiles in cases:
         x, w = rnd(M, K, dt=adt), rnd(N, K) * 0.05
         wq, ws = fp8.quantize_blocks(w, block) if block else fp8.quantize_rows(w)
@@ -104,7 +100,7 @@ def run_checks(device: torch.device) -> list[tuple[str, float, float]]:
         # replayed on new activations
         wq, ws = fp8.quantize_rows(rnd(4096, 4096) * 0.05)
         x = rnd(4, 4096, dt=adt)
-        for kernel in ("ab", "swap_ab", "gemv"):
+        for kernel in ("ab", "swap_ab"):
             triton_w8a16.w8a16_matmul(x, wq, ws, kernel=kernel)   # compiled outside the capture
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):

@@ -30,13 +30,9 @@ vs 124-192 us at M = 1-64):
   Compiled ahead for sm_90a (Triton 3.6, ptxas -v, no GPU): wgmma.m64n16k16 with A in
   registers, 16-byte cp.async for the weights, no spills at any tile the bench sweeps.
 
-- "gemv" (M <= GEMV_MAX_M, not picked yet: the H200 sweep decides): no tensor cores. A
-  batch-1 step needs one multiply-add per weight byte, which plain FMAs give for free;
-  what costs is keeping enough bytes in flight. Each program streams BLOCK_N weight rows
-  as 16-byte vectors along K straight into registers (no shared memory, no operand
-  layout for an MMA), widens them to float32, multiplies by the few activation rows and
-  accumulates elementwise; one reduction over K at the end. "ab" read the weights at
-  2.2-2.3 TB/s at M = 1 where bf16's cuBLAS GEMV reads 3.7.
+A no-tensor-core GEMV kernel for M <= 4 was tried and measured no faster than "ab" at
+M = 1 (96.3 vs 96.0 us a layer on the H200, gpu/results/fp8/2026-12-01-gemv/), so it
+was removed.
 
 Split-K partials are summed by a second kernel, not float32 atomics into a zeroed
 buffer: atomics need the zeroing and a cast to the output dtype (three launches, not
@@ -73,8 +69,7 @@ class Tiles:
 
 KERNEL = {"row": "ab", "block": "swap_ab"}   # per weight scales: the faster on the H200 (above)
 # "ab": 32 x 128 beat the first 64 x 128 on every projection at M = 1 and 16 (the sweep above)
-TILES = {"ab": Tiles(32, 128), "swap_ab": Tiles(64, 256, hints=True), "gemv": Tiles(32, 128, 3, 4)}
-GEMV_MAX_M = 4      # "gemv" keeps [M, BLOCK_N, BLOCK_K] float32 partial products in registers
+TILES = {"ab": Tiles(32, 128), "swap_ab": Tiles(64, 256, hints=True)}
 WAVES = 2           # programs per SM wanted before K is split
 SPLIT_BYTES = 0.25  # the float32 partials may move at most this share of the weight bytes
 PARTIAL_BLOCK = 1024
@@ -163,46 +158,6 @@ def _w8a16_swap_ab_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, K_SPLIT, G
 
 
 @triton.jit
-def _w8a16_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, K_SPLIT, GROUP_N, GROUP_K,
-                       stride_xm, stride_wn, stride_sn, stride_ym, stride_ys,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                       BLOCKWISE: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr,
-                       EVEN_K: tl.constexpr):
-    pid_n = tl.program_id(0)
-    pid_s = tl.program_id(1)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows_n = offs_n % N   # in bounds, as swap_ab's: the store drops the copies
-    offs_m = tl.arange(0, BLOCK_M)
-    m_ok = offs_m < M
-    offs_k = tl.max_contiguous(tl.multiple_of(tl.arange(0, BLOCK_K), BLOCK_K), BLOCK_K)
-    k0 = tl.multiple_of(pid_s * K_SPLIT, BLOCK_K)
-    k_end = tl.minimum(k0 + K_SPLIT, K)
-    w_ptrs = w_ptr + rows_n.to(tl.int64)[:, None] * stride_wn + (k0 + offs_k)[None, :]
-    x_ptrs = x_ptr + offs_m.to(tl.int64)[:, None] * stride_xm + (k0 + offs_k)[None, :]
-    acc = tl.zeros((BLOCK_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for k in range(k0, k_end, BLOCK_K):
-        if EVEN_K:
-            w = tl.load(w_ptrs).to(tl.float32)
-            x = tl.load(x_ptrs, mask=m_ok[:, None], other=0.0).to(tl.float32)
-        else:
-            k_ok = k + offs_k < K
-            w = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0).to(tl.float32)
-            x = tl.load(x_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
-        if BLOCKWISE:   # a K tile lies inside one block of scales
-            w = w * tl.load(s_ptr + (rows_n // GROUP_N) * stride_sn + k // GROUP_K)[:, None]
-        acc += x[:, None, :] * w[None, :, :]
-        x_ptrs += BLOCK_K
-        w_ptrs += BLOCK_K
-    out_v = tl.sum(acc, axis=2)
-    if not BLOCKWISE:
-        out_v = out_v * tl.load(s_ptr + rows_n)[None, :]
-    if HAS_BIAS and not PARTIAL:
-        out_v += tl.load(b_ptr + rows_n).to(tl.float32)[None, :]
-    out = y_ptr + pid_s * stride_ys + offs_m.to(tl.int64)[:, None] * stride_ym + offs_n[None, :]
-    tl.store(out, out_v.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & (offs_n < N)[None, :])
-
-
-@triton.jit
 def _sum_splits_kernel(p_ptr, b_ptr, y_ptr, MN, N, SPLITS, HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < MN
@@ -242,8 +197,8 @@ def w8a16_matmul(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: to
                  split: int | None = None) -> torch.Tensor:
     """x [M, K] bf16 / fp16; w e4m3 [N, K] row-major (the weight); scale float32 [N] per
     output channel or, with block=(bn, bk), [⌈N/bn⌉, ⌈K/bk⌉]; bias [N] -> [M, N] in x's
-    dtype. kernel ("ab" / "swap_ab" / "gemv" for M <= GEMV_MAX_M, None: KERNEL's for the
-    scales), tiles (None: its TILES) and split (None: `split_k`'s) are the bench's sweep."""
+    dtype. kernel ("ab" / "swap_ab", None: KERNEL's for the scales), tiles (None: its TILES)
+    and split (None: `split_k`'s) are the bench's sweep."""
     kernel = kernel or KERNEL["block" if block is not None else "row"]
     t = tiles or TILES[kernel]
     M, K = x.shape
@@ -262,11 +217,7 @@ def w8a16_matmul(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: to
     k_split = triton.cdiv(triton.cdiv(K, block_k), split) * block_k
     split = triton.cdiv(K, k_split)    # no split left without K
     partial = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else y
-    if kernel == "gemv":
-        assert M <= GEMV_MAX_M, f"the gemv kernel takes up to {GEMV_MAX_M} rows"
-        bm = triton.next_power_of_2(M)
-    else:
-        bm = block_m(M)
+    bm = block_m(M)
     bn_, bk_ = block or (1, 1)
     args = (x, w, scale, bias if bias is not None else scale, partial, M, N, K, k_split, bn_, bk_,
             x.stride(0), w.stride(0), scale.stride(0), N, M * N)
@@ -275,8 +226,6 @@ def w8a16_matmul(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: to
     grid = (triton.cdiv(N, t.block_n), split, triton.cdiv(M, bm))
     if kernel == "swap_ab":
         _w8a16_swap_ab_kernel[grid](*args, EVEN_K=K % block_k == 0, HINTS=t.hints, **consts)
-    elif kernel == "gemv":
-        _w8a16_gemv_kernel[grid](*args, EVEN_K=K % block_k == 0, **consts)
     else:
         _w8a16_kernel[grid](*args, **consts)
     if split > 1:
