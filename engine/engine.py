@@ -504,6 +504,10 @@ class Engine:
     def _launch(self, batch: Batch) -> None:
         ring = self.runner.ring
         ring_idx = ring.free.get()
+        # steps launched before this one whose slots the poller has not given back: the
+        # device is still on them, and a launch that outruns the device's queue of
+        # kernels blocks in the driver (spinning: it shows as CPU time)
+        ahead = ring.depth - 1 - ring.free.qsize()
         start, end = ring.event(), ring.event()
         clock = self._clock
         clock.start()
@@ -522,9 +526,9 @@ class Engine:
         self._steps += 1
         if clock.elapsed() > SLOW_LAUNCH_S:  # the host, not the GPU, held this step up
             took = clock.done()   # the breakdown only then: every step pays elapsed() alone
-            log.warning("step %d took %.0f ms to launch (%d prompt chunks, %d tokens, %d decodes; %s)",
-                        self._steps, took.wall * 1000, len(batch.chunks),
-                        sum(c.n for c in batch.chunks), len(batch.decodes), took.describe())
+            log.warning("step %d took %.0f ms to launch (%d prompt chunks, %d tokens, %d decodes; %s; "
+                        "%d earlier steps unfinished)", self._steps, took.wall * 1000, len(batch.chunks),
+                        sum(c.n for c in batch.chunks), len(batch.decodes), took.describe(), ahead)
         self.poller.put(StepRecord(ring_idx, rows, start if start is not None else clock.started,
                                    end if end is not None else time.perf_counter(),
                                    prefill_tokens=sum(c.n for c in batch.chunks),

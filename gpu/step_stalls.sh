@@ -58,11 +58,12 @@ $PY - "$W" <<'PYEOF'
 import json, os, re, statistics, sys
 W = sys.argv[1]
 pat = re.compile(r"took (\d+) ms to launch \((\d+) prompt chunks, (\d+) tokens, (\d+) decodes; staging ([\d.]+) ms, "
-                 r"step thread on CPU (\d+) ms, garbage collection (\d+) ms, waiting \(GIL, device or a core\) (\d+) ms")
+                 r"step thread on CPU (\d+) ms, garbage collection (\d+) ms, waiting \(GIL, device or a core\) (\d+) ms"
+                 r"(?:; (\d+) earlier steps unfinished)?")
 print(f"{'variant':18s} {'slow':>5s} {'p50 ms':>7s} {'max ms':>7s} {'cpu':>6s} {'gc':>6s} {'waited':>7s} "
-      f"{'lone 0-decode':>13s} {'tok/s':>8s} {'TTFT p99':>9s} {'ITL p99':>8s}")
+      f"{'lone 0-decode':>13s} {'behind':>6s} {'tok/s':>8s} {'TTFT p99':>9s} {'ITL p99':>8s}")
 for v in ("cudnn-every-length", "shipped", "profiled"):
-    rows = [tuple(float(x) for x in m.groups()) for m in map(pat.search, open(os.path.join(W, f"serve-{v}.log")))
+    rows = [tuple(float(x or 0) for x in m.groups()) for m in map(pat.search, open(os.path.join(W, f"serve-{v}.log")))
             if m]
     rows = rows[1:] if rows and rows[0][0] > 300 else rows   # a first-step compile is another story
     try:
@@ -74,9 +75,10 @@ for v in ("cudnn-every-length", "shipped", "profiled"):
     tot = lambda i: sum(r[i] for r in rows)
     lone = sum(1 for r in rows if r[1] == 1 and r[3] == 0)
     print(f"{v:18s} {len(rows):5d} {statistics.median(wall) if wall else 0:7.0f} {max(wall, default=0):7.0f} "
-          f"{tot(5):6.0f} {tot(6):6.0f} {tot(7):7.0f} {lone:13d} {tail}")
+          f"{tot(5):6.0f} {tot(6):6.0f} {tot(7):7.0f} {lone:13d} {sum(r[8] > 0 for r in rows):6d} {tail}")
 print("slow: launches over 30 ms; cpu / gc / waited: their ms summed (step thread CPU, garbage collection,"
-      " waiting for the GIL, the device or a core); lone 0-decode: slow launches of one prompt chunk alone")
+      " waiting for the GIL, the device or a core); lone 0-decode: slow launches of one prompt chunk alone;"
+      " behind: slow launches made while earlier steps were unfinished on the device")
 PYEOF
 cat "$W/pyspy.log" 2>/dev/null | tail -2
 [ -f "$W/pyspy-profiled.txt" ] && $PY gpu/pyspy_summary.py "$W/pyspy-profiled.txt" _launch

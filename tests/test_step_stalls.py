@@ -81,6 +81,8 @@ def test_slow_launch_log_says_where_the_time_went(ckpt, monkeypatch, caplog):
     assert "(1 prompt chunks, 10 tokens, 0 decodes; staging" in lines[0]
     for part in ("step thread on CPU", "garbage collection", "waiting (GIL, device or a core)"):
         assert part in lines[0]
+    assert lines[0].endswith("; 0 earlier steps unfinished)")   # the first step: nothing ahead
+    assert "earlier steps unfinished)" in lines[1]
 
 
 def test_launch_clock_splits_cpu_gc_and_waiting():
