@@ -15,6 +15,7 @@ heads and MLP slice (`rank_config`), row-parallel o / down, and its rows of the 
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 
 import torch
@@ -200,9 +201,9 @@ class LlamaModel(nn.Module):
 # Fresh prompts' attention, one SDPA call per sequence. On the H200 (torch 2.11, cuDNN 9.19;
 # gpu/sdpa_shapes.py) the default backend is cuDNN's, which builds a plan for every new
 # sequence length (~42 ms of the step thread, stalling every stream) and then runs up to 2x
-# faster than flash at 16K; flash builds nothing and is as fast up to ~1K tokens. So: the
-# backends without plans up to SDPA_FLASH_MAX_LEN, the default above it with lengths padded
-# to ~8 per power of two (a plan per bucket, paid once). Trailing padding is exact under the
+# faster than flash at 16K (1.7x at 2K); flash builds nothing and is as fast up to ~512
+# tokens. So: the backends without plans up to SDPA_FLASH_MAX_LEN, the default above it with
+# lengths padded to ~8 per power of two (a plan per bucket, paid once). Trailing padding is exact under the
 # causal mask (no real query sees a later key), at most 1/8 more attention work.
 SDPA_FLASH_MAX_LEN = 1024
 SDPA_PAD_LENGTHS = True
@@ -227,15 +228,11 @@ def _sdpa_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqlens: lis
         qb = q[s0:s0 + n].transpose(0, 1).unsqueeze(0)
         kb = k[s0:s0 + n].transpose(0, 1).unsqueeze(0)
         vb = v[s0:s0 + n].transpose(0, 1).unsqueeze(0)
-        if n <= SDPA_FLASH_MAX_LEN:
-            with sdpa_kernel(_PLANLESS_SDPA):
-                o = F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, scale=scale,
-                                                   enable_gqa=gqa)
-        else:
-            if SDPA_PAD_LENGTHS and (m := sdpa_length(n)) > n:   # zeros after the last real token
-                qb, kb, vb = (F.pad(t, (0, 0, 0, m - n)) for t in (qb, kb, vb))
-            o = F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, scale=scale,
-                                               enable_gqa=gqa)
+        short = n <= SDPA_FLASH_MAX_LEN
+        if not short and SDPA_PAD_LENGTHS and (m := sdpa_length(n)) > n:   # zeros after the last token
+            qb, kb, vb = (F.pad(t, (0, 0, 0, m - n)) for t in (qb, kb, vb))
+        with sdpa_kernel(_PLANLESS_SDPA) if short else nullcontext():
+            o = F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, scale=scale, enable_gqa=gqa)
         out.append(o[0, :, :n].transpose(0, 1))
         s0 += n
     return torch.cat(out, 0) if len(out) > 1 else out[0]

@@ -14,8 +14,7 @@ $PY gpu/server_make_model.py "$M" --shape 8b > /dev/null || exit 1
 $PY -m zerod serve --model "$M" --load-format dummy --port 8000 --dtype bfloat16 --max-model-len 17408 \
     --max-num-seqs 256 > "$W/serve.log" 2>&1 &
 SPID=$!
-for _ in $(seq 1 600); do curl -sf -o /dev/null http://127.0.0.1:8000/health && break
-  kill -0 $SPID 2>/dev/null || { tail -20 "$W/serve.log"; exit 1; }; sleep 0.25; done
+[ "$($PY gpu/wait_health.py 8000 150 $SPID)" = ok ] || { tail -20 "$W/serve.log"; kill $SPID; exit 1; }
 B="$PY -m zerod bench --port 8000 --no-progress"
 timeout 60 $B --scenario mix --goodput ttft:400 --goodput itl:60 --out "$W/mix25.json" > "$W/mix25.txt" 2>&1
 timeout 45 $B --scenario mix --request-rate 10 --num-prompts 240 --goodput ttft:400 --goodput itl:25 --out "$W/mix10.json" > "$W/mix10.txt" 2>&1

@@ -16,8 +16,7 @@ for V in shipped cudnn-every-length shipped cudnn-every-length; do
       --max-model-len 17408 --max-num-seqs 256 --gpu-memory-utilization 0.90 --quantization fp8 \
       > "$W/serve-$V.log" 2>&1 &
   SPID=$!
-  for _ in $(seq 1 600); do curl -sf -o /dev/null http://127.0.0.1:8000/health && break
-    kill -0 $SPID 2>/dev/null || { tail -20 "$W/serve-$V.log"; continue 2; }; sleep 0.25; done
+  [ "$($PY gpu/wait_health.py 8000 150 $SPID)" = ok ] || { tail -20 "$W/serve-$V.log"; kill $SPID; continue; }
   for i in 1 2 3; do
     timeout 60 $PY -m zerod bench --port 8000 --no-progress --scenario streams-200 \
         --out "$W/$V-$i-$RANDOM.json" > /dev/null 2>&1

@@ -35,9 +35,9 @@ for V in cudnn-every-length shipped profiled; do
   $PY gpu/step_stalls_serve.py $V serve --model "$M" --load-format dummy --port 8000 $SERVE_X \
       --gpu-memory-utilization 0.90 > "$W/serve-$V.log" 2>&1 &
   SPID=$!
-  for _ in $(seq 1 600); do curl -sf -o /dev/null http://127.0.0.1:8000/health && break
-    kill -0 $SPID 2>/dev/null || { echo "$V: the server exited:"; tail -30 "$W/serve-$V.log"; continue 2; }
-    sleep 0.25; done
+  if [ "$($PY gpu/wait_health.py 8000 150 $SPID)" != ok ]; then
+    echo "$V: the server did not start:"; tail -30 "$W/serve-$V.log"; kill $SPID 2>/dev/null; continue
+  fi
   if [ "$V" = profiled ]; then
     if [ -x "$PYSPY" ]; then
       "$PYSPY" record --pid $SPID --duration $((LOAD_S - 2)) --rate 100 --native --threads \
