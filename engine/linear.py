@@ -31,11 +31,10 @@ class Linear(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
     # nn.Module.__call__'s hook machinery costs microseconds per call, and an eager
-    # forward makes seven calls per layer: call forward directly. LoRA's delta comes after
-    # the base product, whatever computes it.
+    # forward makes seven calls per layer: call forward directly. LoRA adds its delta to
+    # the base product, whatever computes it (and may run it beside the product).
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.forward(x)
-        return y if self.lora is None else self.lora(x, y)
+        return self.forward(x) if self.lora is None else self.lora(x, self.forward)
 
 
 # ---------------------------------------------------------------------- tensor-parallel shards

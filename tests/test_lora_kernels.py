@@ -9,7 +9,7 @@ import torch
 
 from kernel_checks import run_in_interpreter
 from zerod.engine.lora.delta import lora_reference
-from zerod.engine.lora.slabs import LoraBatch
+from zerod.engine.lora.slabs import LoraBatch, LoraProjection
 
 
 # (rows, segments of the output, max rank, slots incl. 0, every row in slot 1): decode-sized
@@ -71,6 +71,11 @@ def check_kernels(device: str, dtype: torch.dtype, tol: float) -> list[str]:
         batch.set(idx, grouped=True)
         bad += check_grouping(batch.groups, idx, S)
         base = idx == 0
+        # the projection a forward calls (on CUDA, up to OVERLAP_MAX_ROWS rows: the delta on
+        # the side stream beside the base product, then one add)
+        proj = LoraProjection(segs, n_in, R, batch, dtype, torch.device(device))
+        proj.A, proj.B = A, B
+        ways["LoraProjection"] = lambda got, x, A, B, segs, groups: got.copy_(proj(x, lambda _: got.clone()))
         for way, fn in ways.items():
             got = y.clone()
             fn(got, x, A, B, segs, batch.groups)

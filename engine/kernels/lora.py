@@ -41,6 +41,7 @@ import triton.language as tl
 FUSED_MAX_ROWS = 16
 DECODE_MAX_ROWS = 256   # the largest decode graph: up to it, the big-decode tiling below (measured at 64, 200)
 SPLITK_MAX_ROWS = 2     # the rows up to which add_lora takes splitk-atomic (measured: above)
+OVERLAP_MAX_ROWS = DECODE_MAX_ROWS   # forwards whose deltas run beside the base products (lora/slabs.py)
 TARGET_PROGRAMS = 256   # splitk-atomic: ~2 programs an SM of an H200 (132 SMs)
 MIN_CHUNK = 512         # ... K per split at least (each split rounds its partial into y)
 MAX_CHUNK = 2048        # ... and at most (a program's serial K steps)

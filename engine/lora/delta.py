@@ -3,7 +3,8 @@
 On CUDA with the Triton kernels (engine/kernels/lora.py): tiled over the rows grouped by
 slot so that each adapter's matrices are read once per tile, slot 0 (base rows) skipped;
 for a batch-1 step one launch per projection split over K, a shrink and an expand for
-more rows. Elsewhere the torch reference: one bmm over the gathered slabs per half.
+more rows (in decode-sized forwards slabs.LoraProjection runs them on a side stream beside
+the base product). Elsewhere the torch reference: one bmm over the gathered slabs per half.
 `ops.kernels_disabled({"lora"})` forces the reference (tests compare the two).
 """
 

@@ -11,6 +11,8 @@ CUDA graphs captured over them stay valid.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from ..hf_config import ModelConfig
@@ -26,22 +28,30 @@ class LoraBatch:
     """The adapter slot of each token row of the forward being run (None: no row has one,
     the LoRA path is skipped). The runner sets it around a forward; every projection of
     that forward reads it. `groups`: the rows grouped by slot for the Triton kernels
-    (engine/kernels/lora.py's group_rows: one launch per forward, no host sync)."""
+    (engine/kernels/lora.py's group_rows: one launch per forward, no host sync). `side`:
+    the stream the deltas run on beside the base products, in forwards of up to
+    OVERLAP_MAX_ROWS rows (None: each delta is added after its product)."""
 
     def __init__(self, num_slots: int):
         self.num_slots = num_slots
         self.idx: torch.Tensor | None = None       # int32 [T]
         self.groups = None                         # kernels.lora.Groups (grouped forwards)
+        self.side: torch.cuda.Stream | None = None
+        self._stream: torch.cuda.Stream | None = None
 
     def set(self, idx: torch.Tensor, grouped: bool) -> None:
         self.idx = idx
         if grouped:
-            from ..kernels.lora import group_rows
+            from ..kernels.lora import OVERLAP_MAX_ROWS, group_rows
 
             self.groups = group_rows(idx, self.num_slots)
+            if idx.is_cuda and idx.shape[0] <= OVERLAP_MAX_ROWS:
+                if self._stream is None:
+                    self._stream = torch.cuda.Stream(idx.device)
+                self.side = self._stream
 
     def clear(self) -> None:
-        self.idx = self.groups = None
+        self.idx = self.groups = self.side = None
 
 
 class LoraProjection:
@@ -58,12 +68,26 @@ class LoraProjection:
         self.A = torch.zeros(S, len(segments) * max_rank, n_in, dtype=dtype, device=device)
         self.B = torch.zeros(S, sum(segments), max_rank, dtype=dtype, device=device)
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        if self.batch.idx is None:
-            return y
+    def __call__(self, x: torch.Tensor, base: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """base(x) plus each row's delta."""
+        b = self.batch
+        if b.idx is None:
+            return base(x)
         from .delta import add_lora
 
-        return add_lora(y, x, self.A, self.B, self.segments, self.batch)
+        if b.side is None:
+            return add_lora(base(x), x, self.A, self.B, self.segments, b)
+        # A decode-sized delta is a few short launches that would each wait for the device
+        # on their own: on the side stream they run while the base product streams its
+        # weights, into a zeroed buffer that one add then joins (in a CUDA graph: a branch).
+        main = torch.cuda.current_stream(x.device)
+        b.side.wait_stream(main)
+        with torch.cuda.stream(b.side):
+            d = torch.zeros(x.shape[0], sum(self.segments), dtype=self.B.dtype, device=x.device)
+            add_lora(d, x, self.A, self.B, self.segments, b)
+        y = base(x)
+        main.wait_stream(b.side)
+        return y.add_(d)
 
 
 def attach(model, mc: ModelConfig, max_loras: int, max_rank: int) -> LoraBatch:
