@@ -121,6 +121,9 @@ def _is_local(base_url: str) -> bool:
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", type=int, default=8000, show_default=True)
 @click.option("--model", default=None, help="Model name to send (default: the server's first).")
+@click.option("--lora-modules", "lora_modules", multiple=True, metavar="NAME[,NAME...]",
+              help="LoRA adapters served by the server (vLLM's flag): each request names one "
+                   "of them, chosen at random, as its model.")
 @click.option("--api-key", envvar="ZEROD_API_KEY", default=None)
 @click.option("--scenario", "scenarios", multiple=True,
               type=click.Choice(list(SCENARIOS) + ["all", "random"]),
@@ -170,7 +173,7 @@ def _is_local(base_url: str) -> bool:
 @click.option("--out", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Write the results as JSON here.")
 @click.option("--progress/--no-progress", default=True, show_default=True)
-def bench(base_url, host, port, model, api_key, scenarios, input_len, output_len,
+def bench(base_url, host, port, model, lora_modules, api_key, scenarios, input_len, output_len,
           short_input_len, num_prompts, concurrency, request_rate, input_len_range,
           output_len_range, prefix_len, num_prefixes, suffix_len, goodput, extra_body, warmup,
           vocab_size, server_pid, workers, seed, out, progress):
@@ -190,8 +193,12 @@ def bench(base_url, host, port, model, api_key, scenarios, input_len, output_len
     if request_rate is not None and request_rate <= 0:
         raise click.BadParameter("must be > 0", param_hint="--request-rate")
     extra = _extra(extra_body)
+    loras = [n.strip() for item in lora_modules for n in item.split(",") if n.strip()]
+    if lora_modules and not loras:
+        raise click.BadParameter("no adapter name given", param_hint="--lora-modules")
     results = asyncio.run(_main(base_url, model, api_key, names, overrides, short_input_len,
-                                vocab_size, server_pid, seed, progress, out, workers, extra))
+                                vocab_size, server_pid, seed, progress, out, workers, extra,
+                                loras))
     failed = sum(r.get("failed", 0) for r in results.values())
     sys.exit(1 if failed else 0)
 
@@ -239,7 +246,8 @@ def _extra(text: str | None) -> dict[str, Any]:
 
 
 async def _main(base_url, model, api_key, names, overrides, short_input_len, vocab_size,
-                server_pid, seed, progress, out, workers=0, extra=None) -> dict[str, dict]:
+                server_pid, seed, progress, out, workers=0, extra=None,
+                loras=None) -> dict[str, dict]:
     health, models = await _server_info(base_url, api_key)
     if health.get("_status") != 200:
         raise click.ClickException(f"the server is not healthy: /health answered "
@@ -255,6 +263,7 @@ async def _main(base_url, model, api_key, names, overrides, short_input_len, voc
     client = Client(base_url, model, api_key, vocab, seed, progress, pid)
     client.workers = workers
     client.extra_body = extra or {}
+    client.lora_modules = list(loras or [])
     if pid is not None and pid == health.get("pid") and isinstance(health.get("threads"), dict):
         client.thread_names = {int(tid): name for name, tid in health["threads"].items()
                                if isinstance(tid, int)}
@@ -262,15 +271,15 @@ async def _main(base_url, model, api_key, names, overrides, short_input_len, voc
     for name in names:
         results[name] = await run_scenario(client, name, overrides, short_input_len)
         if out:
-            _write(out, base_url, model, health, results)
+            _write(out, base_url, model, health, results, client.lora_modules)
     click.echo(table(results))
     return results
 
 
 def _write(path: str, base_url: str, model: str | None, health: dict,
-           results: dict[str, dict]) -> None:
+           results: dict[str, dict], lora_modules: list[str] | None = None) -> None:
     doc = {"zerod_bench": 1, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-           "base_url": base_url, "model": model,
+           "base_url": base_url, "model": model, "lora_modules": lora_modules or None,
            "server": {k: v for k, v in health.items() if not k.startswith("_")},
            "scenarios": results}
     tmp = path + ".tmp"

@@ -189,6 +189,7 @@ class Client:
         self.thread_names: dict[int, str] = {}
         self.workers = 0  # client processes; 0 = auto_workers()
         self.extra_body: dict[str, Any] = {}  # merged into every request (--extra-body)
+        self.lora_modules: list[str] = []     # each request's model drawn from these (--lora-modules)
         self._prefixes: dict[tuple[int, int], list[list[int]]] = {}
 
     def _ids(self, n: int) -> list[int]:
@@ -215,7 +216,9 @@ class Client:
             prompt = self._ids(load.input_len)
         p = {"prompt": prompt, "max_tokens": output_len, "temperature": 0.0,
              "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
-        if self.model:
+        if self.lora_modules:
+            p["model"] = rng.choice(self.lora_modules)
+        elif self.model:
             p["model"] = self.model
         p.update(self.extra_body)
         return p

@@ -173,3 +173,26 @@ def test_bench_extra_body_reaches_every_request(fake_server, tmp_path):
     assert all(p.seed == 7 and p.top_k == 3 for _, _, p in eng.submitted[n0:])
     r = CliRunner().invoke(bench, ["--base-url", srv.url, "--extra-body", "[1]", "--no-progress"])
     assert r.exit_code == 2 and "JSON object" in r.output
+
+
+def test_lora_modules_spread_requests_over_the_adapters():
+    from zerod.bench.client import Client, Load
+
+    c = Client("http://x", "base", None, vocab_size=1000, seed=1, progress=False, server_pid=None)
+    c.lora_modules = ["a0", "a1", "a2"]
+    names = [c.payload(Load(input_len=4, output_len=2))["model"] for _ in range(300)]
+    assert set(names) == {"a0", "a1", "a2"}
+    assert all(70 < names.count(n) < 130 for n in ("a0", "a1", "a2"))   # random, about even
+
+
+def test_bench_lora_modules_flag(fake_server, tmp_path):
+    eng, srv = fake_server
+    out = tmp_path / "l.json"
+    # the fake engine serves the one model "fake": named through the flag, every request is served
+    r = CliRunner().invoke(bench, ["--base-url", srv.url, "--num-prompts", "2", "--input-len", "4",
+                                   "--output-len", "2", "--warmup", "0", "--no-progress",
+                                   "--lora-modules", "fake", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert json.loads(out.read_text())["lora_modules"] == ["fake"]
+    r = CliRunner().invoke(bench, ["--base-url", srv.url, "--no-progress", "--lora-modules", " , "])
+    assert r.exit_code == 2 and "no adapter name" in r.output and "Traceback" not in r.output
