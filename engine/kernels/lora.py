@@ -42,7 +42,8 @@ FUSED_MAX_ROWS = 16
 DECODE_MAX_ROWS = 256   # the largest decode graph: up to it, the big-decode tiling below (measured at 64, 200)
 SPLITK_MAX_ROWS = 2     # the rows up to which add_lora takes splitk-atomic (measured: above)
 OVERLAP_MAX_ROWS = DECODE_MAX_ROWS   # forwards whose deltas run beside the base products (lora/slabs.py)
-TARGET_PROGRAMS = 256   # splitk-atomic: ~2 programs an SM of an H200 (132 SMs)
+DECODE_BLOCK_M = 16     # rows per tile up to DECODE_MAX_ROWS (gpu/lora_parts_bench.py sweeps 16 / 32)
+TARGET_PROGRAMS = 256   # splitk-atomic, the prefill shrink: ~2 programs an SM of an H200 (132 SMs)
 MIN_CHUNK = 512         # ... K per split at least (each split rounds its partial into y)
 MAX_CHUNK = 2048        # ... and at most (a program's serial K steps)
 
@@ -57,7 +58,7 @@ class Groups(NamedTuple):
 
 
 def block_m(T: int) -> int:
-    return 16 if T <= 256 else 64
+    return 16 if T <= FUSED_MAX_ROWS else DECODE_BLOCK_M if T <= DECODE_MAX_ROWS else 64
 
 
 def num_tiles(T: int, S: int, bm: int) -> int:
@@ -302,6 +303,19 @@ def lora_splitk(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tens
         BM=g.block_m, BN=bn, BR=_block_r(rank), BK=bk, IEEE=y.dtype == torch.float32, num_warps=4)
 
 
+def shrink_splits(T: int, K: int, tiles: int) -> int:
+    """The shrink's K splits: enough that a step with a few rows per adapter still fills
+    the GPU (H200: at a 200-row decode step 16 splits cut two-launch's extra 2.2 -> 1.9 ms a
+    step against the 10 of 2048 // T; gpu/results/lora/2026-12-01-a736602/lora_kernels.txt).
+    Above decode sizes, splits until the row tiles make ~TARGET_PROGRAMS programs: a
+    1,000-token prefill over 8 adapters has ~23 tiles of 64 rows, and with 2048 // T splits
+    it ran on a third of the SMs, each program walking half of K. Each split keeps >= 256
+    of K; the partials (splits x T x R floats) stay small next to x."""
+    if T <= DECODE_MAX_ROWS:
+        return max(1, min(32, K // 256, max(2048 // max(T, 1), 16)))
+    return max(1, min(32, K // 256, triton.cdiv(TARGET_PROGRAMS, max(tiles, 1))))
+
+
 def lora_shrink(x: torch.Tensor, A: torch.Tensor, g: Groups, splits: int | None = None) -> torch.Tensor:
     """x [T, K], A [S, R, K] -> partial sums [splits, T, R] float32 of x A_slotᵀ over K
     (rows of slot 0: undefined, never read). splits: None picks them by T."""
@@ -310,11 +324,7 @@ def lora_shrink(x: torch.Tensor, A: torch.Tensor, g: Groups, splits: int | None 
     nt = g.tiles.shape[1]
     x = x if x.stride(-1) == 1 else x.contiguous()
     bk = 64
-    # enough K splits that a step with a few rows per adapter still fills the GPU; a big
-    # prefill has programs enough without (and would pay T x R floats per split)
-    # (H200: at a 200-row decode step 16 splits cut two-launch's extra 2.2 -> 1.9 ms a step
-    # against the 10 of 2048 // T; gpu/results/lora/2026-12-01-a736602/lora_kernels.txt)
-    splits = splits or max(1, min(32, K // 256, max(2048 // max(T, 1), 16 if T <= DECODE_MAX_ROWS else 1)))
+    splits = splits or shrink_splits(T, K, nt)
     k_per_split = triton.cdiv(triton.cdiv(K, splits), bk) * bk
     splits = triton.cdiv(K, k_per_split)
     part = torch.empty(splits, T, R, dtype=torch.float32, device=x.device)
@@ -328,12 +338,14 @@ def lora_shrink(x: torch.Tensor, A: torch.Tensor, g: Groups, splits: int | None 
 
 def expand_bn(T: int) -> int:
     """The expand's column tile: 256 for big decode steps (H200, 8 adapters: the fastest at
-    64 and 200 rows, 11-24 % less than 128), 128 elsewhere (not measured against others)."""
+    64 and 200 rows, 11-24 % less than 128), 128 elsewhere. Alone, prefill-sized expands
+    (512-4,800 rows) ran 29-44 % faster at 256 columns with 8 warps, but a server with that
+    rule measured no better at 200 streams (gpu/results/lora/2026-12-01-expand/): left as is."""
     return 256 if FUSED_MAX_ROWS < T <= DECODE_MAX_ROWS else 128
 
 
 def lora_expand(y: torch.Tensor, part: torch.Tensor, B: torch.Tensor, segments: tuple[int, ...],
-                g: Groups, bn: int | None = None) -> None:
+                g: Groups, bn: int | None = None, warps: int = 4) -> None:
     """y [T, N] += per segment j: xa[:, j*Rmax:(j+1)*Rmax] B[slot, segment j]ᵀ in place,
     xa the sum of lora_shrink's partials."""
     T = y.shape[0]
@@ -348,7 +360,7 @@ def lora_expand(y: torch.Tensor, part: torch.Tensor, B: torch.Tensor, segments: 
         y, part, B, g.order, g.starts, g.counts, g.tiles, nt, T, part.shape[0],
         n[0], n[1], n[2], tiles[0], tiles[1], rank,
         y.stride(0), part.stride(1), B.stride(0), B.stride(1),
-        BM=g.block_m, BN=bn, BR=_block_r(rank), SB=8, IEEE=y.dtype == torch.float32, num_warps=4)
+        BM=g.block_m, BN=bn, BR=_block_r(rank), SB=8, IEEE=y.dtype == torch.float32, num_warps=warps)
 
 
 def lora_two_launch(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tensor,

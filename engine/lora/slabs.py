@@ -73,21 +73,11 @@ class LoraProjection:
         b = self.batch
         if b.idx is None:
             return base(x)
-        from .delta import add_lora
+        from .delta import add_lora, add_lora_beside
 
         if b.side is None:
             return add_lora(base(x), x, self.A, self.B, self.segments, b)
-        # A decode-sized delta is a few short launches that would each wait for the device
-        # on their own: on the side stream they run while the base product streams its
-        # weights, into a zeroed buffer that one add then joins (in a CUDA graph: a branch).
-        main = torch.cuda.current_stream(x.device)
-        b.side.wait_stream(main)
-        with torch.cuda.stream(b.side):
-            d = torch.zeros(x.shape[0], sum(self.segments), dtype=self.B.dtype, device=x.device)
-            add_lora(d, x, self.A, self.B, self.segments, b)
-        y = base(x)
-        main.wait_stream(b.side)
-        return y.add_(d)
+        return add_lora_beside(base, x, self.A, self.B, self.segments, b)
 
 
 def attach(model, mc: ModelConfig, max_loras: int, max_rank: int) -> LoraBatch:
