@@ -3,10 +3,11 @@
 # alone), the LoRA GPU tests (kernels vs the torch reference, adapters through the decode
 # CUDA graphs), then one server (8B shape, dummy base, --enable-lora --max-loras 8, eight
 # rank-16 adapters on every projection, written as PEFT files with random weights): 200
-# streams (24 in / 128 out) spread over the 8 adapters vs the base model alone (target >=
-# 80 %; through zerod bench --lora-modules), and batch-1 decode with an adapter vs the base (target >= 90 %). Results:
-# $OUT/lora.tgz; a table last. PLAIN=1 (default) also serves the base without --enable-lora
-# (what base rows pay for LoRA being on). SMOKE=1: the same on the CPU with a tiny shape.
+# streams (24 in / 128 out, zerod bench --lora-modules) spread over the 8 adapters vs the
+# base model alone (target >= 80 %), and batch-1 decode with an adapter vs the base (target
+# >= 90 %). Results: $OUT/lora.tgz; a table last. PLAIN=1 (default) also serves the base
+# without --enable-lora (what base rows pay for LoRA being on). TESTS=0 skips the GPU
+# tests. SMOKE=1: the same on the CPU with a tiny shape.
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
@@ -33,7 +34,7 @@ $PY -m zerod serve --model "$M" --served-model-name base --load-format dummy --p
     --gpu-memory-utilization 0.90 --enable-lora --max-loras 8 --max-lora-rank 16 --lora-modules $MODS \
     > "$W/serve.log" 2>&1 &
 SPID=$!
-for _ in $(seq 1 1200); do curl -sf -o /dev/null http://127.0.0.1:8000/health && break; sleep 0.25; done
+[ "$($PY gpu/wait_health.py 8000 300 $SPID)" = ok ] || { tail -20 "$W/serve.log"; kill $SPID; exit 1; }
 U=http://127.0.0.1:8000
 L="$PY gpu/lora_bench.py load $U"
 # the 200-stream runs through zerod bench (client processes enough that the client does not
@@ -65,7 +66,7 @@ if [ "${PLAIN:-1}" = 1 ]; then
   $PY -m zerod serve --model "$M" --served-model-name base --load-format dummy --port 8000 $SERVE_X \
       --gpu-memory-utilization 0.90 > "$W/serve-plain.log" 2>&1 &
   SPID=$!
-  for _ in $(seq 1 1200); do curl -sf -o /dev/null $U/health && break; sleep 0.25; done
+  [ "$($PY gpu/wait_health.py 8000 300 $SPID)" = ok ] || { tail -20 "$W/serve-plain.log"; kill $SPID; exit 1; }
   for i in $(seq 1 "${REPS:-3}"); do
     # shellcheck disable=SC2086
     timeout 120 $Z --seed "$i" --out "$W/plain200-$i.json" --model base $S200 > "$W/plain200-$i.txt" 2>&1

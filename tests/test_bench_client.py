@@ -188,11 +188,16 @@ def test_lora_modules_spread_requests_over_the_adapters():
 def test_bench_lora_modules_flag(fake_server, tmp_path):
     eng, srv = fake_server
     out = tmp_path / "l.json"
+    args = ["--base-url", srv.url, "--num-prompts", "2", "--input-len", "4", "--output-len", "2",
+            "--warmup", "0", "--no-progress", "--out", str(out)]
     # the fake engine serves the one model "fake": named through the flag, every request is served
-    r = CliRunner().invoke(bench, ["--base-url", srv.url, "--num-prompts", "2", "--input-len", "4",
-                                   "--output-len", "2", "--warmup", "0", "--no-progress",
-                                   "--lora-modules", "fake", "--out", str(out)])
+    r = CliRunner().invoke(bench, args + ["--lora-modules", "fake"])
     assert r.exit_code == 0, r.output
     assert json.loads(out.read_text())["lora_modules"] == ["fake"]
+    # a name it does not serve reaches the server as the model, which refuses every request
+    r = CliRunner().invoke(bench, args + ["--lora-modules", "a0,a1"])
+    assert r.exit_code == 1
+    s = json.loads(out.read_text())["scenarios"]["random"]
+    assert s["failed"] == 2 and any("does not exist" in e for e in s["errors"]), s["errors"]
     r = CliRunner().invoke(bench, ["--base-url", srv.url, "--no-progress", "--lora-modules", " , "])
     assert r.exit_code == 2 and "no adapter name" in r.output and "Traceback" not in r.output

@@ -309,8 +309,10 @@ def shrink_splits(T: int, K: int, tiles: int) -> int:
     step against the 10 of 2048 // T; gpu/results/lora/2026-12-01-a736602/lora_kernels.txt).
     Above decode sizes, splits until the row tiles make ~TARGET_PROGRAMS programs: a
     1,000-token prefill over 8 adapters has ~23 tiles of 64 rows, and with 2048 // T splits
-    it ran on a third of the SMs, each program walking half of K. Each split keeps >= 256
-    of K; the partials (splits x T x R floats) stay small next to x."""
+    it ran on a third of the SMs, each program walking half of K (H200: the shrink 2.5-5.2x
+    faster per prefill forward, gpu/results/lora/2026-12-01-prefill-splits/). Each split
+    keeps >= 256 of K. The expand re-reads every split's partials per column tile, so more
+    splits cost it more; that side was not timed against the old rule."""
     if T <= DECODE_MAX_ROWS:
         return max(1, min(32, K // 256, max(2048 // max(T, 1), 16)))
     return max(1, min(32, K // 256, triton.cdiv(TARGET_PROGRAMS, max(tiles, 1))))
