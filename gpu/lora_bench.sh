@@ -49,8 +49,10 @@ ALL8=a0,a1,a2,a3,a4,a5,a6,a7
 for i in $(seq 1 "${REPS:-3}"); do
   # shellcheck disable=SC2086
   timeout 120 $Z --seed "$i" --out "$W/base200-$i.json" --model base $S200 > "$W/base200-$i.txt" 2>&1
+  curl -s $U/metrics > "$W/metrics-after-base200-$i.txt"   # step-time histograms run by run
   # shellcheck disable=SC2086
   timeout 120 $Z --seed "$i" --out "$W/lora200-$i.json" --lora-modules $ALL8 $S200 > "$W/lora200-$i.txt" 2>&1
+  curl -s $U/metrics > "$W/metrics-after-lora200-$i.txt"
   # shellcheck disable=SC2086
   timeout 120 $L "$W/base1-$i.json" --models base $B1 > "$W/base1-$i.txt" 2>&1
   # shellcheck disable=SC2086

@@ -10,8 +10,8 @@ and a table of the fastest way at each M. Then batch-1 and 2 (over 8 adapters):
 splitk-atomic with its column tile and K splits swept; last, big decode steps (M = 64,
 200 over 8 adapters: the 200-stream benchmark's steps): two-launch with its expand's
 column tile and its shrink's K splits swept; each per step as above. Last, per decode step
-through the engine's Linear + LoraProjection: the delta after each product vs beside it
-on the side stream (OVERLAP_ONLY=1: that table alone).
+through the engine's Linear + LoraProjection: the delta with its own shrink after each
+product vs the shrink carried in the product (PROJECTION_ONLY=1: that table alone).
 
     python3 gpu/lora_kernels_bench.py [OUT.json]     (SMOKE=1: tiny shapes, interpreter)
 """
@@ -187,62 +187,66 @@ def sweep_big(lora, dev, dt) -> tuple[list[dict], list[str]]:
     return out, bad
 
 
-def step_overlap(lora, dev, dt) -> tuple[list[dict], list[str]]:
+def step_projection(lora, dev, dt) -> tuple[list[dict], list[str]]:
     """Per M over 8 adapters: a decode step's four projections a layer through the engine's
-    own Linear + LoraProjection (what a forward runs), base alone vs the delta after each
-    product (OVERLAP_MAX_ROWS = 0) vs the delta on the side stream beside it."""
+    own Linear + LoraProjection (what a forward runs): base alone, the delta with its own
+    shrink after each product (a quantized projection's way), and the shrink carried in the
+    product (A in the tail rows of the weight, a plain projection's way). One group_rows a
+    step is added to both."""
     from zerod.engine.linear import Linear
     from zerod.engine.lora.slabs import LoraBatch, LoraProjection
 
     g = torch.Generator(device=dev).manual_seed(3)
     batch = LoraBatch(SLOTS)
-    layer = {}
+    own, carried = {}, {}
     for name, (segs, K) in PROJ.items():
-        lin = Linear(sum(segs), K, bias=False, dtype=dt, device=dev)
-        lin.weight.copy_((torch.randn(sum(segs), K, device=dev, generator=g) * 0.02).to(dt))
-        lin.lora = LoraProjection(segs, K, RANK, batch, dt, torch.device(dev))
-        lin.lora.A.copy_((torch.randn(SLOTS, len(segs) * RANK, K, device=dev, generator=g) * 0.02).to(dt))
-        lin.lora.B.copy_((torch.randn(SLOTS, sum(segs), RANK, device=dev, generator=g) * 0.02).to(dt))
-        lin.lora.A[0].zero_()
-        lin.lora.B[0].zero_()
-        layer[name] = lin
+        w = (torch.randn(sum(segs), K, device=dev, generator=g) * 0.02).to(dt)
+        A = (torch.randn(SLOTS, len(segs) * RANK, K, device=dev, generator=g) * 0.02).to(dt)
+        B = (torch.randn(SLOTS, sum(segs), RANK, device=dev, generator=g) * 0.02).to(dt)
+        A[0].zero_()
+        B[0].zero_()
+        for layer, in_weight in ((own, False), (carried, True)):
+            lin = Linear(sum(segs), K, bias=False, dtype=dt, device=dev)
+            lin.weight.copy_(w)
+            lin.lora = LoraProjection(segs, K, RANK, batch, dt, torch.device(dev), lin if in_weight else None)
+            assert (lin.lora.weight is not None) == in_weight
+            lin.lora.A.copy_(A)
+            lin.lora.B.copy_(B)
+            layer[name] = lin
     out, bad = [], []
-    keep = lora.OVERLAP_MAX_ROWS
     for M in ((1, 16) if SMOKE else (1, 2, 4, 16, 64, 200)):
         idx = (torch.arange(M, device=dev) % 8 + 1).int()
         xs = {name: torch.randn(M, K, device=dev, generator=g).to(dt) for name, (_, K) in PROJ.items()}
-
-        def run():
-            return [lin(xs[name]) for name, lin in layer.items()]
         r = dict(M=M)
         got = {}
-        for way, rows in (("base", None), ("serial", 0), ("overlap", keep)):
-            if rows is None:
+        for way, layer in (("base", own), ("own_shrink", own), ("carried", carried)):
+            def run():
+                return [lin(xs[name]) for name, lin in layer.items()]
+            if way == "base":
                 batch.clear()
             else:
-                lora.OVERLAP_MAX_ROWS = rows
                 batch.set(idx, grouped=not SMOKE)
-                assert (batch.side is not None) == (way == "overlap" and not SMOKE and M <= keep)
             got[way] = [y.float() for y in run()]
             r[f"{way}_us"] = LAYERS * graph_us(run)
-        lora.OVERLAP_MAX_ROWS = keep
         batch.clear()
-        for a, b in zip(got["serial"], got["overlap"]):
+        r["group_us"] = graph_us(lambda: lora.group_rows(idx, SLOTS))
+        for a, b in zip(got["own_shrink"], got["carried"]):
             if (err := (a - b).abs().max().item() / (1 + a.abs().max().item())) > TOL:
-                bad.append(f"overlap M={M}: error {err:.3g} against serial")
+                bad.append(f"carried shrink M={M}: error {err:.3g} against its own shrink")
         out.append(r)
         print(json.dumps(r), flush=True)
     return out, bad
 
 
-def print_overlap(over: list[dict]) -> None:
-    print("\nper decode step over 8 adapters through Linear + LoraProjection (32 layers x 4 products,"
-          " no group_rows): base, delta after each product, delta beside it on the side stream")
-    print("   M    base us   serial +us (share)   overlap +us (share)")
-    for o in over:
+def print_projection(rows: list[dict]) -> None:
+    print("\nper decode step over 8 adapters through Linear + LoraProjection (32 layers x 4 products"
+          " + one group_rows): base, the delta with its own shrink, the shrink carried in the product")
+    print("   M    base us   own shrink +us (share)   carried +us (share)")
+    for o in rows:
         b = o["base_us"]
         print(f"{o['M']:4d} {b:10.1f} " + "".join(
-            f"{o[w + '_us'] - b:11.1f} ({b / o[w + '_us']:6.1%})" for w in ("serial", "overlap")))
+            f"{o[w + '_us'] + o['group_us'] - b:15.1f} ({b / (o[w + '_us'] + o['group_us']):6.1%})"
+            for w in ("own_shrink", "carried")))
 
 
 def main() -> None:
@@ -252,12 +256,12 @@ def main() -> None:
     if SMOKE:   # tiny K: split it all the same, so the smoke run takes splitk-atomic's split path
         lora.MIN_CHUNK = 32
     ways = list(lora.DECODE)
-    if os.environ.get("OVERLAP_ONLY") == "1":   # the last table alone (~10 s)
-        over, bad = step_overlap(lora, dev, dt)
-        print_overlap(over)
-        print("\n" + ("\n".join(bad) if bad else "the side stream's sums match the serial ones"))
+    if os.environ.get("PROJECTION_ONLY") == "1":   # the last table alone (~10 s)
+        proj, bad = step_projection(lora, dev, dt)
+        print_projection(proj)
+        print("\n" + ("\n".join(bad) if bad else "the carried shrink's sums match the own shrink's"))
         if len(sys.argv) > 1:
-            Path(sys.argv[1]).write_text(json.dumps({"overlap": over, "errors": bad}, indent=1))
+            Path(sys.argv[1]).write_text(json.dumps({"projection": proj, "errors": bad}, indent=1))
         sys.exit(1 if bad else 0)
     rows, bad = measure(lora, ways, dev, dt)
     heads = "".join(f"{w + ' us':>18s}" for w in ways)
@@ -290,12 +294,12 @@ def main() -> None:
     for b in sorted(big, key=lambda b: (b["M"], b["extra_us"])):
         print(f"{b['M']:4d} {b['base_us']:10.1f} {b['bn']:4d} {b['splits']!s:>7} "
               f"{b['extra_us']:9.1f} ({b['base_us'] / (b['base_us'] + b['extra_us']):6.1%})")
-    over, bad_over = step_overlap(lora, dev, dt)
-    bad += bad_over
-    print_overlap(over)
+    proj, bad_proj = step_projection(lora, dev, dt)
+    bad += bad_proj
+    print_projection(proj)
     if len(sys.argv) > 1:
         Path(sys.argv[1]).write_text(json.dumps({"rows": rows, "steps": steps, "splitk": small, "big": big,
-                                                 "overlap": over,
+                                                 "projection": proj,
                                                  "errors": bad,
                                                  "splitk_max_rows": lora.SPLITK_MAX_ROWS}, indent=1))
     print("\n" + ("\n".join(bad) if bad else "every decode way matches the torch reference"))

@@ -1,7 +1,8 @@
 """Where a big decode step's LoRA delta goes (8B shapes, rank 16, bf16, 8 adapters): per
 projection at M = 64 and 200 rows, each piece of the two-launch delta timed alone in a CUDA
-graph (engine/kernels/lora.py's shrink and expand; the side stream's zeroed buffer and the
-add that joins it) beside the base product, and the shrink's K splits, the expand's column
+graph (engine/kernels/lora.py's shrink and expand; a zeroed buffer and an add, what a
+delta beside the product costs; the product widened by the A rows and the expand from its
+tail, the shrink carried in the product) beside the base product, and the shrink's K splits, the expand's column
 tile and the rows per tile swept. Per decode step = 32 x the sum over the four projections.
 Then prefill-sized forwards (T = 512-4800 rows): the shrink with its K splits by the rule
 before and by shrink_splits, and the expand. (< 1 min on an H200.)
@@ -18,9 +19,22 @@ import sys
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lora_kernels_bench import LAYERS, PROJ, SLOTS, SMOKE, Problem, graph_us  # noqa: E402
+
+
+def carried(p, segs, K, dev, dt):
+    """The weight with A in its tail rows (lora/slabs.py's layout) and the xa columns of
+    its product: (product fn, xa of a product)."""
+    from zerod.engine.lora.slabs import ALIGN
+
+    N, rows = sum(segs), p.A.shape[0] * p.A.shape[1]
+    w = torch.zeros(N + -(-rows // ALIGN) * ALIGN, K, dtype=dt, device=dev)
+    w[:N].copy_(p.W)
+    w[N:N + rows].copy_(p.A.reshape(rows, K))
+    return (lambda: F.linear(p.x, w)), F.linear(p.x, w)[:, N:N + rows]
 
 
 def main() -> None:
@@ -51,6 +65,11 @@ def main() -> None:
                 one = lora.lora_shrink(p.x, p.A, groups, 1)   # the expand reading one partial
                 r["expand_1part_us"] = graph_us(lambda: lora.lora_expand(p.y, one, p.B, segs, groups))
                 err = p.error(lambda y: lora.lora_two_launch(y, p.x, p.A, p.B, segs, groups))
+                # the shrink carried in the product: the wider product, the expand from its tail
+                wide, xa = carried(p, segs, K, dev, dt)
+                r["wide_base_us"] = graph_us(wide)
+                r["expand_slots_us"] = graph_us(lambda: lora.lora_expand_slots(p.y, xa, p.B, segs, groups))
+                err = max(err, p.error(lambda y: lora.lora_expand_slots(y, xa, p.B, segs, groups)))
                 r["error"] = err
                 rows.append(r)
                 print(json.dumps(r), flush=True)
@@ -81,15 +100,20 @@ def main() -> None:
                 for w in (4, 8):
                     r[f"expand_bn{bn}_w{w}_us"] = graph_us(
                         lambda: lora.lora_expand(p.y, part, p.B, segs, groups, bn, w), calls=4)
-            r["error"] = p.error(lambda y: lora.lora_two_launch(y, p.x, p.A, p.B, segs, groups))
+            wide, xa = carried(p, segs, K, dev, dt)
+            r["wide_base_us"] = graph_us(wide, calls=4)
+            r["expand_slots_us"] = graph_us(lambda: lora.lora_expand_slots(p.y, xa, p.B, segs, groups), calls=4)
+            r["error"] = max(p.error(lambda y: lora.lora_two_launch(y, p.x, p.A, p.B, segs, groups)),
+                             p.error(lambda y: lora.lora_expand_slots(y, xa, p.B, segs, groups)))
             pre.append(r)
             print(json.dumps(r), flush=True)
     print("\nper prefill forward over 8 adapters (x32 layers, the four projections), us")
-    print(f"{'T':>5} {'base':>9} {'shrink before':>14} {'shrink now':>11} {'expand':>9}")
+    print(f"{'T':>5} {'base':>9} {'shrink before':>14} {'shrink now':>11} {'expand':>9} {'wide base':>10} {'expand slots':>13}")
     for T in (512, 1024, 2048, 4800):
         sel = [r for r in pre if r["T"] == T]
         print(f"{T:5d} " + " ".join(f"{LAYERS * sum(r[k] for r in sel):{w}.1f}" for k, w in
-                                    (("base_us", 9), ("shrink_before_us", 14), ("shrink_now_us", 11), ("expand_us", 9))))
+                                    (("base_us", 9), ("shrink_before_us", 14), ("shrink_now_us", 11), ("expand_us", 9),
+                                     ("wide_base_us", 10), ("expand_slots_us", 13))))
     ex = [k for k in pre[0] if k.startswith("expand_bn")]
     print("\nthe expand swept (column tile, warps), per prefill forward, us")
     print(f"{'T':>5} " + " ".join(f"{k[7:-3]:>10s}" for k in ex))

@@ -9,6 +9,7 @@ import torch
 
 from kernel_checks import run_in_interpreter
 from zerod.engine.lora.delta import lora_reference
+from zerod.engine.linear import Linear
 from zerod.engine.lora.slabs import LoraBatch, LoraProjection
 
 
@@ -41,15 +42,19 @@ def check_grouping(groups, idx: torch.Tensor, S: int) -> list[str]:
 def check_kernels(device: str, dtype: torch.dtype, tol: float) -> list[str]:
     """Failures (empty: all match) of the kernels vs the reference over CASES, through
     add_lora (the way a forward takes) and every other way for the same rows."""
-    from zerod.engine.kernels.lora import DECODE, FUSED_MAX_ROWS, add_lora, lora_splitk
+    from zerod.engine.kernels.lora import DECODE, FUSED_MAX_ROWS, add_lora, lora_expand_slots, lora_splitk
 
     def splitk3(y, x, A, B, segs, g):   # K = 72 in three chunks of 32, 32 and 8
         lora_splitk(y, x, A, B, segs, g, splits=3)
 
+    def expand_slots(y, x, A, B, segs, g):   # what a product carrying the A rows leaves
+        lora_expand_slots(y, x @ A.reshape(-1, A.shape[2]).T, B, segs, g)
+
     g = torch.Generator().manual_seed(1)
     bad = []
     for T, segs, R, S, one_slot in CASES:
-        ways = {"add_lora": add_lora, "two-launch": DECODE["two-launch"]}
+        ways = {"add_lora": add_lora, "two-launch": DECODE["two-launch"],
+                "expand from every slot's shrink": expand_slots}
         if T <= FUSED_MAX_ROWS:
             ways.update(DECODE, **{"splitk-atomic x3": splitk3})
         n_in = 72
@@ -71,11 +76,18 @@ def check_kernels(device: str, dtype: torch.dtype, tol: float) -> list[str]:
         batch.set(idx, grouped=True)
         bad += check_grouping(batch.groups, idx, S)
         base = idx == 0
-        # the projection a forward calls (on CUDA, up to OVERLAP_MAX_ROWS rows: the delta on
-        # the side stream beside the base product, then one add)
+        # the projections a forward calls: a quantized one's (its own shrink after the
+        # product) and a plain one's (the shrink in the product, its weight carrying A)
         proj = LoraProjection(segs, n_in, R, batch, dtype, torch.device(device))
         proj.A, proj.B = A, B
         ways["LoraProjection"] = lambda got, x, A, B, segs, groups: got.copy_(proj(x, lambda _: got.clone()))
+        lin = Linear(sum(segs), n_in, bias=False, dtype=dtype, device=device)
+        lin.weight.zero_()   # the base product adds nothing: got = y + the delta
+        lin.lora = LoraProjection(segs, n_in, R, batch, dtype, torch.device(device), lin)
+        lin.lora.A.copy_(A)
+        lin.lora.B.copy_(B)
+        assert lin.lora.weight is not None and lin.weight.data_ptr() == lin.lora.weight.data_ptr()
+        ways["LoraProjection, A in the weight"] = lambda got, x, A, B, segs, groups: got.add_(lin(x))
         for way, fn in ways.items():
             got = y.clone()
             fn(got, x, A, B, segs, batch.groups)

@@ -41,7 +41,7 @@ import triton.language as tl
 FUSED_MAX_ROWS = 16
 DECODE_MAX_ROWS = 256   # the largest decode graph: up to it, the big-decode tiling below (measured at 64, 200)
 SPLITK_MAX_ROWS = 2     # the rows up to which add_lora takes splitk-atomic (measured: above)
-OVERLAP_MAX_ROWS = DECODE_MAX_ROWS   # forwards whose deltas run beside the base products (lora/slabs.py)
+OVERLAP_MAX_ROWS = DECODE_MAX_ROWS   # forwards whose own-shrink deltas run beside the base products (lora/slabs.py)
 DECODE_BLOCK_M = 16     # rows per tile up to DECODE_MAX_ROWS (gpu/lora_parts_bench.py sweeps 16 / 32)
 TARGET_PROGRAMS = 256   # splitk-atomic, the prefill shrink: ~2 programs an SM of an H200 (132 SMs)
 MIN_CHUNK = 512         # ... K per split at least (each split rounds its partial into y)
@@ -222,25 +222,27 @@ def _shrink_kernel(x_ptr, a_ptr, out_ptr, order_ptr, starts_ptr, counts_ptr, til
              mask=mask_m[:, None] & mask_r[None, :])
 
 
-@triton.jit(do_not_specialize=["NT", "T", "splits"])
-def _expand_kernel(y_ptr, part_ptr, b_ptr, order_ptr, starts_ptr, counts_ptr, tiles_ptr,
-                   NT, T, splits, n1, n2, n3, t1, t2, rank,
-                   stride_yt, stride_pt, stride_bs, stride_bn,
+@triton.jit(do_not_specialize=["NT", "splits"])
+def _expand_kernel(y_ptr, xa_ptr, b_ptr, order_ptr, starts_ptr, counts_ptr, tiles_ptr,
+                   NT, splits, n1, n2, n3, t1, t2, rank,
+                   stride_yt, stride_xsp, stride_xt, stride_xs, stride_bs, stride_bn,
                    BM: tl.constexpr, BN: tl.constexpr, BR: tl.constexpr, SB: tl.constexpr,
                    IEEE: tl.constexpr):
+    # xa of row t, slot s, segment j: sum over sp < splits of
+    # xa_ptr[sp * stride_xsp + t * stride_xt + s * stride_xs + j * rank + r]
     s, rows, mask_m = _tile_rows(tiles_ptr, NT, order_ptr, starts_ptr, counts_ptr, BM)
     if s == 0:
         return
     seg, cols, mask_n = _segment_cols(tl.program_id(1), n1, n2, n3, t1, t2, BN)
     offs_r = tl.arange(0, BR)
     offs_sp = tl.arange(0, SB)
-    ptrs = (part_ptr + rows[None, :, None] * stride_pt + seg * rank + offs_r[None, None, :]
-            + offs_sp[:, None, None].to(tl.int64) * T * stride_pt)
+    ptrs = (xa_ptr + rows[None, :, None] * stride_xt + s.to(tl.int64) * stride_xs + seg * rank
+            + offs_r[None, None, :] + offs_sp[:, None, None].to(tl.int64) * stride_xsp)
     mask = mask_m[None, :, None] & (offs_r[None, None, :] < rank)
     xa = tl.zeros((BM, BR), dtype=tl.float32)
     for sp0 in range(0, splits, SB):   # the shrink's K splits, SB of them a load, summed here
         sp_mask = (sp0 + offs_sp[:, None, None]) < splits
-        xa += tl.sum(tl.load(ptrs + sp0 * T * stride_pt, mask=mask & sp_mask, other=0.0), axis=0)
+        xa += tl.sum(tl.load(ptrs + sp0 * stride_xsp, mask=mask & sp_mask, other=0.0).to(tl.float32), axis=0)
     _add_expand(y_ptr, stride_yt, b_ptr, stride_bn, xa, s, rows, mask_m, cols, mask_n,
                 rank, stride_bs, BR, IEEE)
 
@@ -349,20 +351,34 @@ def expand_bn(T: int) -> int:
 def lora_expand(y: torch.Tensor, part: torch.Tensor, B: torch.Tensor, segments: tuple[int, ...],
                 g: Groups, bn: int | None = None, warps: int = 4) -> None:
     """y [T, N] += per segment j: xa[:, j*Rmax:(j+1)*Rmax] B[slot, segment j]ᵀ in place,
-    xa the sum of lora_shrink's partials."""
-    T = y.shape[0]
+    xa the sum of lora_shrink's partials [splits, T, nseg*Rmax]."""
+    assert part.is_contiguous()
+    _expand(y, part, part.shape[0], part.stride(0), part.stride(1), 0, B, segments, g, bn, warps)
+
+
+def lora_expand_slots(y: torch.Tensor, xa: torch.Tensor, B: torch.Tensor, segments: tuple[int, ...],
+                      g: Groups, bn: int | None = None) -> None:
+    """The same from every slot's shrink of every row, xa [T, S * nseg*Rmax] (any row
+    stride: the tail columns of a product that carried the A slabs, lora/slabs.py): row
+    t reads its own slot's columns."""
+    assert xa.stride(-1) == 1
+    _expand(y, xa, 1, 0, xa.stride(0), xa.shape[1] // B.shape[0], B, segments, g, bn, 4)
+
+
+def _expand(y, xa, splits, stride_xsp, stride_xt, stride_xs, B, segments, g, bn, warps) -> None:
     S, N, rank = B.shape
     nt = g.tiles.shape[1]
     if not nt or S == 1:
         return
-    assert y.stride(-1) == 1 and part.is_contiguous()
-    bn = bn or expand_bn(T)
+    assert y.stride(-1) == 1
+    bn = bn or expand_bn(y.shape[0])
     n, tiles = _col_tiles(segments, bn)
     _expand_kernel[(nt, sum(tiles))](
-        y, part, B, g.order, g.starts, g.counts, g.tiles, nt, T, part.shape[0],
+        y, xa, B, g.order, g.starts, g.counts, g.tiles, nt, splits,
         n[0], n[1], n[2], tiles[0], tiles[1], rank,
-        y.stride(0), part.stride(1), B.stride(0), B.stride(1),
-        BM=g.block_m, BN=bn, BR=_block_r(rank), SB=8, IEEE=y.dtype == torch.float32, num_warps=warps)
+        y.stride(0), stride_xsp, stride_xt, stride_xs, B.stride(0), B.stride(1),
+        BM=g.block_m, BN=bn, BR=_block_r(rank), SB=8 if splits > 1 else 1,
+        IEEE=y.dtype == torch.float32, num_warps=warps)
 
 
 def lora_two_launch(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tensor,

@@ -1,10 +1,15 @@
 """y += scale * (x A_iᵀ) B_iᵀ for each row with its adapter slot i (the scale is in B).
 
+Two halves. The shrink, x A_iᵀ: for a plain projection it rides the base product (the A
+slabs are extra rows of its weight, lora/slabs.py), so the product's tail columns hold
+every slot's x A_sᵀ and `add_expand` only adds the expand; a quantized projection (whose
+weight cannot carry them) and batch-1/2 steps on CUDA (which read one adapter's A, not
+all of them) shrink on their own through `add_lora` (in decode-sized forwards beside the
+base product, on a side stream: `add_lora_beside`).
+
 On CUDA with the Triton kernels (engine/kernels/lora.py): tiled over the rows grouped by
-slot so that each adapter's matrices are read once per tile, slot 0 (base rows) skipped;
-for a batch-1 step one launch per projection split over K, a shrink and an expand for
-more rows (in decode-sized forwards `add_lora_beside` starts them on a side stream beside
-the base product). Elsewhere the torch reference: one bmm over the gathered slabs per half.
+slot so that each adapter's matrices are read once per tile, slot 0 (base rows) skipped.
+Elsewhere the torch reference in float32 over the slabs gathered per row.
 `ops.kernels_disabled({"lora"})` forces the reference (tests compare the two).
 """
 
@@ -36,6 +41,7 @@ def use_kernels(device: torch.device) -> bool:
 
 def add_lora(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
              segments: tuple[int, ...], batch: LoraBatch) -> torch.Tensor:
+    """y plus the whole delta, shrink included (A [S, nseg*R, K])."""
     k = _kernels() if x.is_cuda and batch.groups is not None else None
     if k is not None:
         k.add_lora(y, x, A, B, segments, batch.groups)
@@ -45,12 +51,12 @@ def add_lora(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
 
 def add_lora_beside(base: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, A: torch.Tensor,
                     B: torch.Tensor, segments: tuple[int, ...], batch: LoraBatch) -> torch.Tensor:
-    """base(x) plus the delta, computed on batch.side while the base product runs (CUDA,
-    grouped rows). A decode-sized delta is a few short launches that would each wait for
-    the device on their own: beside the product they run into a zeroed buffer that one
-    add then joins (in a CUDA graph: a branch). Only the shrink beside and the expand in
-    place after the product was no faster (H200: 2.8 vs 2.5 ms a 200-row step, the same
-    at 2-64 rows; gpu/results/lora/2026-12-01-overlap/)."""
+    """base(x) plus the whole delta, computed on batch.side while the base product runs
+    (CUDA, grouped rows, decode-sized forwards). Such a delta is a few short launches that
+    would each wait for the device on their own: beside the product they run into a zeroed
+    buffer that one add then joins (in a CUDA graph: a branch). H200, batch-1 with an
+    adapter: 91.4-91.9 % of the base beside, 87.7 % after the product
+    (gpu/results/lora/2026-12-01-e533818/, 2026-12-02-carried/)."""
     main = torch.cuda.current_stream(x.device)
     batch.side.wait_stream(main)
     with torch.cuda.stream(batch.side):
@@ -61,16 +67,36 @@ def add_lora_beside(base: Callable[[torch.Tensor], torch.Tensor], x: torch.Tenso
     return y.add_(d)
 
 
-def lora_reference(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
-                   segments: tuple[int, ...], idx: torch.Tensor) -> torch.Tensor:
-    """The delta in float32 over the slabs gathered per row (slot 0 adds zeros)."""
-    idx = idx.long()
+def add_expand(y: torch.Tensor, xa: torch.Tensor, B: torch.Tensor, segments: tuple[int, ...],
+               batch: LoraBatch) -> torch.Tensor:
+    """y plus the expand of every row's own slot from xa [T, S * nseg*R], every slot's
+    shrink of every row (the base product's tail columns)."""
+    k = _kernels() if xa.is_cuda and batch.groups is not None else None
+    if k is not None:
+        k.lora_expand_slots(y, xa, B, segments, batch.groups)
+        return y
+    S = B.shape[0]
+    own = xa.reshape(xa.shape[0], S, -1)[torch.arange(xa.shape[0], device=xa.device), batch.idx.long()]
+    return expand_reference(y, own, B, segments, batch.idx)
+
+
+def expand_reference(y: torch.Tensor, xa: torch.Tensor, B: torch.Tensor, segments: tuple[int, ...],
+                     idx: torch.Tensor) -> torch.Tensor:
+    """y + xa [T, nseg*R] (each row's shrink) times its slot's B, in float32 (slot 0's B
+    is zero: a base row adds exactly nothing)."""
     R = B.shape[2]
-    xa = torch.bmm(A.index_select(0, idx).float(), x.float().unsqueeze(2))    # [T, nseg*R, 1]
-    b = B.index_select(0, idx).float()                                          # [T, out, R]
+    b = B.index_select(0, idx.long()).float()                                   # [T, out, R]
+    xa = xa.float().unsqueeze(2)
     parts, n0 = [], 0
     for j, n in enumerate(segments):
         parts.append(torch.bmm(b[:, n0:n0 + n], xa[:, j * R:(j + 1) * R]).squeeze(2))
         n0 += n
     delta = parts[0] if len(parts) == 1 else torch.cat(parts, 1)
     return (y.float() + delta).to(y.dtype)
+
+
+def lora_reference(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                   segments: tuple[int, ...], idx: torch.Tensor) -> torch.Tensor:
+    """The delta in float32 over the slabs gathered per row (slot 0 adds zeros)."""
+    xa = torch.bmm(A.index_select(0, idx.long()).float(), x.float().unsqueeze(2)).squeeze(2)   # [T, nseg*R]
+    return expand_reference(y, xa, B, segments, idx)
