@@ -32,11 +32,14 @@ Two paths, by the number of rows T (the projection's segments are fused in all):
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
+
+from .launch import FastLaunch
 
 FUSED_MAX_ROWS = 16
 DECODE_MAX_ROWS = 256   # the largest decode graph: up to it, the big-decode tiling below (measured at 64, 200)
@@ -109,7 +112,7 @@ def group_rows(idx: torch.Tensor, num_slots: int) -> Groups:
     counts = torch.empty(num_slots, dtype=torch.int32, device=dev)
     tiles = torch.empty(2, nt, dtype=torch.int32, device=dev)
     if T:
-        _group_kernel[(1,)](idx, order, starts, counts, tiles, T, num_slots, nt,
+        _group[(1,)](idx, order, starts, counts, tiles, T, num_slots, nt,
                             BM=bm, BLOCK=1024, num_warps=4)
     return Groups(order, starts, counts, tiles, bm)
 
@@ -247,10 +250,17 @@ def _expand_kernel(y_ptr, xa_ptr, b_ptr, order_ptr, starts_ptr, counts_ptr, tile
                 rank, stride_bs, BR, IEEE)
 
 
-def _col_tiles(segments: tuple[int, ...], bn: int) -> tuple[list[int], list[int]]:
+# the kernels launched through FastLaunch: an eager forward pays for every launch's Python
+_group, _splitk, _shrink, _expand_k = (FastLaunch(k) for k in (_group_kernel, _splitk_kernel,
+                                                                _shrink_kernel, _expand_kernel))
+
+
+@functools.lru_cache(maxsize=None)
+def _col_tiles(segments: tuple[int, ...], bn: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(the three segment sizes, 0-padded; their column tiles of bn)."""
     assert len(segments) <= 3
-    n = list(segments) + [0] * (3 - len(segments))
-    return n, [triton.cdiv(v, bn) for v in n]
+    n = tuple(segments) + (0,) * (3 - len(segments))
+    return n, tuple(triton.cdiv(v, bn) for v in n)
 
 
 # split-K's column tile for wide projections: gpu/lora_kernels_bench.py's sweep on the H200
@@ -259,6 +269,7 @@ def _col_tiles(segments: tuple[int, ...], bn: int) -> tuple[list[int], list[int]
 SPLITK_BN = 512
 
 
+@functools.lru_cache(maxsize=None)
 def _block_r(r: int) -> int:
     return max(16, triton.next_power_of_2(r))
 
@@ -298,7 +309,7 @@ def lora_splitk(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tens
     chunk = triton.cdiv(K, splits)
     bk = min(256, max(16, triton.next_power_of_2(chunk)))
     k_per_split = triton.cdiv(chunk, bk) * bk
-    _splitk_kernel[(nt, sum(tiles), triton.cdiv(K, k_per_split))](
+    _splitk[(nt, sum(tiles), triton.cdiv(K, k_per_split))](
         y, x, A, B, g.order, g.starts, g.counts, g.tiles, nt, K, k_per_split,
         n[0], n[1], n[2], tiles[0], tiles[1], rank,
         y.stride(0), x.stride(0), A.stride(0), A.stride(1), B.stride(0), B.stride(1),
@@ -333,7 +344,7 @@ def lora_shrink(x: torch.Tensor, A: torch.Tensor, g: Groups, splits: int | None 
     splits = triton.cdiv(K, k_per_split)
     part = torch.empty(splits, T, R, dtype=torch.float32, device=x.device)
     if nt and S > 1:
-        _shrink_kernel[(nt, splits)](
+        _shrink[(nt, splits)](
             x, A, part, g.order, g.starts, g.counts, g.tiles, nt, T, K, R, k_per_split,
             x.stride(0), A.stride(0), A.stride(1), part.stride(1),
             BM=g.block_m, BR=_block_r(R), BK=bk, IEEE=x.dtype == torch.float32, num_warps=4)
@@ -373,7 +384,7 @@ def _expand(y, xa, splits, stride_xsp, stride_xt, stride_xs, B, segments, g, bn,
     assert y.stride(-1) == 1
     bn = bn or expand_bn(y.shape[0])
     n, tiles = _col_tiles(segments, bn)
-    _expand_kernel[(nt, sum(tiles))](
+    _expand_k[(nt, sum(tiles))](
         y, xa, B, g.order, g.starts, g.counts, g.tiles, nt, splits,
         n[0], n[1], n[2], tiles[0], tiles[1], rank,
         y.stride(0), stride_xsp, stride_xt, stride_xs, B.stride(0), B.stride(1),

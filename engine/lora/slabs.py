@@ -75,7 +75,7 @@ class LoraProjection:
     With `linear` a plain Linear, A lives in the tail rows of its weight (`weight`, `bias`:
     the whole buffers; linear.weight / .bias become views of their first rows)."""
 
-    __slots__ = ("A", "B", "batch", "max_rank", "segments", "weight", "bias")
+    __slots__ = ("A", "B", "batch", "max_rank", "segments", "n", "rows", "weight", "bias")
 
     def __init__(self, segments: tuple[int, ...], n_in: int, max_rank: int, batch: LoraBatch,
                  dtype: torch.dtype, device: torch.device, linear: Linear | None = None):
@@ -83,10 +83,10 @@ class LoraProjection:
         self.segments = segments                  # output sizes of the fused modules
         self.max_rank = max_rank
         self.batch = batch
-        rows = S * len(segments) * max_rank
+        self.n = n = sum(segments)
+        self.rows = rows = S * len(segments) * max_rank   # A's rows: every slot's shrink columns
         self.weight = self.bias = None
         if type(linear) is Linear and linear.weight.dtype == dtype:
-            n = linear.out_features
             extra = -(-rows // ALIGN) * ALIGN
             self.weight = torch.zeros(n + extra, n_in, dtype=dtype, device=device)
             self.weight[:n].copy_(linear.weight)
@@ -111,9 +111,9 @@ class LoraProjection:
             if b.side is None:
                 return add_lora(base(x), x, self.A, self.B, self.segments, b)
             return add_lora_beside(base, x, self.A, self.B, self.segments, b)
-        n = sum(self.segments)
+        n = self.n
         y = F.linear(x, self.weight, self.bias)          # [T, n + extra]: base | every slot's shrink
-        return add_expand(y[:, :n], y[:, n:n + self.A.shape[0] * self.A.shape[1]], self.B, self.segments, b)
+        return add_expand(y[:, :n], y[:, n:n + self.rows], self.B, self.segments, b)
 
 
 def attach(model, mc: ModelConfig, max_loras: int, max_rank: int) -> LoraBatch:
