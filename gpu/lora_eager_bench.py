@@ -2,8 +2,7 @@
 outside CUDA graphs): host launch time and device time of the engine's own forward on the
 8B shape (dummy weights, --enable-lora --max-loras 8, rank-16 slabs filled at random), for
 prompt chunks of 24 tokens x 1, 8 and 85 sequences, base rows vs rows spread over the 8
-adapters with the LoRA kernels launched as shipped (engine/kernels/launch.py's FastLaunch)
-and through Triton's JIT launch; then the host cost of single launches (a projection's
+adapters; then the host cost of single launches (a projection's
 product, the expand, the rows' grouping, a Triton kernel of the base model for scale).
 Medians of REPS runs.
 
@@ -62,7 +61,6 @@ def per_call_us(fn, dev, n: int = 200) -> float:
 
 def main() -> None:
     from zerod.engine import ops
-    from zerod.engine.kernels import launch
     from zerod.engine.config import EngineConfig
     from zerod.engine.engine import build_rank
     from zerod.engine.model import AttnMeta
@@ -92,13 +90,11 @@ def main() -> None:
         toks = torch.zeros(T, dtype=torch.int64, device=dev)
         slots = (torch.arange(n_seqs, device=dev) % (SLOTS - 1) + 1).int().repeat_interleave(Lq)
         r = dict(seqs=n_seqs, tokens=T)
-        for way, lora_rows, fast in (("base", None, True), ("lora", slots, True), ("lora_jit", slots, False)):
-            launch.ENABLED = fast   # lora_jit: every LoRA kernel through Triton's JIT launch
+        for way, lora_rows in (("base", None), ("lora", slots)):
             def fwd():
                 return runner._forward(toks, pos, meta, lora_rows)
             fwd()   # compiled already by the warm-up; once more for the allocator
             r[f"{way}_host_ms"], r[f"{way}_total_ms"] = timed(fwd, dev)
-        launch.ENABLED = True
         rows.append(r)
         print(json.dumps(r), flush=True)
     # single launches, host cost (x: 24 rows at the 8B shape; the qkv projection)
@@ -122,20 +118,12 @@ def main() -> None:
                                                                   loras.batch.groups)
         single["group_rows"] = lambda: k.group_rows(idx, SLOTS)
     costs = {name: per_call_us(fn, dev) for name, fn in single.items()}
-    if dev.type == "cuda":
-        launch.ENABLED = False
-        costs["lora_expand_slots (JIT launch)"] = per_call_us(single["lora_expand_slots"], dev)
-        costs["group_rows (JIT launch)"] = per_call_us(single["group_rows"], dev)
-        costs["LoraProjection (qkv, whole; JIT launch)"] = per_call_us(single["LoraProjection (qkv, whole)"], dev)
-        launch.ENABLED = True
     loras.batch.clear()
     print("\neager forward over 8 adapters (prompt chunks of 24 tokens): host launch / until done, ms (medians)")
-    print("(lora: the LoRA kernels through FastLaunch, as shipped; lora_jit: through Triton's JIT launch)")
-    print(f"{'seqs':>5} {'tokens':>6}   {'base host':>9} {'lora host':>9} {'jit host':>9}   "
-          f"{'base done':>9} {'lora done':>9} {'jit done':>9}")
+    print(f"{'seqs':>5} {'tokens':>6}   {'base host':>9} {'lora host':>9}   {'base done':>9} {'lora done':>9}")
     for r in rows:
-        print(f"{r['seqs']:5d} {r['tokens']:6d}   " + " ".join(f"{r[w + '_host_ms']:9.2f}" for w in ("base", "lora", "lora_jit"))
-              + "   " + " ".join(f"{r[w + '_total_ms']:9.2f}" for w in ("base", "lora", "lora_jit")))
+        print(f"{r['seqs']:5d} {r['tokens']:6d}   " + " ".join(f"{r[w + '_host_ms']:9.2f}" for w in ("base", "lora"))
+              + "   " + " ".join(f"{r[w + '_total_ms']:9.2f}" for w in ("base", "lora")))
     print("\nhost microseconds per launch")
     for name, us in costs.items():
         print(f"  {name:40s} {us:8.1f}")

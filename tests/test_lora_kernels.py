@@ -149,52 +149,6 @@ def test_kernels_match_reference_on_cuda(dtype, tol):
     assert check_kernels("cuda", dtype, tol) == []
 
 
-@pytest.mark.gpu
-def test_fast_launch_repeats_what_the_jit_launches():
-    """A second expand with the same argument spec goes straight to the kernel the JIT
-    compiled for the first (engine/kernels/launch.py), with the JIT's result to the bit;
-    an unaligned view is another spec: through the JIT again, still right."""
-    from zerod.engine.kernels import CUDA_KERNELS, launch, lora
-
-    if not CUDA_KERNELS:
-        pytest.skip("no Triton kernels on this GPU")
-    g = torch.Generator(device="cuda").manual_seed(0)
-    T, segs, R, S, K = 40, (96, 32, 32), 16, 5, 64
-    A = torch.randn(S, 3 * R, K, device="cuda", generator=g) * 0.2
-    B = torch.randn(S, sum(segs), R, device="cuda", generator=g) * 0.2
-    A[0].zero_()
-    B[0].zero_()
-    idx = torch.randint(0, S, (T,), device="cuda", generator=g, dtype=torch.int32)
-    groups = lora.group_rows(idx, S)
-    fast = lora._expand_k
-    fast.compiled.clear()
-    runs = []
-    for enabled in (True, True, False):
-        launch.ENABLED = enabled
-        try:
-            x = torch.randn(T, K, device="cuda", generator=g)
-            y = torch.randn(T, sum(segs), device="cuda", generator=g)
-            want = lora_reference(y.clone(), x, A, B, segs, idx)
-            xa = x @ A.reshape(-1, K).T
-            got = y.clone()
-            lora.lora_expand_slots(got, xa, B, segs, groups)
-            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-            runs.append((y, xa, got))
-        finally:
-            launch.ENABLED = True
-    assert len(fast.compiled) == 1
-    y, xa, first = runs[0]
-    again = y.clone()
-    lora.lora_expand_slots(again, xa, B, segs, groups)   # the direct launch
-    assert torch.equal(again, first)
-    wide = torch.zeros(T, xa.shape[1] + 1, device="cuda")
-    wide[:, 1:] = xa
-    odd = y.clone()
-    lora.lora_expand_slots(odd, wide[:, 1:], B, segs, groups)   # 4 bytes off alignment
-    assert len(fast.compiled) == 2
-    torch.testing.assert_close(odd, first, rtol=1e-5, atol=1e-5)
-
-
 @pytest.fixture(scope="module")
 def adapters(tmp_path_factory):
     """The tiny base checkpoint, its PEFT adapters and the reference models (fp32, CPU):

@@ -39,8 +39,6 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import FastLaunch
-
 FUSED_MAX_ROWS = 16
 DECODE_MAX_ROWS = 256   # the largest decode graph: up to it, the big-decode tiling below (measured at 64, 200)
 SPLITK_MAX_ROWS = 2     # the rows up to which add_lora takes splitk-atomic (measured: above)
@@ -112,7 +110,7 @@ def group_rows(idx: torch.Tensor, num_slots: int) -> Groups:
     counts = torch.empty(num_slots, dtype=torch.int32, device=dev)
     tiles = torch.empty(2, nt, dtype=torch.int32, device=dev)
     if T:
-        _group[(1,)](idx, order, starts, counts, tiles, T, num_slots, nt,
+        _group_kernel[(1,)](idx, order, starts, counts, tiles, T, num_slots, nt,
                             BM=bm, BLOCK=1024, num_warps=4)
     return Groups(order, starts, counts, tiles, bm)
 
@@ -250,11 +248,6 @@ def _expand_kernel(y_ptr, xa_ptr, b_ptr, order_ptr, starts_ptr, counts_ptr, tile
                 rank, stride_bs, BR, IEEE)
 
 
-# the kernels launched through FastLaunch: an eager forward pays for every launch's Python
-_group, _splitk, _shrink, _expand_k = (FastLaunch(k) for k in (_group_kernel, _splitk_kernel,
-                                                                _shrink_kernel, _expand_kernel))
-
-
 @functools.lru_cache(maxsize=None)
 def _col_tiles(segments: tuple[int, ...], bn: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(the three segment sizes, 0-padded; their column tiles of bn)."""
@@ -309,7 +302,7 @@ def lora_splitk(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tens
     chunk = triton.cdiv(K, splits)
     bk = min(256, max(16, triton.next_power_of_2(chunk)))
     k_per_split = triton.cdiv(chunk, bk) * bk
-    _splitk[(nt, sum(tiles), triton.cdiv(K, k_per_split))](
+    _splitk_kernel[(nt, sum(tiles), triton.cdiv(K, k_per_split))](
         y, x, A, B, g.order, g.starts, g.counts, g.tiles, nt, K, k_per_split,
         n[0], n[1], n[2], tiles[0], tiles[1], rank,
         y.stride(0), x.stride(0), A.stride(0), A.stride(1), B.stride(0), B.stride(1),
@@ -344,7 +337,7 @@ def lora_shrink(x: torch.Tensor, A: torch.Tensor, g: Groups, splits: int | None 
     splits = triton.cdiv(K, k_per_split)
     part = torch.empty(splits, T, R, dtype=torch.float32, device=x.device)
     if nt and S > 1:
-        _shrink[(nt, splits)](
+        _shrink_kernel[(nt, splits)](
             x, A, part, g.order, g.starts, g.counts, g.tiles, nt, T, K, R, k_per_split,
             x.stride(0), A.stride(0), A.stride(1), part.stride(1),
             BM=g.block_m, BR=_block_r(R), BK=bk, IEEE=x.dtype == torch.float32, num_warps=4)
@@ -384,7 +377,7 @@ def _expand(y, xa, splits, stride_xsp, stride_xt, stride_xs, B, segments, g, bn,
     assert y.stride(-1) == 1
     bn = bn or expand_bn(y.shape[0])
     n, tiles = _col_tiles(segments, bn)
-    _expand_k[(nt, sum(tiles))](
+    _expand_kernel[(nt, sum(tiles))](
         y, xa, B, g.order, g.starts, g.counts, g.tiles, nt, splits,
         n[0], n[1], n[2], tiles[0], tiles[1], rank,
         y.stride(0), stride_xsp, stride_xt, stride_xs, B.stride(0), B.stride(1),
