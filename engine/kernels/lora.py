@@ -28,6 +28,11 @@ Two paths, by the number of rows T (the projection's segments are fused in all):
 - larger T (prefill, big batches): a shrink, split over K so that few rows still fill
   the GPU, writes float32 partials [splits, T, R]; the expand sums them as it reads
   them (no reduction launch) and adds into y in place.
+A plain projection above SPLITK_MAX_ROWS rows needs no shrink kernel: its product carries
+every slot's shrink in its tail columns (engine/lora/slabs.py), and `lora_expand_slots`
+reads each row's own slot from there (the same expand kernel, one "partial", a column
+offset per slot). H200, a 200-row decode step over 8 adapters: +1,197 µs against +2,977
+with the shrink kernel (gpu/results/lora/2026-12-02-carried/).
 """
 
 from __future__ import annotations
