@@ -180,3 +180,44 @@ def test_reference_matches_a_plain_delta():
             n0 += n
         torch.testing.assert_close(got[t], want)
     assert torch.equal(got[0], y[0]) and torch.equal(got[4], y[4])
+
+
+def test_adapter_on_a_model_with_qkv_bias_equals_peft(tmp_path):
+    """Qwen2 (biases on q/k/v): the projection's bias widens with the weight that carries
+    the A rows, and its base output and each adapter's are still PEFT's."""
+    from families_support import hf_checkpoint, hf_model
+    from lora_support import LLAMA, make_adapter
+
+    base = hf_checkpoint(tmp_path / "base", "Qwen2Config", "Qwen2ForCausalLM", seed=5, **LLAMA)
+    cfg = ADAPTERS["all8"]
+    merged = make_adapter(base, tmp_path / "a", 3, **cfg)
+    ps = prompts(300)[:4]
+    want = {None: hf_greedy(hf_model(base), ps, NEW), "a": hf_greedy(merged, ps, NEW)}
+    assert want["a"] != want[None]
+    eng = engine(base, {"a": tmp_path / "a"}, max_loras=1)
+    try:
+        L = eng.runner.model.layers[0].qkv
+        assert L.lora.bias is not None and L.bias.data_ptr() == L.lora.bias.data_ptr()
+        got = generate(eng, [(p, n) for n in want for p in ps], GREEDY)
+        assert [g["token_ids"] for g in got] == want[None] + want["a"]
+    finally:
+        eng.shutdown(0)
+
+
+def test_adapters_on_fp8_weights_shrink_on_their_own(setup):
+    """--quantization fp8: the quantized projections keep A in slabs of their own (their
+    weight cannot carry it). Each adapter changes the output, and a batch mixing the base
+    and every adapter gives each row what it gets alone."""
+    base, paths, ps, _ = setup
+    eng = engine(base, paths, max_loras=3, quantization="fp8")
+    try:
+        assert eng.runner.model.layers[0].qkv.lora.weight is None
+        names = [None, *ADAPTERS]
+        alone = {n: [g["token_ids"] for g in generate(eng, [(p, n) for p in ps], GREEDY)] for n in names}
+        for n in ADAPTERS:
+            assert alone[n] != alone[None], f"adapter {n} changes nothing on FP8 weights"
+        jobs = [(p, n) for p in ps for n in names]
+        for (p, n), g in zip(jobs, generate(eng, jobs, GREEDY)):
+            assert g["token_ids"] == alone[n][ps.index(p)], f"adapter {n} in a mixed batch"
+    finally:
+        eng.shutdown(0)
