@@ -5,7 +5,8 @@
 # rank-16 adapters on every projection, written as PEFT files with random weights): 200
 # streams (24 in / 128 out, zerod bench --lora-modules) spread over the 8 adapters vs the
 # base model alone (target >= 80 %), and batch-1 decode with an adapter vs the base (target
-# >= 90 %). Results: $OUT/lora.tgz; a table last. PLAIN=1 (default) also serves the base
+# >= 90 %). Results: $OUT/lora.tgz (with a /metrics scrape after each 200-stream run: the
+# step-time histograms run by run); a table last. PLAIN=1 (default) also serves the base
 # without --enable-lora (what base rows pay for LoRA being on). TESTS=0 skips the GPU
 # tests. SMOKE=1: the same on the CPU with a tiny shape.
 set -u
