@@ -3,7 +3,8 @@
 The model calls each projection (q/k/v, o, gate/up, down, the LM head) through `Linear`,
 so what varies per deployment plugs in here and nowhere else: quantized weights replace
 `weight` with their own forward, tensor-parallel shards hold a slice of the rows or
-columns, LoRA adds its delta after the base product.
+columns, LoRA adds its delta to the base product (for a plain projection, through a wider
+product whose extra rows are the adapters' A: engine/lora/slabs.py).
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ class Linear(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
     # nn.Module.__call__'s hook machinery costs microseconds per call, and an eager
-    # forward makes seven calls per layer: call forward directly. LoRA adds its delta to
-    # the base product, whatever computes it (and may run it beside the product).
+    # forward makes seven calls per layer: call forward directly. With LoRA rows in the
+    # forward, the LoraProjection makes the product and adds the delta.
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward(x) if self.lora is None else self.lora(x, self.forward)
 

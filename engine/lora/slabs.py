@@ -32,7 +32,7 @@ from .adapter import LoraAdapter
 SEGMENTS = {"qkv": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",),
             "gate_up": ("gate_proj", "up_proj"), "down": ("down_proj",)}
 FUSED = {"qkv_proj": "qkv", "gate_up_proj": "gate_up"}   # Phi-3 stores these fused
-ALIGN = 64   # the A rows appended to a weight round up to this: the product's rows stay 128-byte aligned
+ALIGN = 64   # the A rows appended to a weight round up to this: a row length that was a multiple of 64 stays one
 
 
 class LoraBatch:
