@@ -26,15 +26,17 @@ from lora_kernels_bench import LAYERS, PROJ, SLOTS, SMOKE, Problem, graph_us  # 
 
 
 def carried(p, segs, K, dev, dt):
-    """The weight with A in its tail rows (lora/slabs.py's layout) and the xa columns of
-    its product: (product fn, xa of a product)."""
-    from zerod.engine.lora.slabs import ALIGN
+    """The engine's own LoraProjection over a Linear of p's weight, A in the weight's tail
+    rows (lora/slabs.py), and the xa columns of its product: (product fn, xa of a product)."""
+    from zerod.engine.linear import Linear
+    from zerod.engine.lora.slabs import LoraBatch, LoraProjection
 
-    N, rows = sum(segs), p.A.shape[0] * p.A.shape[1]
-    w = torch.zeros(N + -(-rows // ALIGN) * ALIGN, K, dtype=dt, device=dev)
-    w[:N].copy_(p.W)
-    w[N:N + rows].copy_(p.A.reshape(rows, K))
-    return (lambda: F.linear(p.x, w)), F.linear(p.x, w)[:, N:N + rows]
+    lin = Linear(sum(segs), K, bias=False, dtype=dt, device=dev)
+    lin.weight.copy_(p.W)
+    proj = LoraProjection(segs, K, p.A.shape[1] // len(segs), LoraBatch(p.A.shape[0]), dt, torch.device(dev), lin)
+    proj.A.copy_(p.A)
+    w, n = proj.weight, proj.n
+    return (lambda: F.linear(p.x, w)), F.linear(p.x, w)[:, n:n + proj.rows]
 
 
 def main() -> None:

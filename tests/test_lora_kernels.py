@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from kernel_checks import run_in_interpreter
-from zerod.engine.lora.delta import lora_reference
 from zerod.engine.linear import Linear
+from zerod.engine.lora.delta import lora_reference
 from zerod.engine.lora.slabs import LoraBatch, LoraProjection
 
 
@@ -76,8 +76,8 @@ def check_kernels(device: str, dtype: torch.dtype, tol: float) -> list[str]:
         batch.set(idx, grouped=True)
         bad += check_grouping(batch.groups, idx, S)
         base = idx == 0
-        # the projections a forward calls: a quantized one's (its own shrink after the
-        # product) and a plain one's (the shrink in the product, its weight carrying A)
+        # the projections a forward calls: a quantized one's (its own shrink, on CUDA beside
+        # the product) and a plain one's (the shrink in the product, its weight carrying A)
         proj = LoraProjection(segs, n_in, R, batch, dtype, torch.device(device))
         proj.A, proj.B = A, B
         ways["LoraProjection"] = lambda got, x, A, B, segs, groups: got.copy_(proj(x, lambda _: got.clone()))
