@@ -53,14 +53,22 @@ def _sample_class(r: Request) -> int:
     return r.sample_class
 
 
-# A prompt that arrives alone (the idle-TTFT case) is prefilled by a CUDA graph captured
-# for a padded token count: eager, its ~400 launches (a third of them Triton, each costing
-# tens of microseconds of Python) take longer than the GPU work of a short prompt. Its
-# cached prefix, if any, is read through the block table (the graph's table spans the
-# whole context). (The 100-190 ms eager launches that moved these prompts here were
-# blamed on lost GIL hand-overs; the H200 later showed such launches to be the step
-# thread's own CPU time: docs/perf.md section 13.)
-PREFILL_GRAPH_TOKENS = (16, 32, 64, 128, 256, 512)
+# Short prefill forwards run from CUDA graphs captured per padded token count: eager, a
+# forward's ~400 launches (a third of them Triton, each costing tens of microseconds of
+# Python) take far longer than the GPU work of a few short prompts. The H200 measured an
+# eager forward of one 24-token prompt at 24 ms of host time, of eight at 32 ms, and 6-10 ms
+# more with LoRA rows (gpu/results/lora/2026-12-02-47dc5da/eager.txt), against a 4-9 ms
+# decode step: the prompts of a busy server's arrivals made the step thread the bound. A
+# graph takes up to PREFILL_GRAPH_SEQS chunks, each after its cached prefix if any (read
+# through the block table, which spans the whole context), padded by a dummy sequence on
+# the scratch page; with LoRA rows, a second set of graphs with the LoRA path in them.
+PREFILL_GRAPH_TOKENS = (16, 32, 64, 128, 192, 256, 384, 512)
+PREFILL_GRAPH_SEQS = 32
+# Whether steps that also decode take the prefill graphs. Off, only an idle engine's
+# prompts do (the rule until 2026-12-02: a lone-prompt graph beside decodes once measured
+# worse at 200 streams, docs/perf.md section 7 run B, with the graph's output in the decode
+# graphs' memory pool). gpu/graph_ab_serve.py flips it for the A/B.
+PREFILL_GRAPHS_WHILE_DECODING = True
 
 
 def graph_buckets(max_bs: int) -> list[int]:
@@ -183,7 +191,7 @@ class PrefillInputs:
     seqlens: list[int]           # host copy of the chunk lengths
     width: int                   # block-table columns the chunks need
     no_prefix: bool              # every chunk starts at position 0
-    padded: int                  # > 0: a lone prompt padded to this many tokens (a CUDA graph)
+    padded: int                  # > 0: the chunks padded to this many tokens (a CUDA graph)
     grammar: GrammarRows | None = None  # the sampled rows with a structured-output mask
     prompt_rows: plp.PromptRows | None = None  # the prompt rows whose logprobs were asked for
     lora_rows: torch.Tensor | None = None  # int32 [T]: each token's adapter slot (None: no adapter)
@@ -263,8 +271,10 @@ class ModelRunner:
         # token + 4 per chunk (chunks <= tokens) + 2 per prompt-logprob row (rows <= tokens);
         # decode 2 per request; penalty / bias rows
         # 2 per sampled row; logprob rows 2 per sampled row; grammar rows 1 per sampled
-        # row; LoRA: 1 per request + 1 per token; + alignment of each field
-        self.staging = Staging(3 * pool.num_pages + (15 + 2 + 2 + 1 + 451 + 1) * S + 11 * T + 128,
+        # row; LoRA: 1 per request + 1 per token; a padded prefill's sequence fields 2 per
+        # graph sequence; + alignment of each field
+        self.staging = Staging(3 * pool.num_pages + (15 + 2 + 2 + 1 + 451 + 1) * S + 11 * T
+                               + 2 * PREFILL_GRAPH_SEQS + 128,
                                cfg.ring_depth, dev, self.cuda)
         # decode graph buffers
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
@@ -272,22 +282,25 @@ class ModelRunner:
         self.g_slots = torch.full((S,), self.pad_slot, dtype=torch.int64, device=dev)
         self.g_pos = torch.zeros(S, dtype=torch.int64, device=dev)
         self.buckets: list[int] = []
-        # prefill graph buffers: a padded batch of two sequences, the prompt's chunk (L
-        # tokens after its cached prefix, if any) and a dummy one (T - L tokens, block-table
-        # row of zeros: it reads and writes only the scratch page 0), so the shapes are
-        # fixed per T and the real rows are exact. The block table has every column of a
-        # context: the kernel reads only the pages below each sequence's context length.
+        # prefill graph buffers: a padded batch of G + 1 sequences, the step's chunks (C <=
+        # G, each after its cached prefix, if any), C - G empty ones, and a dummy one (the
+        # padding: block-table row of zeros, it reads and writes only the scratch page 0),
+        # so the shapes are fixed per T and the real rows are exact. The block table has
+        # every column of a context: the kernel reads only the pages below each sequence's
+        # context length, none for an empty one.
         Tp = max((t for t in PREFILL_GRAPH_TOKENS
                   if t <= cfg.max_num_batched_tokens and t < max_model_len), default=0)
+        G = PREFILL_GRAPH_SEQS
         self.pgraphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.lora_pgraphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pad_prefill = False   # set when the graphs are captured (tests set it on the CPU)
         self.p_toks = torch.zeros(Tp, dtype=torch.int64, device=dev)
         self.p_pos = torch.zeros(Tp, dtype=torch.int64, device=dev)
         self.p_smap = torch.zeros(Tp, dtype=torch.int64, device=dev)
-        self.p_cu = torch.zeros(3, dtype=torch.int32, device=dev)
-        self.p_ctx = torch.zeros(2, dtype=torch.int32, device=dev)
-        self.p_bt = torch.zeros(2, self.W, dtype=torch.int32, device=dev)
-        self.p_sidx = torch.zeros(1, dtype=torch.int64, device=dev)
+        self.p_lora = torch.zeros(Tp, dtype=torch.int32, device=dev)
+        self.p_cu = torch.zeros(G + 2, dtype=torch.int32, device=dev)
+        self.p_ctx = torch.zeros(G + 1, dtype=torch.int32, device=dev)
+        self.p_bt = torch.zeros(G + 1, self.W, dtype=torch.int32, device=dev)
 
     # ------------------------------------------------------------------ one step
     @torch.inference_mode()
@@ -310,10 +323,8 @@ class ModelRunner:
         new = [c.req for c in batch.chunks if not c.req.on_device]
         inputs = StepInputs(
             upload=self._stage_upload(pk, new) if new else None,
-            # the padded prefill only on an idle engine: with decodes running, a padded
-            # prefill per step for each trickling arrival measured worse on the H200
-            # (200 streams: TTFT p99 170 -> 422 ms)
-            prefill=self._stage_prefill(pk, batch.chunks, not decodes, u) if batch.chunks else None,
+            prefill=self._stage_prefill(pk, batch.chunks, PREFILL_GRAPHS_WHILE_DECODING or not decodes, u)
+            if batch.chunks else None,
             decode=self._stage_decode(pk, decodes, u) if decodes else None, uses=u)
         if batch.masked:   # structured outputs: the sampled rows that have a mask
             p, d = inputs.prefill, inputs.decode
@@ -376,43 +387,41 @@ class ModelRunner:
 
     def _stage_prefill(self, pk: Packer, chunks: list[Chunk], pad: bool, u: Uses) -> PrefillInputs:
         ps = self.ps
-        # prompt logprobs read the prompt's hidden rows, and the padded graphs are base-only:
-        # the eager path keeps both
+        # prompt logprobs read the prompt's hidden rows, which the padded graphs do not return
         want_plp = u.prompt_logprobs and any(c.req.params.prompt_logprobs is not None for c in chunks)
         with_lora = self.lora is not None and any(c.req.lora_slot for c in chunks)
-        padded = self._prefill_bucket(chunks) if pad and not want_plp and not with_lora else 0
+        padded = self._prefill_bucket(chunks) if pad and not want_plp else 0
+        C = len(chunks)
+        toks = np.concatenate([np.asarray(c.req.prompt_ids[c.start:c.start + c.n], dtype=np.int64)
+                               for c in chunks])
+        pos = np.concatenate([np.arange(c.start, c.start + c.n, dtype=np.int64) for c in chunks])
+        pages = np.concatenate([np.asarray(c.req.pages, dtype=np.int64)[
+            np.arange(c.start, c.start + c.n) // ps] for c in chunks])
+        smap = pages * ps + pos % ps
+        lens = np.fromiter((c.n for c in chunks), dtype=np.int64, count=C)
+        cu = np.zeros(C + 1, dtype=np.int64)
+        np.cumsum(lens, out=cu[1:])
+        ctx = np.fromiter((c.start + c.n for c in chunks), dtype=np.int64, count=C)
+        done = sorted((i for i, c in enumerate(chunks) if c.completes),
+                      key=lambda i: chunks[i].req.sample_class)
+        s_idx = cu[1:][done] - 1
+        n_real = len(toks)
+        lora_rows = np.repeat([c.req.lora_slot for c in chunks], lens) if with_lora else None
         if padded:
-            # the prompt's chunk, then a dummy sequence on the scratch page up to the padded size
-            c = chunks[0]
-            L = c.n
-            dummy = np.arange(padded - L, dtype=np.int64)
-            toks = np.zeros(padded, dtype=np.int64)
-            toks[:L] = c.req.prompt_ids[c.start:]
-            real = np.arange(c.start, c.start + L, dtype=np.int64)
-            pos = np.concatenate([real, dummy])
-            pages = np.asarray(c.req.pages, dtype=np.int64)[real // ps]
-            smap = np.concatenate([pages * ps + real % ps, dummy % ps])
-            cu, ctx = [0, L, padded], [c.start + L, padded - L]
-            done, s_idx = [0], [L - 1]
-        else:
-            C = len(chunks)
-            toks = np.concatenate([np.asarray(c.req.prompt_ids[c.start:c.start + c.n], dtype=np.int64)
-                                   for c in chunks])
-            pos = np.concatenate([np.arange(c.start, c.start + c.n, dtype=np.int64) for c in chunks])
-            pages = np.concatenate([np.asarray(c.req.pages, dtype=np.int64)[
-                np.arange(c.start, c.start + c.n) // ps] for c in chunks])
-            smap = pages * ps + pos % ps
-            lens = np.fromiter((c.n for c in chunks), dtype=np.int64, count=C)
-            cu = np.zeros(C + 1, dtype=np.int64)
-            np.cumsum(lens, out=cu[1:])
-            ctx = np.fromiter((c.start + c.n for c in chunks), dtype=np.int64, count=C)
-            done = sorted((i for i, c in enumerate(chunks) if c.completes),
-                          key=lambda i: chunks[i].req.sample_class)
-            s_idx = cu[1:][done] - 1
+            # the graph's shapes: empty sequences up to PREFILL_GRAPH_SEQS, then the dummy
+            # one, T - n_real tokens on the scratch page (adapter slot 0)
+            G, pad_n = PREFILL_GRAPH_SEQS, padded - n_real
+            dummy = np.arange(pad_n, dtype=np.int64)
+            toks = np.concatenate([toks, np.zeros(pad_n, dtype=np.int64)])
+            pos = np.concatenate([pos, dummy])
+            smap = np.concatenate([smap, dummy % ps])
+            cu = np.concatenate([cu, np.full(G - C, n_real, dtype=np.int64), [padded]])
+            ctx = np.concatenate([ctx, np.zeros(G - C, dtype=np.int64), [pad_n]])
+            if with_lora:
+                lora_rows = np.concatenate([lora_rows, np.zeros(pad_n, dtype=np.int64)])
         prompt_rows = plp.stage(chunks, cu[:-1], pk.int64) if want_plp else None
         slots_host = np.fromiter((c.req.slot for c in chunks), dtype=np.int64, count=len(chunks))
         slots = pk.int64(slots_host)
-        n_real = chunks[0].n if padded else len(toks)
         # the token history only matters to requests with penalties: record none otherwise
         tok_slots = (pk.int64(np.repeat(slots_host, [c.n for c in chunks]))
                      if u.penalty and any(uses_penalty(c.req.params) for c in chunks) else None)
@@ -421,7 +430,7 @@ class ModelRunner:
             tokens=pk.int64(toks), positions=pk.int64(pos), slot_mapping=pk.int64(smap),
             cu_seqlens=pk.int32(cu), context_lens=pk.int32(ctx), slots=slots,
             sample_idx=pk.int64(s_idx),
-            sample_slots=slots if padded else pk.int64(slots_host[done]),
+            sample_slots=pk.int64(slots_host[done]),
             sample_reqs=sample_reqs,
             logit_rules=self._stage_rules(pk, sample_reqs, lambda r: r.prompt_len, u),
             logprob_rows=self._stage_logprob_rows(pk, sample_reqs, u),
@@ -430,8 +439,7 @@ class ModelRunner:
             width=max((c.start + c.n + ps - 1) // ps for c in chunks),
             no_prefix=all(c.start == 0 for c in chunks),
             padded=padded, prompt_rows=prompt_rows,
-            lora_rows=pk.int32(np.repeat([c.req.lora_slot for c in chunks], [c.n for c in chunks]))
-            if with_lora else None)
+            lora_rows=pk.int32(lora_rows) if with_lora else None)
 
     def _stage_decode(self, pk: Packer, decodes: list[Request], u: Uses) -> DecodeInputs:
         B = len(decodes)
@@ -476,8 +484,7 @@ class ModelRunner:
         p, d = x.prefill, x.decode
         # the forwards first, then the sampling: a masked step's masks are computed on the
         # CPU while the GPU runs the forwards (MaskStaging.fill waits for the last step's
-        # ids). (A padded prefill's graph output is read before any other graph replays:
-        # it runs only in steps without decodes.)
+        # ids).
         if p is not None and p.tok_slots is not None:   # the penalties' token history
             self.pen.record(p.tok_slots, p.positions[:p.n_real], p.tokens[:p.n_real])
         p_logits = self.prefill_logits(p, ring_idx) if p is not None else None
@@ -597,55 +604,67 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ padded prefill
     def _prefill_bucket(self, chunks: list[Chunk]) -> int:
-        """The padded token count for a lone chunk that completes its prompt (after a cached
-        prefix or from its start); 0 = the general path."""
-        if not self.pad_prefill or len(chunks) != 1:
+        """The padded token count of a step's chunks (after their cached prefixes, if any);
+        0 = the general path (eager)."""
+        if not self.pad_prefill or len(chunks) > PREFILL_GRAPH_SEQS:
             return 0
-        c = chunks[0]
-        if not c.completes:
-            return 0
-        return next((t for t in PREFILL_GRAPH_TOKENS if t > c.n and t <= self.p_toks.numel()), 0)
+        n = sum(c.n for c in chunks)
+        return next((t for t in PREFILL_GRAPH_TOKENS if t > n and t <= self.p_toks.numel()), 0)
 
-    def _prefill_padded(self, p: PrefillInputs) -> torch.Tensor:
+    def _prefill_padded(self, p: PrefillInputs) -> torch.Tensor | None:
         T = p.padded
         self.p_toks[:T].copy_(p.tokens)
         self.p_pos[:T].copy_(p.positions)
         self.p_smap[:T].copy_(p.slot_mapping)
         self.p_cu.copy_(p.cu_seqlens)
         self.p_ctx.copy_(p.context_lens)
-        self.p_bt[0].copy_(self.block_table.index_select(0, p.slots)[0])
-        self.p_sidx.copy_(p.sample_idx)
-        if T in self.pgraphs:
-            g, out = self.pgraphs[T]
+        # rows past the chunks: stale, never read (their sequences are empty; the dummy's
+        # row, the last, stays zero)
+        torch.index_select(self.block_table, 0, p.slots, out=self.p_bt[:p.slots.numel()])
+        lora = p.lora_rows is not None
+        if lora:
+            self.p_lora[:T].copy_(p.lora_rows)
+        graphs = self.lora_pgraphs if lora else self.pgraphs
+        if T in graphs:
+            g, hidden = graphs[T]
             g.replay()
-            return out
-        return self._prefill_padded_forward(T)
+        else:
+            hidden = self._prefill_padded_forward(T, lora)
+        if not p.sample_idx.numel():
+            return None
+        # the graph's output lives in the prefill graphs' own memory pool: the decode graph
+        # replayed after it in the same step cannot overwrite it
+        return self.model.logits(hidden.index_select(0, p.sample_idx))
 
-    def _prefill_padded_forward(self, T: int) -> torch.Tensor:
+    def _prefill_padded_forward(self, T: int, lora: bool = False) -> torch.Tensor:
         meta = AttnMeta(slot_mapping=self.p_smap[:T], block_tables=self.p_bt,
                         context_lens=self.p_ctx, cu_seqlens_q=self.p_cu)
-        hidden = self.model(self.p_toks[:T], self.p_pos[:T], self.pool.kv, meta)
-        return self.model.logits(hidden.index_select(0, self.p_sidx))
+        return self._forward(self.p_toks[:T], self.p_pos[:T], meta, self.p_lora[:T] if lora else None)
 
-    def _capture_prefill_graphs(self, pool) -> None:
-        """A graph per padded token count, captured on a dummy prompt of one token."""
+    def _capture_prefill_graphs(self) -> None:
+        """A graph per padded token count (and per LoRA path), in a memory pool of their
+        own, captured on a dummy prompt of one token."""
+        G, pool = PREFILL_GRAPH_SEQS, None
+        ways = ((False, self.pgraphs), (True, self.lora_pgraphs)) if self.lora is not None \
+            else ((False, self.pgraphs),)
         for T in (t for t in PREFILL_GRAPH_TOKENS if t <= self.p_toks.numel()):
             self.p_toks[:T].zero_()
             self.p_pos[:T].copy_(torch.cat([torch.zeros(1, dtype=torch.int64, device=self.device),
                                             torch.arange(T - 1, dtype=torch.int64, device=self.device)]))
             self.p_smap[:T].copy_(self.p_pos[:T] % self.ps)
-            self.p_cu.copy_(torch.tensor([0, 1, T], dtype=torch.int32))
-            self.p_ctx.copy_(torch.tensor([1, T - 1], dtype=torch.int32))
+            self.p_lora[:T].zero_()
+            self.p_cu.copy_(torch.tensor([0] + [1] * G + [T], dtype=torch.int32))
+            self.p_ctx.copy_(torch.tensor([1] + [0] * (G - 1) + [T - 1], dtype=torch.int32))
             self.p_bt.zero_()
-            self.p_sidx.zero_()
-            for _ in range(2):  # Triton compiles / autotunes outside the capture
-                self._prefill_padded_forward(T)
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=pool):
-                out = self._prefill_padded_forward(T)
-            pool = g.pool()
-            self.pgraphs[T] = (g, out)
+            for lora, graphs in ways:
+                for _ in range(2):  # Triton compiles / autotunes outside the capture
+                    self._prefill_padded_forward(T, lora)
+                torch.cuda.synchronize()
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, pool=pool):
+                    hidden = self._prefill_padded_forward(T, lora)
+                pool = g.pool()
+                graphs[T] = (g, hidden)
         self.pad_prefill = bool(self.pgraphs)
 
     def _sample(self, logits: torch.Tensor, slots: torch.Tensor, gen: torch.Tensor,
@@ -742,13 +761,15 @@ class ModelRunner:
         if not self.model.ops.has_kernel("prefill_attention"):
             return  # the padded batch needs the paged prefill kernel (graph-safe, no host sync)
         try:
-            self._capture_prefill_graphs(pool)
-            log.info("captured prefill CUDA graphs for %s padded tokens", sorted(self.pgraphs))
+            self._capture_prefill_graphs()
+            log.info("captured prefill CUDA graphs for %s padded tokens, up to %d prompt chunks%s",
+                     sorted(self.pgraphs), PREFILL_GRAPH_SEQS, " (and with LoRA rows)" if self.lora_pgraphs else "")
         except Exception as exc:  # noqa: BLE001
             if self.model.tp is not None:
                 raise
             log.warning("prefill CUDA graph capture failed (%s); prompts prefill eager", exc)
             self.pgraphs.clear()
+            self.lora_pgraphs.clear()
             self.pad_prefill = False
             torch.cuda.synchronize()
 

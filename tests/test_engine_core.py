@@ -308,7 +308,7 @@ def test_padded_prefill_gives_the_same_tokens(ckpt):
         e.runner.pad_prefill = pad
         calls = []
         fwd = e.runner._prefill_padded_forward
-        e.runner._prefill_padded_forward = lambda T: (calls.append(T), fwd(T))[1]
+        e.runner._prefill_padded_forward = lambda T, lora=False: (calls.append(T), fwd(T, lora))[1]
         e.start()
         try:
             # one at a time: the padded path is taken only for a prompt alone in its step
@@ -319,6 +319,48 @@ def test_padded_prefill_gives_the_same_tokens(ckpt):
             e.shutdown(0)
     assert out[True] == out[False]
     assert all(len(t) == 16 for t in out[True])
+
+
+def test_padded_prefill_takes_a_wave_of_prompts_beside_decodes(ckpt):
+    """The prompts of a wave that arrives while another stream decodes are prefilled by
+    padded forwards of several chunks each (the code a CUDA graph captures; on the CPU it
+    runs eager) with exactly the tokens of the plain path, the decoding stream's included."""
+    long = _prompt(6, seed=99)
+    wave = [_prompt(n, seed=n) for n in (3, 5, 9, 12, 2, 7, 20, 4)]
+    out = {}
+    for pad in (False, True):
+        e = Engine(EngineConfig(model=str(ckpt), block_size=4, kv_pages=300, max_model_len=128,
+                                max_num_batched_tokens=64, max_num_seqs=16))
+        e.runner.pad_prefill = pad
+        steps = []   # (padded tokens, chunks, decodes running) of each padded prefill
+        run = e.runner._prefill_padded
+        e.runner._prefill_padded = lambda p: (steps.append((p.padded, len(p.seqlens), len(e.scheduler.decoding))),
+                                              run(p))[1]
+        e.start()
+        try:
+            first, got = threading.Event(), []
+
+            def on_long(o):
+                got.extend(o.token_ids)
+                first.set()
+
+            e.submit(long, SamplingParams(max_tokens=60, temperature=0.0, ignore_eos=True), on_long)
+            assert first.wait(30)
+            out[pad] = [r["token_ids"] for r in generate(e, wave, GREEDY)]
+            deadline = time.monotonic() + 30
+            while len(got) < 60 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            out[pad].append(list(got))
+        finally:
+            e.shutdown(0)
+        if pad:
+            beside = [s for s in steps if s[2] > 0]
+            assert beside and max(c for _, c, _ in beside) > 1, steps
+            assert all(t > 0 for t, _, _ in steps)
+        else:
+            assert steps == []
+    assert out[True] == out[False]
+    assert all(len(t) == 16 for t in out[True][:-1]) and len(out[True][-1]) == 60
 
 
 def test_long_prompt_goes_in_whole_only_while_nothing_decodes(ckpt):

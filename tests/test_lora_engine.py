@@ -67,6 +67,31 @@ def test_mixed_batch_equals_each_alone(setup):
         eng.shutdown(0)
 
 
+def test_mixed_batch_through_the_padded_prefill_equals_peft(setup):
+    """The prompt chunks of adapters and the base through the padded prefill forward that
+    a CUDA graph captures (with the LoRA path in it: on the CPU it runs eager): PEFT's
+    tokens, and several adapters' chunks share one padded forward."""
+    base, paths, ps, want = setup
+    eng = Engine(EngineConfig(model=str(base), block_size=4, kv_pages=400, max_num_batched_tokens=128,
+                              max_prefill_tokens_idle=128, enable_lora=True, max_lora_rank=16, max_loras=3,
+                              lora_modules=tuple((n, str(p), None) for n, p in paths.items())))
+    eng.runner.pad_prefill = True
+    seen = []   # the adapter slots of each padded forward's real rows
+    run = eng.runner._prefill_padded
+    eng.runner._prefill_padded = lambda p: (seen.append(None if p.lora_rows is None else
+                                                        set(p.lora_rows[:p.n_real].tolist())), run(p))[1]
+    eng.start()
+    try:
+        names = [None, *ADAPTERS]
+        jobs = [(p, n) for p in ps for n in names]
+        got = generate(eng, jobs, GREEDY)
+        for (p, n), g in zip(jobs, got):
+            assert g["token_ids"] == want[n][ps.index(p)], f"adapter {n} through the padded prefill"
+    finally:
+        eng.shutdown(0)
+    assert any(s is not None and len(s - {0}) > 1 for s in seen), seen
+
+
 def test_fewer_slots_than_adapters_reloads_exactly(setup):
     """--max-loras 1 and --max-cpu-loras 1: three adapters take turns in one device slot
     and their host copies are read again from disk; every token stays PEFT's."""

@@ -162,8 +162,8 @@ def adapters(tmp_path_factory):
 
 @pytest.mark.gpu
 def test_engine_on_cuda_serves_adapters_through_graphs(adapters):
-    """fp32 on the GPU, adapters and base rows mixed in one batch through the LoRA decode
-    graphs: every row's logprobs are its model's (PEFT's merged model, or the base) run
+    """fp32 on the GPU, adapters and base rows mixed in one batch through the LoRA prefill
+    and decode graphs: every row's logprobs are its model's (PEFT's merged model, or the base) run
     over the same tokens; loading another adapter recaptures nothing; a decode step with
     adapters has no host sync. Logprobs rather than tokens: the attention kernels' dots
     run TF32 on fp32, and this random tiny model has near-ties (0.0015 apart in logit)
@@ -177,7 +177,11 @@ def test_engine_on_cuda_serves_adapters_through_graphs(adapters):
                               max_model_len=128, max_num_seqs=32, enable_lora=True, max_loras=2,
                               lora_modules=tuple((n, str(paths[n]), None) for n in names[:2])))
     assert eng.runner.lora_graphs and eng.runner.graphs
+    assert eng.runner.lora_pgraphs and eng.runner.pgraphs, "prefill graphs with the LoRA path"
     graphs = dict(eng.runner.lora_graphs)
+    padded = []   # (padded tokens, adapter rows) of each prefill through a graph
+    run = eng.runner._prefill_padded
+    eng.runner._prefill_padded = lambda p: (padded.append((p.padded, p.lora_rows is not None)), run(p))[1]
     eng.start()
     try:
         sp = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=5)
@@ -190,6 +194,9 @@ def test_engine_on_cuda_serves_adapters_through_graphs(adapters):
                for e in logprob_errors(refs[n], p, r, 2e-2)]
         assert bad == []
         assert eng.runner.lora_graphs == graphs, "loading an adapter recaptured graphs"
+        # the waves' prompts (13 tokens of every adapter and the base, then 13 of one) went
+        # through the LoRA prefill graphs
+        assert padded and all(lora and T in eng.runner.lora_pgraphs for T, lora in padded), padded
         torch.cuda.set_sync_debug_mode("error")
         try:
             # names[2] is resident (just used): writing an adapter's slot is a copy that syncs

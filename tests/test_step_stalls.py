@@ -38,7 +38,7 @@ def _engine(ckpt, pad: bool, calls: list) -> Engine:
                             max_num_batched_tokens=32, max_num_seqs=4))
     e.runner.pad_prefill = pad   # on the CPU the padded path runs eager: the code a graph captures
     fwd = e.runner._prefill_padded_forward
-    e.runner._prefill_padded_forward = lambda T: (calls.append(T), fwd(T))[1]
+    e.runner._prefill_padded_forward = lambda T, lora=False: (calls.append(T), fwd(T, lora))[1]
     return e
 
 
@@ -121,7 +121,7 @@ def test_cached_prefix_prefill_replays_its_graph_without_host_sync(tmp_path):
     padded, eager = [], []
     run, fwd = e.runner._prefill_padded, e.runner._prefill_padded_forward
     e.runner._prefill_padded = lambda p: (padded.append(p.padded), run(p))[1]
-    e.runner._prefill_padded_forward = lambda T: (eager.append(T), fwd(T))[1]   # no graph for T
+    e.runner._prefill_padded_forward = lambda T, lora=False: (eager.append(T), fwd(T, lora))[1]   # no graph for T
     e.start()
     try:
         prompt = _prompt(40, 9)
