@@ -3,10 +3,12 @@
 # of the graph paths, then four servers of the 8B shape (dummy bf16 weights) on the one GPU
 # at once (--kv-pages each; the idle ones launch nothing), two rules each
 # (gpu/prefill_graphs_serve.py): shipped (a step's prompt chunks prefill from a CUDA graph
-# also while streams decode) and idle-only (the rule before: eager then):
-#   plain-shipped, plain-idle   the base model alone
-#   lora-shipped, lora-idle     --enable-lora --max-loras 8, eight rank-16 adapters on every
-#                               projection (PEFT files, random weights)
+# also while streams decode) and OTHER (idle-only: the same only while nothing decodes;
+# before: the rule before this change, a graph only for a lone base-model prompt on an idle
+# engine):
+#   plain-shipped, plain-OTHER   the base model alone
+#   lora-shipped, lora-OTHER     --enable-lora --max-loras 8, eight rank-16 adapters on every
+#                                projection (PEFT files, random weights)
 # REPS rounds, each: 200 streams (24 in / 128 out, zerod bench, fresh prompts per round) on
 # every server in turn, the LoRA servers for the base and for the 8 adapters at random; a
 # /metrics scrape after each run; then batch-1 decode (base / adapter) on lora-shipped.
@@ -25,7 +27,7 @@ if [ "${SMOKE:-0}" = 1 ]; then
   SHAPE=tiny; SERVE_X="--dtype float32 --device cpu --max-model-len 1024 --max-num-seqs 64"
   S200="--num-prompts 16 --max-concurrency 16 --input-len 24 --output-len 8 --warmup 16"
   B1="--streams 1 --requests 2 --input-len 16 --output-len 8"
-else
+elif [ "${TESTS:-1}" = 1 ]; then
   timeout 300 $PY -m pytest -q -p no:randomly -p no:cacheprovider -m gpu tests/test_lora_kernels.py \
       tests/test_step_stalls.py tests/test_engine_core.py > "$W/gpu_tests.txt" 2>&1
   echo "gpu tests: $(tail -1 "$W/gpu_tests.txt")"
@@ -35,10 +37,12 @@ $PY gpu/server_make_model.py "$M" --shape $SHAPE > /dev/null || exit 1
 $PY gpu/lora_bench.py adapters "$M" "$W/adapters" 8 16 || exit 1
 MODS=""; for i in 0 1 2 3 4 5 6 7; do MODS="$MODS a$i=$W/adapters/a$i"; done
 LORA_X="--enable-lora --max-loras 8 --max-lora-rank 16 --lora-modules $MODS"
-declare -A PORT=([plain-shipped]=8000 [plain-idle]=8001 [lora-shipped]=8002 [lora-idle]=8003)
+O=${OTHER:-idle-only}
+SERVERS="plain-shipped plain-$O lora-shipped lora-$O"
+declare -A PORT=([plain-shipped]=8000 [plain-$O]=8001 [lora-shipped]=8002 [lora-$O]=8003)
 declare -A PID
-for s in plain-shipped plain-idle lora-shipped lora-idle; do
-  rule=${s#*-}; [ "$rule" = idle ] && rule=idle-only
+for s in $SERVERS; do
+  rule=${s#*-}
   x=""; case $s in lora-*) x=$LORA_X;; esac
   # shellcheck disable=SC2086
   $PY gpu/prefill_graphs_serve.py "$rule" serve --model "$M" --served-model-name base --load-format dummy \
@@ -46,13 +50,13 @@ for s in plain-shipped plain-idle lora-shipped lora-idle; do
   PID[$s]=$!
   sleep 2
 done
-for s in plain-shipped plain-idle lora-shipped lora-idle; do
+for s in $SERVERS; do
   [ "$($PY gpu/wait_health.py "${PORT[$s]}" 400 "${PID[$s]}")" = ok ] || { echo "$s did not start"; tail -20 "$W/serve-$s.log"; }
 done
 Z="$PY -m zerod bench --no-progress"
 ALL8=a0,a1,a2,a3,a4,a5,a6,a7
 for i in $(seq 1 "${REPS:-3}"); do
-  for s in plain-shipped plain-idle lora-shipped lora-idle; do
+  for s in $SERVERS; do
     p=${PORT[$s]}
     # shellcheck disable=SC2086
     timeout 120 $Z --port "$p" --seed "$i" --out "$W/$s-base200-$i.json" --model base $S200 > "$W/$s-base200-$i.txt" 2>&1
@@ -71,9 +75,9 @@ for i in $(seq 1 "${REPS:-3}"); do
 done
 kill -TERM "${PID[@]}"; wait
 tar czf "$FINAL/prefill_graphs.tgz" -C "$W" --exclude adapters .
-$PY - "$W" <<'PYEOF'
+$PY - "$W" "$O" <<'PYEOF'
 import glob, json, os, statistics, sys
-W = sys.argv[1]
+W, O = sys.argv[1], sys.argv[2]
 def runs(name):
     out = []
     for f in sorted(glob.glob(os.path.join(W, name + "-[0-9]*.json"))):
@@ -93,7 +97,7 @@ def med(rs, k):
     return statistics.median(r[k] for r in rs) if rs else float("nan")
 print(f"{'server / traffic':34} {'runs tok/s':>30} {'median':>8} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p95':>8} failed")
 rows = {}
-for s in ("plain-shipped", "plain-idle", "lora-shipped", "lora-idle"):
+for s in ("plain-shipped", f"plain-{O}", "lora-shipped", f"lora-{O}"):
     for t in ("base200", "lora200"):
         rs = runs(f"{s}-{t}")
         if not rs:
@@ -106,9 +110,9 @@ def ratio(a, b, what, target=None):
     x, y = rows.get(a), rows.get(b)
     if x and y:
         print(f"{what}: {y / x:.1%}" + (f" (target >= {target:.0%}: {'met' if y / x >= target else 'NOT met'})" if target else ""))
-ratio(("plain-idle", "base200"), ("plain-shipped", "base200"), "base 200 streams, graphs beside decodes vs idle-only")
+ratio((f"plain-{O}", "base200"), ("plain-shipped", "base200"), f"base 200 streams, shipped vs {O}")
 ratio(("lora-shipped", "base200"), ("lora-shipped", "lora200"), "8 adapters vs base, graphs beside decodes", 0.80)
-ratio(("lora-idle", "base200"), ("lora-idle", "lora200"), "8 adapters vs base, idle-only (the rule before)", 0.80)
+ratio((f"lora-{O}", "base200"), (f"lora-{O}", "lora200"), f"8 adapters vs base, {O}", 0.80)
 ratio(("plain-shipped", "base200"), ("lora-shipped", "lora200"), "8 adapters vs a server without LoRA, graphs beside decodes", 0.80)
 b, l = runs("lora-shipped-base1"), runs("lora-shipped-lora1")
 if b and l:
