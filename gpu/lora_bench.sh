@@ -80,33 +80,25 @@ if [ "${PLAIN:-1}" = 1 ]; then
 fi
 tar czf "$FINAL/lora.tgz" -C "$W" --exclude adapters .
 $PY - "$W" <<'PYEOF'
-import glob, json, os, statistics, sys
+import statistics, sys
+sys.path.insert(0, "gpu")
+from bench_runs import runs as runs_in
 W = sys.argv[1]
 def runs(name):
-    out = []
-    for f in sorted(glob.glob(os.path.join(W, name + "-*.json"))):
-        try:
-            doc = json.load(open(f))
-        except (OSError, ValueError):
-            continue
-        if "scenarios" in doc:   # zerod bench's
-            r = doc["scenarios"]["random"]
-            doc = {"output_throughput": r["output_throughput"], "failed": r["failed"]}
-        out.append(doc)
-    return out
-for a, b, key, what, target in (
-        ("base200", "lora200", "output_throughput", "200 streams over 8 rank-16 adapters", 0.80),
-        ("base1", "lora1", "decode_tok_s_per_request", "batch-1 decode with an adapter", 0.90),
-        ("plain200", "lora200", "output_throughput", "200 streams over 8 adapters vs a server without LoRA", 0.80),
-        ("plain1", "lora1", "decode_tok_s_per_request", "batch-1 with an adapter vs a server without LoRA", 0.90),
-        ("plain200", "base200", "output_throughput", "200 base streams, LoRA enabled vs not", 1.0),
-        ("plain1", "base1", "decode_tok_s_per_request", "batch-1 base, LoRA enabled vs not", 1.0)):
+    return runs_in(W, name)
+for a, b, what, target in (
+        ("base200", "lora200", "200 streams over 8 rank-16 adapters", 0.80),
+        ("base1", "lora1", "batch-1 decode with an adapter", 0.90),
+        ("plain200", "lora200", "200 streams over 8 adapters vs a server without LoRA", 0.80),
+        ("plain1", "lora1", "batch-1 with an adapter vs a server without LoRA", 0.90),
+        ("plain200", "base200", "200 base streams, LoRA enabled vs not", 1.0),
+        ("plain1", "base1", "batch-1 base, LoRA enabled vs not", 1.0)):
     xs, ys = runs(a), runs(b)
     if not xs or not ys:
         print(f"{what}: not measured (see {a}-*.txt / {b}-*.txt)"); continue
-    x, y = statistics.median(r[key] for r in xs), statistics.median(r[key] for r in ys)
+    x, y = statistics.median(r["tok_s"] for r in xs), statistics.median(r["tok_s"] for r in ys)
     r = y / x if x else 0.0
-    each = ", ".join(f"{q[key]:,.0f}/{p[key]:,.0f}" for p, q in zip(xs, ys))
+    each = ", ".join(f"{q['tok_s']:,.0f}/{p['tok_s']:,.0f}" for p, q in zip(xs, ys))
     print(f"{what}: median {y:,.1f} vs base {x:,.1f} tok/s = {r:.1%} (target >= {target:.0%}: "
           f"{'met' if r >= target else 'NOT met'}); runs (adapter/base) {each}; "
           f"failed {sum(q['failed'] for q in xs + ys)}")

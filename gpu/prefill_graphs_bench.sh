@@ -76,23 +76,12 @@ done
 kill -TERM "${PID[@]}"; wait
 tar czf "$FINAL/prefill_graphs.tgz" -C "$W" --exclude adapters .
 $PY - "$W" "$O" <<'PYEOF'
-import glob, json, os, statistics, sys
+import statistics, sys
+sys.path.insert(0, "gpu")
+from bench_runs import runs as runs_in
 W, O = sys.argv[1], sys.argv[2]
 def runs(name):
-    out = []
-    for f in sorted(glob.glob(os.path.join(W, name + "-[0-9]*.json"))):
-        try:
-            doc = json.load(open(f))
-        except (OSError, ValueError):
-            continue
-        if "scenarios" in doc:   # zerod bench's
-            r = doc["scenarios"]["random"]
-            doc = {"tok_s": r["output_throughput"], "failed": r["failed"], "ttft99": r["ttft_ms"]["p99"],
-                   "itl50": r["itl_ms"]["p50"], "itl95": r["itl_ms"].get("p95", float("nan"))}
-        else:
-            doc = {"tok_s": doc["decode_tok_s_per_request"], "failed": doc.get("failed", 0)}
-        out.append(doc)
-    return out
+    return runs_in(W, name)
 def med(rs, k):
     return statistics.median(r[k] for r in rs) if rs else float("nan")
 print(f"{'server / traffic':34} {'runs tok/s':>30} {'median':>8} {'TTFT p99':>9} {'ITL p50':>8} {'ITL p95':>8} failed")
