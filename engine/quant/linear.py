@@ -43,6 +43,11 @@ MIN_CAPABILITY = (8, 9)   # e4m3 tensor cores: Ada (sm_89), Hopper (sm_90) and n
 # W8A16 (KERNEL's kernel for block scales) beats block W8A8 to M = 64, loses at 200 (its
 # decode graphs capture since every bucket is warmed first: tests/test_fp8_checkpoints.py).
 W8A16_MAX_M = {"row": 16, "block": 64}
+# A one-token product (batch-1 decode) through cuBLASLt's tensorwise FP8 GEMM: one token's
+# per-token activation scale is a tensor-wide one, the per-channel weight scales multiply
+# the output after. Off until gpu/fp8_gemm_bench.py's "w8a8t" beats W8A16 at M = 1 on the
+# H200 (cuBLASLt's row-wise kernels read the weights at 1.1-2.5 TB/s there: perf.md 11).
+M1_TENSORWISE = False
 
 
 def check_device(device: torch.device) -> None:
@@ -101,7 +106,10 @@ class Fp8Linear(Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
-        if x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and self.takes_w8a16(x2.shape[0]):
+        if (M1_TENSORWISE and x2.shape[0] == 1 and x.is_cuda and self.cublas_ok
+                and self.scheme.weights != "block" and self.scheme.activations == "token"):
+            y = self.w8a8_tensorwise(x2)
+        elif x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and self.takes_w8a16(x2.shape[0]):
             y = self.w8a16(x2)
         elif x.is_cuda and self.scheme.activations != "none" and (self.cublas_ok or self.scheme.weights == "block"):
             y = self.w8a8(x2)
@@ -139,6 +147,18 @@ class Fp8Linear(Linear):
                                  out_dtype=x.dtype)
         return y if self.bias is None else y + self.bias
 
+    def w8a8_tensorwise(self, x: torch.Tensor) -> torch.Tensor:
+        """One token [1, K] (per-token dynamic activations, per-row weights): its scale is
+        the whole tensor's, so cuBLASLt's tensorwise FP8 GEMM, then the weights' per-row
+        scales on the output row; the same product as w8a8."""
+        from . import triton_fp8
+
+        xq, xs = triton_fp8.quantize_tokens(x)
+        y = torch._scaled_mm(xq, self.weight.t(), scale_a=xs.reshape(()), scale_b=_ONE.get(x.device),
+                             out_dtype=torch.float32)
+        y = y.mul_(self.weight_scale).to(x.dtype)
+        return y if self.bias is None else y + self.bias
+
     def reference(self, x: torch.Tensor, quantize_activations: bool = True) -> torch.Tensor:
         """The CPU's product, and the check of the CUDA one: dequantized weights, and the
         activations through FP8 and back as the kernels quantize them (as is with
@@ -149,6 +169,22 @@ class Fp8Linear(Linear):
         elif acts == "static":
             x = fp8.qdq_static(x, self.input_scale)
         return F.linear(x, self.dequantized().to(x.dtype), self.bias)
+
+
+class _Ones:
+    """A float32 scalar 1 per device (the tensorwise GEMM's weight scale)."""
+
+    def __init__(self):
+        self._by_device: dict[torch.device, torch.Tensor] = {}
+
+    def get(self, device: torch.device) -> torch.Tensor:
+        one = self._by_device.get(device)
+        if one is None:
+            one = self._by_device[device] = torch.ones((), dtype=torch.float32, device=device)
+        return one
+
+
+_ONE = _Ones()
 
 
 def build_linear(quant: QuantConfig | None, parts: list[tuple[str, int]], in_features: int,
