@@ -33,7 +33,7 @@ def run_checks(device: torch.device) -> list[tuple[str, float, float]]:
     from zerod.engine.kernels import load_kernels
     from zerod.engine.quant import fp8, triton_fp8, triton_w8a16
     from zerod.engine.quant.config import QuantConfig
-    from zerod.engine.quant.linear import W8A16_MAX_M, Fp8Linear
+    from zerod.engine.quant.linear import M1_TENSORWISE, W8A16_MAX_M, Fp8Linear
 
     g = torch.Generator().manual_seed(5)
     adt = torch.bfloat16 if device.type == "cuda" else torch.float16
@@ -119,11 +119,14 @@ def run_checks(device: torch.device) -> list[tuple[str, float, float]]:
                 lin.input_scale.fill_(4.0 / 448)
             small = W8A16_MAX_M["block" if scheme.weights == "block" else "row"]
             for M in (1, 5, 17, small, small + 1, 300):
-                # up to `small` tokens the W8A16 kernel: its reference leaves activations as they are
+                # up to `small` tokens the W8A16 kernel (one token of per-token activations:
+                # the tensorwise W8A8 GEMM): W8A16's reference leaves activations as they are
                 x = rnd(M, 256, dt=torch.bfloat16)
-                w8a16 = lin.takes_w8a16(M)
-                out.append((f"Fp8Linear {scheme.weights}/{scheme.activations} M={M} {'W8A16' if w8a16 else 'W8A8'}",
-                            _rel(lin(x).float(), lin.reference(x, quantize_activations=not w8a16).float()), 1e-2))
+                way = lin.way(x)
+                out.append((f"Fp8Linear {scheme.weights}/{scheme.activations} M={M} {way}",
+                            _rel(lin(x).float(), lin.reference(x, quantize_activations=way != "w8a16").float()), 1e-2))
+                if M == 1 and scheme.weights == "channel":   # the one-token product is the tensorwise one
+                    assert way == ("tensorwise" if M1_TENSORWISE else "w8a16"), way
             picked = triton_w8a16.KERNEL["block" if scheme.weights == "block" else "row"]
             for M in (1, 5, 16):   # the W8A16 kernel `KERNEL` does not pick for these scales
                 x = rnd(M, 256, dt=torch.bfloat16)

@@ -11,7 +11,9 @@ for block weights, one per [bn, bk] block; `input_scale` float32 [1] for static
 activations (fused parts: the largest, as vLLM).
 
 The product on CUDA (compute capability >= 8.9), chosen by M (the step's tokens: a host
-decision on the shape, so each captured decode graph keeps its path):
+decision on the shape, so each captured decode graph keeps its path; `Fp8Linear.way`):
+- M = 1 (batch-1 decode), per-row weights and per-token activations: the token quantized,
+  cuBLASLt's tensorwise FP8 GEMM, the weights' row scales on the output (M1_TENSORWISE).
 - M <= W8A16_MAX_M (decode), bf16 / fp16: triton_w8a16, the activations as they are times the e4m3
   weights, scales on the float32 accumulator; no activation quantization (more exact
   than W8A8, and what reads only the weight bytes). Weight-only checkpoints take it at
@@ -45,9 +47,10 @@ MIN_CAPABILITY = (8, 9)   # e4m3 tensor cores: Ada (sm_89), Hopper (sm_90) and n
 W8A16_MAX_M = {"row": 16, "block": 64}
 # A one-token product (batch-1 decode) through cuBLASLt's tensorwise FP8 GEMM: one token's
 # per-token activation scale is a tensor-wide one, the per-channel weight scales multiply
-# the output after. Off until gpu/fp8_gemm_bench.py's "w8a8t" beats W8A16 at M = 1 on the
-# H200 (cuBLASLt's row-wise kernels read the weights at 1.1-2.5 TB/s there: perf.md 11).
-M1_TENSORWISE = False
+# the output after. H200 (gpu/results/fp8/2026-12-02-tensorwise/): 86.0 us a layer against
+# W8A16's 95.7 at M = 1 (cuBLASLt's row-wise kernels: 131.5), batch-1 decode 293.2 against
+# 268.3 tokens/s on two servers of the same call. At M = 4 W8A16 stays (96.2 us).
+M1_TENSORWISE = True
 
 
 def check_device(device: torch.device) -> None:
@@ -106,22 +109,33 @@ class Fp8Linear(Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
-        if (M1_TENSORWISE and x2.shape[0] == 1 and x.is_cuda and self.cublas_ok
-                and self.scheme.weights != "block" and self.scheme.activations == "token"):
+        way = self.way(x2)
+        if way == "tensorwise":
             y = self.w8a8_tensorwise(x2)
-        elif x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and self.takes_w8a16(x2.shape[0]):
+        elif way == "w8a16":
             y = self.w8a16(x2)
-        elif x.is_cuda and self.scheme.activations != "none" and (self.cublas_ok or self.scheme.weights == "block"):
+        elif way == "w8a8":
             y = self.w8a8(x2)
         else:
             y = self.reference(x2)
         return y.reshape(*shape[:-1], self.out_features)
 
-    def takes_w8a16(self, m: int) -> bool:
-        """Whether M tokens take the W8A16 kernel on CUDA (the weights' dequantized product
-        with the activations unquantized) rather than the W8A8 one."""
-        block = self.scheme.weights == "block"
-        return self.scheme.activations == "none" or m <= W8A16_MAX_M["block" if block else "row"]
+    def way(self, x: torch.Tensor) -> str:
+        """The product x [M, K] takes: "tensorwise", "w8a16", "w8a8" or "reference" (a host
+        decision on the shape, so each captured decode graph keeps its way)."""
+        m = x.shape[0]
+        if not x.is_cuda:
+            return "reference"
+        if (M1_TENSORWISE and m == 1 and self.cublas_ok and self.scheme.weights != "block"
+                and self.scheme.activations == "token"):
+            return "tensorwise"
+        if x.dtype in (torch.bfloat16, torch.float16) and (
+                self.scheme.activations == "none"
+                or m <= W8A16_MAX_M["block" if self.scheme.weights == "block" else "row"]):
+            return "w8a16"
+        if self.scheme.activations != "none" and (self.cublas_ok or self.scheme.weights == "block"):
+            return "w8a8"
+        return "reference"
 
     def w8a16(self, x: torch.Tensor, kernel: str | None = None) -> torch.Tensor:
         """x [M, K] bf16 / fp16 times the dequantized weights, in one Triton GEMM (+ its split-K
