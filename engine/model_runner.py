@@ -56,9 +56,9 @@ def _sample_class(r: Request) -> int:
 # Short prefill forwards run from CUDA graphs captured per padded token count: eager, a
 # forward's ~400 launches (a third of them Triton, each costing tens of microseconds of
 # Python) take far longer than the GPU work of a few short prompts. The H200 measured an
-# eager forward of one 24-token prompt at 24 ms of host time, of eight at 32 ms, and 6-10 ms
-# more with LoRA rows (gpu/results/lora/2026-12-02-47dc5da/eager.txt), against a 4-9 ms
-# decode step: the prompts of a busy server's arrivals made the step thread the bound. A
+# eager forward of one to eight 24-token prompts at 20-46 ms of host time, and 6-10 ms more
+# with LoRA rows (gpu/results/lora/2026-12-02-47dc5da/eager.txt), against a 4-9 ms decode
+# step: the prompts of a busy server's arrivals made the step thread the bound. A
 # graph takes up to PREFILL_GRAPH_SEQS chunks, each after its cached prefix if any (read
 # through the block table, which spans the whole context), padded by a dummy sequence on
 # the scratch page; with LoRA rows, a second set of graphs with the LoRA path in them.
@@ -67,7 +67,7 @@ PREFILL_GRAPH_SEQS = 32
 # Whether steps that also decode take the prefill graphs. Off, only an idle engine's
 # prompts do (the rule until 2026-12-02: a lone-prompt graph beside decodes once measured
 # worse at 200 streams, docs/perf.md section 7 run B, with the graph's output in the decode
-# graphs' memory pool). gpu/graph_ab_serve.py flips it for the A/B.
+# graphs' memory pool). gpu/prefill_graphs_serve.py flips it for the A/B.
 PREFILL_GRAPHS_WHILE_DECODING = True
 
 
@@ -283,7 +283,7 @@ class ModelRunner:
         self.g_pos = torch.zeros(S, dtype=torch.int64, device=dev)
         self.buckets: list[int] = []
         # prefill graph buffers: a padded batch of G + 1 sequences, the step's chunks (C <=
-        # G, each after its cached prefix, if any), C - G empty ones, and a dummy one (the
+        # G, each after its cached prefix, if any), G - C empty ones, and a dummy one (the
         # padding: block-table row of zeros, it reads and writes only the scratch page 0),
         # so the shapes are fixed per T and the real rows are exact. The block table has
         # every column of a context: the kernel reads only the pages below each sequence's
@@ -566,11 +566,14 @@ class ModelRunner:
         a prompt (None: no chunk does). Every tensor-parallel rank runs it; prompt logprobs
         (rank 0 alone, so refused under tensor parallelism) go to ring slot ring_idx."""
         if p.padded:
-            return self._prefill_padded(p)
-        meta = AttnMeta(slot_mapping=p.slot_mapping, block_tables=self.block_table[p.slots, :p.width],
-                        context_lens=p.context_lens, cu_seqlens_q=p.cu_seqlens,
-                        no_prefix=p.no_prefix, seqlens_q=p.seqlens)
-        hidden = self._forward(p.tokens, p.positions, meta, p.lora_rows)
+            # a graph's output lives in the prefill graphs' own memory pool: the decode
+            # graph replayed after it in the same step cannot overwrite it
+            hidden = self._prefill_padded(p)
+        else:
+            meta = AttnMeta(slot_mapping=p.slot_mapping, block_tables=self.block_table[p.slots, :p.width],
+                            context_lens=p.context_lens, cu_seqlens_q=p.cu_seqlens,
+                            no_prefix=p.no_prefix, seqlens_q=p.seqlens)
+            hidden = self._forward(p.tokens, p.positions, meta, p.lora_rows)
         if p.prompt_rows is not None:
             self.ring.prompt[ring_idx] = p.prompt_rows
             plp.compute(self.model.logits, hidden, p.prompt_rows, *self.ring.prompt_buffers(ring_idx))
@@ -611,7 +614,8 @@ class ModelRunner:
         n = sum(c.n for c in chunks)
         return next((t for t in PREFILL_GRAPH_TOKENS if t > n and t <= self.p_toks.numel()), 0)
 
-    def _prefill_padded(self, p: PrefillInputs) -> torch.Tensor | None:
+    def _prefill_padded(self, p: PrefillInputs) -> torch.Tensor:
+        """The hidden rows [T, hidden] of the chunks padded to p.padded tokens."""
         T = p.padded
         self.p_toks[:T].copy_(p.tokens)
         self.p_pos[:T].copy_(p.positions)
@@ -625,16 +629,11 @@ class ModelRunner:
         if lora:
             self.p_lora[:T].copy_(p.lora_rows)
         graphs = self.lora_pgraphs if lora else self.pgraphs
-        if T in graphs:
-            g, hidden = graphs[T]
-            g.replay()
-        else:
-            hidden = self._prefill_padded_forward(T, lora)
-        if not p.sample_idx.numel():
-            return None
-        # the graph's output lives in the prefill graphs' own memory pool: the decode graph
-        # replayed after it in the same step cannot overwrite it
-        return self.model.logits(hidden.index_select(0, p.sample_idx))
+        if T not in graphs:
+            return self._prefill_padded_forward(T, lora)
+        g, hidden = graphs[T]
+        g.replay()
+        return hidden
 
     def _prefill_padded_forward(self, T: int, lora: bool = False) -> torch.Tensor:
         meta = AttnMeta(slot_mapping=self.p_smap[:T], block_tables=self.p_bt,
@@ -645,8 +644,7 @@ class ModelRunner:
         """A graph per padded token count (and per LoRA path), in a memory pool of their
         own, captured on a dummy prompt of one token."""
         G, pool = PREFILL_GRAPH_SEQS, None
-        ways = ((False, self.pgraphs), (True, self.lora_pgraphs)) if self.lora is not None \
-            else ((False, self.pgraphs),)
+        ways = self._graph_sets(self.pgraphs, self.lora_pgraphs)
         for T in (t for t in PREFILL_GRAPH_TOKENS if t <= self.p_toks.numel()):
             self.p_toks[:T].zero_()
             self.p_pos[:T].copy_(torch.cat([torch.zeros(1, dtype=torch.int64, device=self.device),
@@ -716,6 +714,11 @@ class ModelRunner:
             return out[:B]
         return self._decode_forward(slots, pos, d.width, d.lora)
 
+    def _graph_sets(self, plain: dict, with_lora: dict) -> tuple[tuple[bool, dict], ...]:
+        """(LoRA path, where its graphs go) for each set a capture makes: the LoRA one only
+        with --enable-lora."""
+        return ((False, plain), (True, with_lora)) if self.lora is not None else ((False, plain),)
+
     @torch.inference_mode()
     def capture_graphs(self) -> None:
         """Capture decode (embedding -> logits) per batch bucket; on failure stay eager."""
@@ -730,8 +733,7 @@ class ModelRunner:
         try:
             self.g_slots.fill_(self.pad_slot)
             self.g_pos.zero_()
-            ways = ((False, self.graphs), (True, self.lora_graphs)) if self.lora is not None \
-                else ((False, self.graphs),)
+            ways = self._graph_sets(self.graphs, self.lora_graphs)
             # warm up every bucket eagerly first (cuBLAS handles, and each Triton variant a
             # bucket's size selects: batch 1 is its own specialisation, and the FP8 / LoRA
             # kernels pick tiles by rows), so nothing compiles while a graph is captured

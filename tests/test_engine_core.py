@@ -356,7 +356,6 @@ def test_padded_prefill_takes_a_wave_of_prompts_beside_decodes(ckpt):
         if pad:
             beside = [s for s in steps if s[2] > 0]
             assert beside and max(c for _, c, _ in beside) > 1, steps
-            assert all(t > 0 for t, _, _ in steps)
         else:
             assert steps == []
     assert out[True] == out[False]

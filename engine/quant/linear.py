@@ -28,6 +28,8 @@ reference: weights dequantized, activations quantized and dequantized the same w
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -168,7 +170,7 @@ class Fp8Linear(Linear):
         from . import triton_fp8
 
         xq, xs = triton_fp8.quantize_tokens(x)
-        y = torch._scaled_mm(xq, self.weight.t(), scale_a=xs.reshape(()), scale_b=_ONE.get(x.device),
+        y = torch._scaled_mm(xq, self.weight.t(), scale_a=xs.reshape(()), scale_b=_one(x.device),
                              out_dtype=torch.float32)
         y = y.mul_(self.weight_scale).to(x.dtype)
         return y if self.bias is None else y + self.bias
@@ -185,20 +187,10 @@ class Fp8Linear(Linear):
         return F.linear(x, self.dequantized().to(x.dtype), self.bias)
 
 
-class _Ones:
-    """A float32 scalar 1 per device (the tensorwise GEMM's weight scale)."""
-
-    def __init__(self):
-        self._by_device: dict[torch.device, torch.Tensor] = {}
-
-    def get(self, device: torch.device) -> torch.Tensor:
-        one = self._by_device.get(device)
-        if one is None:
-            one = self._by_device[device] = torch.ones((), dtype=torch.float32, device=device)
-        return one
-
-
-_ONE = _Ones()
+@functools.cache
+def _one(device: torch.device) -> torch.Tensor:
+    """A float32 scalar 1 on device (the tensorwise GEMM's weight scale), made once."""
+    return torch.ones((), dtype=torch.float32, device=device)
 
 
 def build_linear(quant: QuantConfig | None, parts: list[tuple[str, int]], in_features: int,
