@@ -3,7 +3,7 @@
 # ~4 min): gpu/fp8_gemm_bench.py at M = 1 and 4 (each product checked against the float32
 # reference first, then timed per layer in CUDA graphs, weights cold; "w8a8t" is the
 # tensorwise one), then two --quantization fp8 servers of the 8B shape (dummy weights) on
-# the GPU at once (gpu/fp8_m1_serve.py: shipped, tensorwise), batch-1 decode on each in turn,
+# the GPU at once (gpu/fp8_m1_serve.py: w8a16, tensorwise), batch-1 decode on each in turn,
 # REPS rounds. Results: $OUT/fp8_m1.tgz; the tables last. SMOKE=1: the CPU, tiny (the
 # tensorwise product is CUDA-only: both servers then run the same code).
 set -u
@@ -23,18 +23,18 @@ else
 fi
 M=/tmp/zerod-dummy-$SHAPE
 $PY gpu/server_make_model.py "$M" --shape $SHAPE > /dev/null || exit 1
-declare -A PORT=([shipped]=8000 [tensorwise]=8001) PID
-for v in shipped tensorwise; do
+declare -A PORT=([w8a16]=8000 [tensorwise]=8001) PID
+for v in w8a16 tensorwise; do
   # shellcheck disable=SC2086
   $PY gpu/fp8_m1_serve.py "$v" serve --model "$M" --load-format dummy --port "${PORT[$v]}" $SERVE_X \
       > "$W/serve-$v.log" 2>&1 &
   PID[$v]=$!
 done
-for v in shipped tensorwise; do
+for v in w8a16 tensorwise; do
   [ "$($PY gpu/wait_health.py "${PORT[$v]}" 300 "${PID[$v]}")" = ok ] || { echo "$v did not start"; tail -20 "$W/serve-$v.log"; }
 done
 for i in $(seq 1 "${REPS:-3}"); do
-  for v in shipped tensorwise; do
+  for v in w8a16 tensorwise; do
     # shellcheck disable=SC2086
     timeout 90 $PY -m zerod bench --port "${PORT[$v]}" --no-progress $B1 --out "$W/$v-b1-$i.json" > "$W/$v-b1-$i.txt" 2>&1
   done
@@ -44,7 +44,7 @@ tar czf "$FINAL/fp8_m1.tgz" -C "$W" .
 $PY - "$W" <<'PYEOF'
 import glob, json, os, statistics, sys
 W = sys.argv[1]
-for v in ("shipped", "tensorwise"):
+for v in ("w8a16", "tensorwise"):
     rates, out = [], []   # decode tokens/s per request (TTFT excluded); output tokens/s (fp8_bench.sh's b1)
     for f in sorted(glob.glob(os.path.join(W, f"{v}-b1-*.json"))):
         try:

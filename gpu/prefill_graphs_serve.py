@@ -12,36 +12,25 @@ before:     the rule before 786a8d2: a graph only for a lone chunk that complete
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # the checkout, uninstalled
-from zerod.engine import model_runner  # noqa: E402
-
-VARIANTS = ("shipped", "idle-only", "before")
+from serve_variant import serve
+from zerod.engine import model_runner
 
 
-def _lone_base_chunk_only(bucket):
-    def rule(self, chunks):
+def _idle_only() -> None:
+    model_runner.PREFILL_GRAPHS_WHILE_DECODING = False
+
+
+def _before() -> None:
+    _idle_only()
+    R = model_runner.ModelRunner
+    bucket = R._prefill_bucket
+
+    def lone_base_chunk_only(self, chunks):
         if len(chunks) != 1 or not chunks[0].completes or chunks[0].req.lora_slot:
             return 0
         return bucket(self, chunks)
-    return rule
-
-
-def main() -> None:
-    variant = sys.argv[1] if len(sys.argv) > 1 else ""
-    if variant not in VARIANTS:
-        sys.exit(f"usage: prefill_graphs_serve.py {{{','.join(VARIANTS)}}} serve ARGS...")
-    if variant in ("idle-only", "before"):
-        model_runner.PREFILL_GRAPHS_WHILE_DECODING = False
-    if variant == "before":
-        R = model_runner.ModelRunner
-        R._prefill_bucket = _lone_base_chunk_only(R._prefill_bucket)
-    sys.argv = ["zerod"] + sys.argv[2:]
-    from zerod.cli import main as zerod_main
-    zerod_main()
+    R._prefill_bucket = lone_base_chunk_only
 
 
 if __name__ == "__main__":
-    main()
+    serve("prefill_graphs_serve.py", {"shipped": lambda: None, "idle-only": _idle_only, "before": _before})

@@ -13,27 +13,20 @@ build is ~42 ms.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # the checkout, uninstalled
-from zerod.engine import engine, model  # noqa: E402
-
-VARIANTS = ("cudnn-every-length", "shipped", "profiled")
+from serve_variant import serve
+from zerod.engine import engine, model
 
 
-def main() -> None:
-    variant = sys.argv[1] if len(sys.argv) > 1 else ""
-    if variant not in VARIANTS:
-        sys.exit(f"usage: step_stalls_serve.py {{{','.join(VARIANTS)}}} serve ARGS...")
+def _slow_launches_logged() -> None:
     engine.SLOW_LAUNCH_S = 0.03
-    if variant == "cudnn-every-length":
-        model.SDPA_FLASH_MAX_LEN = 0
-        model.SDPA_PAD_LENGTHS = False
-    sys.argv = ["zerod"] + sys.argv[2:]
-    from zerod.cli import main as zerod_main
-    zerod_main()
+
+
+def _cudnn_every_length() -> None:
+    _slow_launches_logged()
+    model.SDPA_FLASH_MAX_LEN = 0
+    model.SDPA_PAD_LENGTHS = False
 
 
 if __name__ == "__main__":
-    main()
+    serve("step_stalls_serve.py", {"cudnn-every-length": _cudnn_every_length, "shipped": _slow_launches_logged,
+                                   "profiled": _slow_launches_logged})
