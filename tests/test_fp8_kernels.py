@@ -51,6 +51,10 @@ def run_checks(device: torch.device) -> list[tuple[str, float, float]]:
         st = torch.tensor([0.01], device=device)
         q2, _ = triton_fp8.quantize_tokens(x, st)
         out.append((f"quantize_tokens static T={T}", _rel(q2.float(), fp8.quantize(x, st).float()), qtol))
+        qp, sp = triton_fp8.quantize_tokens(x, rows=T + 11)   # padded for a GEMM: zero rows after T
+        out.append((f"quantize_tokens rows={T + 11} T={T} K={K}",
+                    _rel(torch.cat([q.float() * s, torch.zeros(11, K, device=device)]), qp.float() * sp), qtol))
+        assert qp[T:].float().abs().max() == 0
         qg, sg = triton_fp8.quantize_token_groups(x, 128)
         rqg, rsg = fp8.quantize_groups(x, 128)
         out.append((f"quantize_token_groups T={T} K={K}", _rel(sg, rsg), 1e-6))
@@ -127,6 +131,9 @@ def run_checks(device: torch.device) -> list[tuple[str, float, float]]:
                             _rel(lin(x).float(), lin.reference(x, quantize_activations=way != "w8a16").float()), 1e-2))
                 if M == 1 and scheme.weights == "channel":   # the one-token product is the tensorwise one
                     assert way == ("tensorwise" if M1_TENSORWISE else "w8a16"), way
+                if scheme.activations == "token" and scheme.weights == "channel":   # yᵀ = W xᵀ
+                    out.append((f"Fp8Linear channel/token M={M} swapped",
+                                _rel(lin.w8a8_swapped(x).float(), lin.reference(x).float()), 1e-2))
             picked = triton_w8a16.KERNEL["block" if scheme.weights == "block" else "row"]
             for M in (1, 5, 16):   # the W8A16 kernel `KERNEL` does not pick for these scales
                 x = rnd(M, 256, dt=torch.bfloat16)

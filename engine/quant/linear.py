@@ -175,6 +175,21 @@ class Fp8Linear(Linear):
         y = y.mul_(self.weight_scale).to(x.dtype)
         return y if self.bias is None else y + self.bias
 
+    def w8a8_swapped(self, x: torch.Tensor) -> torch.Tensor:
+        """x [M, K] (per-token dynamic activations, per-row weights) as yᵀ = W · xᵀ: the
+        weights are the GEMM's long side, so cuBLASLt / CUTLASS tile them, not the few
+        tokens; the tokens padded to a multiple of 16 (the FP8 GEMM's N), both scales in
+        the epilogue (row-wise), then yᵀ's first M columns transposed back. The same
+        product as w8a8."""
+        from . import triton_fp8
+
+        m = x.shape[0]
+        xq, xs = triton_fp8.quantize_tokens(x, rows=-(-m // 16) * 16)
+        yt = torch._scaled_mm(self.weight, xq.t(), scale_a=self.weight_scale.view(-1, 1),
+                              scale_b=xs.view(1, -1), out_dtype=x.dtype)
+        y = yt[:, :m].t().contiguous()
+        return y if self.bias is None else y + self.bias
+
     def reference(self, x: torch.Tensor, quantize_activations: bool = True) -> torch.Tensor:
         """The CPU's product, and the check of the CUDA one: dequantized weights, and the
         activations through FP8 and back as the kernels quantize them (as is with
