@@ -31,6 +31,12 @@ class Linear(nn.Module):
         """The base product (subclasses: quantized, split over ranks)."""
         return F.linear(x, self.weight, self.bias)
 
+    def takes_fp8(self, x: torch.Tensor) -> bool:
+        """Whether this step's input may come quantized per token (quant.fp8.Fp8Acts) from
+        the kernel before the projection; x: any activation of the step (its rows, dtype
+        and device decide). A plain projection takes its input as it is."""
+        return False
+
     # nn.Module.__call__'s hook machinery costs microseconds per call, and an eager
     # forward makes seven calls per layer: call forward directly. With LoRA rows in the
     # forward, the LoraProjection makes the product and adds the delta.

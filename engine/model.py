@@ -29,6 +29,7 @@ from .hf_config import ModelConfig
 from .moe import SparseMoE
 from .parallel import rank_config, vocab_rows
 from .quant.config import QuantConfig
+from .quant.fp8 import Fp8Acts
 from .quant.linear import build_linear
 from .rope import cos_sin_cache
 
@@ -124,10 +125,10 @@ class LlamaModel(nn.Module):
             self.local_cos_sin = cos_sin_cache(local, cache.shape[0], cache.dtype, cache.device)
 
     # ------------------------------------------------------------------ attention
-    def _attention(self, L: Layer, x: torch.Tensor, positions: torch.Tensor,
+    def _attention(self, L: Layer, x: torch.Tensor | Fp8Acts, positions: torch.Tensor,
                    kv: torch.Tensor, meta: AttnMeta) -> torch.Tensor:
         mc = self.mc
-        t = x.shape[0]
+        t = positions.shape[0]
         qkv = L.qkv(x)
         q, k, v = qkv.split([mc.q_size, mc.kv_size, mc.kv_size], dim=-1)
         q = q.reshape(t, mc.num_heads, mc.head_dim)
@@ -167,16 +168,23 @@ class LlamaModel(nn.Module):
             h = h * self.embed_scale
         residual = None
         for i, L in enumerate(self.layers):
+            # FP8 projections may take their input quantized by the kernel before them
+            fp8_qkv = L.qkv.takes_fp8(h)
             if residual is None:
                 residual = h
-                x = ops.rms_norm(h, L.input_norm, eps)
+                x = ops.rms_norm(h, L.input_norm, eps, quantize=fp8_qkv)
             else:
-                x, residual = ops.fused_add_rms_norm(h, residual, L.input_norm, eps)
+                x, residual = ops.fused_add_rms_norm(h, residual, L.input_norm, eps, quantize=fp8_qkv)
             h = self._attention(L, x, positions, kv[i], meta)
             if L.post_attn_norm is not None:
                 h = ops.rms_norm(h, L.post_attn_norm, eps)
-            x, residual = ops.fused_add_rms_norm(h, residual, L.post_norm, eps)
-            h = L.moe(x, self.act) if L.moe is not None else L.down(self.act(L.gate_up(x)))
+            if L.moe is not None:
+                x, residual = ops.fused_add_rms_norm(h, residual, L.post_norm, eps)
+                h = L.moe(x, self.act)
+            else:
+                x, residual = ops.fused_add_rms_norm(h, residual, L.post_norm, eps,
+                                                     quantize=L.gate_up.takes_fp8(h))
+                h = L.down(self.act(L.gate_up(x), quantize=L.down.takes_fp8(h)))
             if L.post_mlp_norm is not None:
                 h = ops.rms_norm(h, L.post_mlp_norm, eps)
         x, _ = ops.fused_add_rms_norm(h, residual, self.norm, eps)

@@ -53,38 +53,50 @@ def has_kernel(name: str) -> bool:
 
 # ---------------------------------------------------------------- norms / activations
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+# quantize=True: the output as FP8 per token (quant.fp8.Fp8Acts), for an FP8 projection
+# next that asked for it (Linear.takes_fp8); the kernels quantize in their own launch, the
+# references after, with the quantization kernel (a CUDA-only request).
+
+def _quantized(x: torch.Tensor, quantize: bool):
+    if not quantize:
+        return x
+    from .quant.fp8 import Fp8Acts
+    from .quant.triton_fp8 import quantize_tokens
+    return Fp8Acts(*quantize_tokens(x.reshape(-1, x.shape[-1])))
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, quantize: bool = False):
     k = _kernel("rms_norm", x)
     if k is not None:
-        return k(x, weight, eps)
+        return k(x, weight, eps, quantize)
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
+    return _quantized(weight * xf.to(x.dtype), quantize)
 
 
 def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+                       eps: float, quantize: bool = False):
     k = _kernel("fused_add_rms_norm", x)
     if k is not None:
-        return k(x, residual, weight, eps)
+        return k(x, residual, weight, eps, quantize)
     new_residual = x + residual
     xf = new_residual.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype), new_residual
+    return _quantized(weight * xf.to(x.dtype), quantize), new_residual
 
 
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+def silu_and_mul(x: torch.Tensor, quantize: bool = False):
     k = _kernel("silu_and_mul", x)
     if k is not None:
-        return k(x)
+        return k(x, quantize)
     i = x.shape[-1] // 2
-    return F.silu(x[..., :i]) * x[..., i:]
+    return _quantized(F.silu(x[..., :i]) * x[..., i:], quantize)
 
 
-def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
+def gelu_tanh_and_mul(x: torch.Tensor, quantize: bool = False):
     """GeGLU (Gemma): gelu_tanh(gate) * up over [..., 2*I]; torch on every device."""
     i = x.shape[-1] // 2
-    return F.gelu(x[..., :i], approximate="tanh") * x[..., i:]
+    return _quantized(F.gelu(x[..., :i], approximate="tanh") * x[..., i:], quantize)
 
 
 # ---------------------------------------------------------------- rope

@@ -8,8 +8,6 @@ For qkv 6144x4096, o 4096x4096, gate_up 28672x4096, down 4096x14336 and M in
   w8a8       per-channel weights: per-token activation quant + torch._scaled_mm (Fp8Linear.w8a8)
   w8a8t      M = 1 only: the same through cuBLASLt's tensorwise FP8 GEMM, the per-channel
              scales on the output after (Fp8Linear.w8a8_tensorwise)
-  swap       per-channel weights: yᵀ = W · xᵀ through the row-wise _scaled_mm, the tokens
-             padded to 16 (Fp8Linear.w8a8_swapped: the weights as the GEMM's long side)
   w8a16      per-channel weights: the Triton W8A16 kernel "ab" (Fp8Linear.w8a16, x · Wᵀ tiles)
   sab        per-channel weights: the swap-AB W8A16 kernel "swap_ab" (yᵀ = W xᵀ), M <= 64 only
   w8a8-blk   128x128 block weights: per-token-group quant + the Triton block GEMM
@@ -92,11 +90,11 @@ if SMOKE:
 COLD_BYTES = 256 << 20     # weight copies per graph: more than L2 (50 MB on an H200) several times
 CHANNEL = QuantConfig("online", "channel", "token")
 BLOCK = QuantConfig("fp8", "block", "token", block=(128, 128))
-VARIANTS = ("bf16", "w8a8", "w8a8t", "swap", "w8a16", "sab", "w8a8-blk", "w8a16-blk", "sab-blk", "quant")
+VARIANTS = ("bf16", "w8a8", "w8a8t", "w8a16", "sab", "w8a8-blk", "w8a16-blk", "sab-blk", "quant")
 KERNEL = {"w8a16": "ab", "sab": "swap_ab"}   # the W8A16 variants' kernels (triton_w8a16)
 # W8A8 against the same activation quantization in float32 (the interpreter truncates
 # to e4m3 where the GPU rounds: up to a step, 1/8); W8A16: exact products, a bf16 output
-TOL = {"w8a8": 1.5e-1 if SMOKE else 2e-2, "w8a8t": 1.5e-1 if SMOKE else 2e-2, "swap": 1.5e-1 if SMOKE else 2e-2, "w8a16": 5e-3, "sab": 5e-3}
+TOL = {"w8a8": 1.5e-1 if SMOKE else 2e-2, "w8a8t": 1.5e-1 if SMOKE else 2e-2, "w8a16": 5e-3, "sab": 5e-3}
 
 
 def log(*a):
@@ -129,8 +127,6 @@ def copies(fp8_bytes: int) -> int:
 def timed(variant: str, m: int) -> bool:
     if variant == "w8a8t":   # one token: its per-token scale is a tensorwise one
         return m == 1 and not SMOKE   # (cuBLASLt: no CPU form)
-    if variant == "swap":
-        return m <= 512 and not SMOKE
     return m <= SAB_MAX_M or not variant.startswith("sab")
 
 
@@ -144,8 +140,6 @@ def calls(lins: dict, variant: str, x: torch.Tensor) -> list:
         return [lambda lin=lin: lin.w8a8(x) for lin in lins[blk]]
     if kind == "w8a8t":
         return [lambda lin=lin: lin.w8a8_tensorwise(x) for lin in lins[blk]]
-    if kind == "swap":
-        return [lambda lin=lin: lin.w8a8_swapped(x) for lin in lins[blk]]
     return [lambda lin=lin: lin.w8a16(x, KERNEL[kind]) for lin in lins[blk]]
 
 
@@ -197,12 +191,12 @@ def check(lins: dict, x: torch.Tensor) -> list[tuple[str, float, float]]:
     res = []
     for blk in ("", "-blk"):
         lin = lins[blk][0]
-        for kind in ("w8a8", "w8a8t", "swap", "w8a16", "sab"):
-            if not timed(kind, x.shape[0]) or (blk and kind in ("w8a8t", "swap")):
+        for kind in ("w8a8", "w8a8t", "w8a16", "sab"):
+            if not timed(kind, x.shape[0]) or (blk and kind == "w8a8t"):
                 continue
-            ref = lin.reference(x.float(), quantize_activations=kind.startswith("w8a8") or kind == "swap")
+            ref = lin.reference(x.float(), quantize_activations=kind.startswith("w8a8"))
             y = (lin.w8a8(x) if kind == "w8a8" else lin.w8a8_tensorwise(x) if kind == "w8a8t"
-                 else lin.w8a8_swapped(x) if kind == "swap" else lin.w8a16(x, KERNEL[kind]))
+                 else lin.w8a16(x, KERNEL[kind]))
             res.append((kind + blk, rel(y.float(), ref), TOL[kind]))
     return res
 
@@ -349,9 +343,6 @@ def main() -> int:
             f"{cell(b['swap_ab']):>15}")
     if 1 in per_layer.get("w8a8t", {}):
         log(f"    1 tensorwise W8A8 (quant + cuBLASLt + the column scales): {cell(per_layer['w8a8t'][1]):>15}")
-    for m, us in per_layer.get("swap", {}).items():
-        log(f"  {m:>3} swapped row-wise W8A8 (quant padded + yT = W xT + transpose): {cell(us):>15}"
-            f"  against w8a8 {cell(per_layer['w8a8'][m])}")
     for kernel, per_m in best.items():
         log(f"  best {kernel} tiles: " + ", ".join(f"M={m}: {lab}" for m, (lab, _) in per_m.items()))
     log(f"implied W8A16_MAX_M = {implied} (engine/quant/linear.py has {W8A16_MAX_M}; from M in {MS}: "

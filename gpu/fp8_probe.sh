@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# One call (~8 min) for issue 12's next step: the FP8 products per M with the swapped
-# row-wise variant (gpu/fp8_gemm_bench.py, MS=1,4,16,200), where a decode step's device
-# time goes for FP8 at two --max-model-len and for bf16 (gpu/decode_profile.py), then the
-# GPU tests of the FP8 and prefill-graph paths. Results in $OUT.
+# One call (~5 min) for issue 12's next step: the FP8 products per M (gpu/fp8_gemm_bench.py,
+# MS=1,4,16,200), where a decode step's device time goes for FP8 at two --max-model-len
+# and for bf16 (gpu/decode_profile.py), then the GPU tests of the FP8 and prefill-graph
+# paths. Results in $OUT.
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1

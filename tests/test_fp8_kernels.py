@@ -51,10 +51,6 @@ def run_checks(device: torch.device) -> list[tuple[str, float, float]]:
         st = torch.tensor([0.01], device=device)
         q2, _ = triton_fp8.quantize_tokens(x, st)
         out.append((f"quantize_tokens static T={T}", _rel(q2.float(), fp8.quantize(x, st).float()), qtol))
-        qp, sp = triton_fp8.quantize_tokens(x, rows=T + 11)   # padded for a GEMM: zero rows after T
-        out.append((f"quantize_tokens rows={T + 11} T={T} K={K}",
-                    _rel(torch.cat([q.float() * s, torch.zeros(11, K, device=device)]), qp.float() * sp), qtol))
-        assert qp[T:].float().abs().max() == 0
         qg, sg = triton_fp8.quantize_token_groups(x, 128)
         rqg, rsg = fp8.quantize_groups(x, 128)
         out.append((f"quantize_token_groups T={T} K={K}", _rel(sg, rsg), 1e-6))
@@ -131,9 +127,9 @@ def run_checks(device: torch.device) -> list[tuple[str, float, float]]:
                             _rel(lin(x).float(), lin.reference(x, quantize_activations=way != "w8a16").float()), 1e-2))
                 if M == 1 and scheme.weights == "channel":   # the one-token product is the tensorwise one
                     assert way == ("tensorwise" if M1_TENSORWISE else "w8a16"), way
-                if scheme.activations == "token" and scheme.weights == "channel":   # yᵀ = W xᵀ
-                    out.append((f"Fp8Linear channel/token M={M} swapped",
-                                _rel(lin.w8a8_swapped(x).float(), lin.reference(x).float()), 1e-2))
+                if lin.takes_fp8(x):   # the input quantized by the kernel before: the same product
+                    out.append((f"Fp8Linear {scheme.weights}/{scheme.activations} M={M} {way} from Fp8Acts",
+                                _rel(lin(fp8.Fp8Acts(*triton_fp8.quantize_tokens(x))).float(), lin(x).float()), 0.0))
             picked = triton_w8a16.KERNEL["block" if scheme.weights == "block" else "row"]
             for M in (1, 5, 16):   # the W8A16 kernel `KERNEL` does not pick for these scales
                 x = rnd(M, 256, dt=torch.bfloat16)
@@ -142,6 +138,19 @@ def run_checks(device: torch.device) -> list[tuple[str, float, float]]:
                             _rel(lin.w8a16(x, kernel=other).float(),
                                  lin.reference(x, quantize_activations=False).float()), 1e-2))
     K_ = load_kernels()
+    # quantize=True: RMSNorm (alone, after the residual add) and SiLU·mul write their output
+    # as FP8 per token in their own launch: exactly quantize_tokens of their plain output
+    for T, H in [(1, 256), (5, 4096)]:
+        x, r, w = rnd(T, H, dt=adt), rnd(T, H, dt=adt), rnd(H, dt=adt)
+        for name, args in (("rms_norm", (x, w, 1e-5)), ("fused_add_rms_norm", (x, r, w, 1e-5)),
+                           ("silu_and_mul", (torch.cat([x, r], -1),))):
+            plain, fused = K_[name](*args), K_[name](*args, True)
+            if name == "fused_add_rms_norm":
+                assert torch.equal(plain[1], fused[1])   # the new residual as before
+                plain, fused = plain[0], fused[0]
+            rq, rs = triton_fp8.quantize_tokens(plain)
+            out.append((f"{name} quantize=True T={T} H={H}",
+                        max(_rel(fused.scale, rs), _rel(fused.q.float(), rq.float())), 0.0))
     # KV cache: FP8 pages with per-tensor scales
     ks, vs = 0.02, 0.03
     hk, d, ps, pages = 2, 64, 8, 24

@@ -5,12 +5,21 @@ kernels). Scales follow vLLM: value = fp8 * scale, scale = amax / 448.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8).max)   # 448
 MIN_AMAX = 1e-12                        # an all-zero row gets a tiny scale, not a division by 0
+
+
+class Fp8Acts(NamedTuple):
+    """A step's activations already quantized per token, by the kernel that made them (the
+    RMSNorm or SiLU·mul before a projection that asked for them: Linear.takes_fp8)."""
+    q: torch.Tensor       # e4m3 [T, K]
+    scale: torch.Tensor   # float32 [T, 1]
 
 
 def quantize(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

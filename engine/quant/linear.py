@@ -53,6 +53,11 @@ W8A16_MAX_M = {"row": 16, "block": 64}
 # W8A16's 95.7 at M = 1 (cuBLASLt's row-wise kernels: 131.5), batch-1 decode 293.2 against
 # 268.3 tokens/s on two servers of the same call. At M = 4 W8A16 stays (96.2 us).
 M1_TENSORWISE = True
+# Per-token activations quantized by the kernel before the projection (the RMSNorm before
+# qkv and gate_up, SiLU·mul before down: Fp8Acts), not by a launch of their own (o's input,
+# attention's output, still takes one). At batch 1 the 128 quantization launches a step
+# were 195 of its 3,474 us of kernels (gpu/results/fp8/2026-12-02-profile/).
+FUSED_ACT_QUANT = True
 
 
 def check_device(device: torch.device) -> None:
@@ -71,6 +76,7 @@ class Fp8Linear(Linear):
                  scheme: QuantConfig):
         nn.Module.__init__(self)   # not Linear's: its weight would be allocated in `dtype` first
         self.out_features, self.in_features = out_features, in_features
+        self.act_dtype = dtype     # the activations' (and the output's)
         self.scheme = scheme
         self.weight = param(out_features, in_features, dtype=fp8.FP8, device=device)
         self.bias = param(out_features, dtype=dtype, device=device) if bias else None
@@ -108,7 +114,9 @@ class Fp8Linear(Linear):
         return self.weight.float() * self.weight_scale.unsqueeze(1)
 
     # ------------------------------------------------------------------ forward
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | fp8.Fp8Acts) -> torch.Tensor:
+        if isinstance(x, fp8.Fp8Acts):   # quantized by the kernel before (takes_fp8)
+            return self.w8a8_tensorwise(x) if self.way(x.q) == "tensorwise" else self.w8a8(x)
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
         way = self.way(x2)
@@ -121,6 +129,13 @@ class Fp8Linear(Linear):
         else:
             y = self.reference(x2)
         return y.reshape(*shape[:-1], self.out_features)
+
+    def takes_fp8(self, x: torch.Tensor) -> bool:
+        """Per-token dynamic activations into row-wise or tensorwise FP8 GEMMs: the RMSNorm
+        or SiLU·mul before quantizes them in its own kernel (one launch fewer a projection)."""
+        return (FUSED_ACT_QUANT and self.lora is None and self.scheme.weights != "block"
+                and self.scheme.activations == "token" and x.dtype == self.act_dtype
+                and self.way(x) in ("tensorwise", "w8a8"))
 
     def way(self, x: torch.Tensor) -> str:
         """The product x [M, K] takes: "tensorwise", "w8a16", "w8a8" or "reference" (a host
@@ -147,11 +162,15 @@ class Fp8Linear(Linear):
         return w8a16_matmul(x, self.weight, self.weight_scale, self.bias,
                             self.scheme.block if self.scheme.weights == "block" else None, kernel=kernel)
 
-    def w8a8(self, x: torch.Tensor) -> torch.Tensor:
-        """x quantized as the scheme says, then the FP8 GEMM (cuBLASLt, or Triton for blocks)."""
+    def w8a8(self, x: torch.Tensor | fp8.Fp8Acts) -> torch.Tensor:
+        """x quantized as the scheme says (or already, per token), then the FP8 GEMM
+        (cuBLASLt, or Triton for blocks)."""
         from . import triton_fp8
 
-        if self.scheme.weights == "block":
+        if isinstance(x, fp8.Fp8Acts):
+            y = torch._scaled_mm(x.q, self.weight.t(), scale_a=x.scale, scale_b=self.weight_scale.view(1, -1),
+                                 out_dtype=self.act_dtype)
+        elif self.scheme.weights == "block":
             bk = self.scheme.block[1]
             xq, xs = triton_fp8.quantize_token_groups(x, bk)
             y = triton_fp8.block_fp8_matmul(xq, xs, self.weight, self.weight_scale, self.scheme.block, x.dtype)
@@ -163,31 +182,17 @@ class Fp8Linear(Linear):
                                  out_dtype=x.dtype)
         return y if self.bias is None else y + self.bias
 
-    def w8a8_tensorwise(self, x: torch.Tensor) -> torch.Tensor:
+    def w8a8_tensorwise(self, x: torch.Tensor | fp8.Fp8Acts) -> torch.Tensor:
         """One token [1, K] (per-token dynamic activations, per-row weights): its scale is
         the whole tensor's, so cuBLASLt's tensorwise FP8 GEMM, then the weights' per-row
-        scales on the output row; the same product as w8a8."""
+        scales on the output row, cast to the activations' dtype in the same kernel; the
+        same product as w8a8."""
         from . import triton_fp8
 
-        xq, xs = triton_fp8.quantize_tokens(x)
-        y = torch._scaled_mm(xq, self.weight.t(), scale_a=xs.reshape(()), scale_b=_one(x.device),
+        xq, xs = x if isinstance(x, fp8.Fp8Acts) else triton_fp8.quantize_tokens(x)
+        y = torch._scaled_mm(xq, self.weight.t(), scale_a=xs.reshape(()), scale_b=_one(xq.device),
                              out_dtype=torch.float32)
-        y = y.mul_(self.weight_scale).to(x.dtype)
-        return y if self.bias is None else y + self.bias
-
-    def w8a8_swapped(self, x: torch.Tensor) -> torch.Tensor:
-        """x [M, K] (per-token dynamic activations, per-row weights) as yᵀ = W · xᵀ: the
-        weights are the GEMM's long side, so cuBLASLt / CUTLASS tile them, not the few
-        tokens; the tokens padded to a multiple of 16 (the FP8 GEMM's N), both scales in
-        the epilogue (row-wise), then yᵀ's first M columns transposed back. The same
-        product as w8a8."""
-        from . import triton_fp8
-
-        m = x.shape[0]
-        xq, xs = triton_fp8.quantize_tokens(x, rows=-(-m // 16) * 16)
-        yt = torch._scaled_mm(self.weight, xq.t(), scale_a=self.weight_scale.view(-1, 1),
-                              scale_b=xs.view(1, -1), out_dtype=x.dtype)
-        y = yt[:, :m].t().contiguous()
+        y = torch.mul(y, self.weight_scale, out=torch.empty(y.shape, dtype=self.act_dtype, device=y.device))
         return y if self.bias is None else y + self.bias
 
     def reference(self, x: torch.Tensor, quantize_activations: bool = True) -> torch.Tensor:

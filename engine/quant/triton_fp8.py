@@ -26,21 +26,20 @@ MIN_AMAX = tl.constexpr(fp8.MIN_AMAX)
 
 
 @triton.jit
-def _quant_tokens_kernel(x_ptr, q_ptr, s_ptr, static_ptr, stride_x, stride_q, T,
+def _quant_tokens_kernel(x_ptr, q_ptr, s_ptr, static_ptr, stride_x, stride_q,
                          K: tl.constexpr, BLOCK: tl.constexpr, STATIC: tl.constexpr, ONE_PASS: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     row = x_ptr + t * stride_x
-    real = t < T   # rows past T (rows=) are written as zeros: a GEMM operand's padding
     offs = tl.arange(0, BLOCK)
     if STATIC:
         scale = tl.load(static_ptr)
     elif ONE_PASS:
-        x = tl.load(row + offs, mask=(offs < K) & real, other=0.0).to(tl.float32)
+        x = tl.load(row + offs, mask=offs < K, other=0.0).to(tl.float32)
         scale = tl.maximum(tl.max(tl.abs(x), 0), MIN_AMAX) / FP8_MAX
     else:
         amax = tl.zeros([BLOCK], dtype=tl.float32)
         for k0 in range(0, K, BLOCK):
-            x = tl.load(row + k0 + offs, mask=(k0 + offs < K) & real, other=0.0).to(tl.float32)
+            x = tl.load(row + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
             amax = tl.maximum(amax, tl.abs(x))
         scale = tl.maximum(tl.max(amax, 0), MIN_AMAX) / FP8_MAX
     if not STATIC:
@@ -51,32 +50,28 @@ def _quant_tokens_kernel(x_ptr, q_ptr, s_ptr, static_ptr, stride_x, stride_q, T,
         tl.store(q_ptr + t * stride_q + offs, q.to(q_ptr.dtype.element_ty), mask=offs < K)
     else:
         for k0 in range(0, K, BLOCK):
-            x = tl.load(row + k0 + offs, mask=(k0 + offs < K) & real, other=0.0).to(tl.float32)
+            x = tl.load(row + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
             q = tl.clamp(x * inv, -FP8_MAX, FP8_MAX)
             tl.store(q_ptr + t * stride_q + k0 + offs, q.to(q_ptr.dtype.element_ty), mask=k0 + offs < K)
 
 
-def quantize_tokens(x: torch.Tensor, static_scale: torch.Tensor | None = None, rows: int | None = None
+def quantize_tokens(x: torch.Tensor, static_scale: torch.Tensor | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [T, K] -> (fp8 [R, K], float32 scales [R, 1]); static_scale [1]: that scale for every
-    token; rows R >= T (default T): the rows past T are zeros (a GEMM operand padded to a
-    multiple of 16)."""
+    """x [T, K] -> (fp8 [T, K], float32 scales [T, 1]); static_scale [1]: that scale for every token."""
     T, K = x.shape
-    R = T if rows is None else rows
-    assert R >= T, (R, T)
-    q = torch.empty((R, K), dtype=FP8, device=x.device)
+    q = torch.empty((T, K), dtype=FP8, device=x.device)
     if static_scale is not None:
-        s = static_scale.view(1, 1).expand(R, 1)
+        s = static_scale.view(1, 1).expand(T, 1)
     else:
-        s = torch.empty((R, 1), dtype=torch.float32, device=x.device)
-    if R == 0:
+        s = torch.empty((T, 1), dtype=torch.float32, device=x.device)
+    if T == 0:
         return q, s
     # K is a constexpr: a model has two or three input widths, and loops to a constexpr
     # bound also run in Triton's interpreter (3.6 cannot loop to an int argument)
     one_pass = K <= 8192
     block = triton.next_power_of_2(K) if one_pass else 4096
-    _quant_tokens_kernel[(R,)](
-        x, q, s, static_scale if static_scale is not None else s, x.stride(0), q.stride(0), T,
+    _quant_tokens_kernel[(T,)](
+        x, q, s, static_scale if static_scale is not None else s, x.stride(0), q.stride(0),
         K=K, BLOCK=block, STATIC=static_scale is not None, ONE_PASS=one_pass,
         num_warps=8 if block >= 4096 else 4)
     return q, s
