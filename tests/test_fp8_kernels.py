@@ -54,6 +54,12 @@ def run_checks(device: torch.device) -> list[tuple[str, float, float]]:
         qg, sg = triton_fp8.quantize_token_groups(x, 128)
         rqg, rsg = fp8.quantize_groups(x, 128)
         out.append((f"quantize_token_groups T={T} K={K}", _rel(sg, rsg), 1e-6))
+    # the per-channel scales, cast and bias after a float32 product, in one launch
+    for T, N, bias in [(1, 3000, False), (3, 640, True)]:
+        y, sc, b = rnd(T, N), rnd(N).abs(), rnd(N, dt=adt) if bias else None
+        ref = (y * sc).to(adt) + (b if bias else 0)
+        out.append((f"scale_columns T={T} N={N} bias={bias}",
+                    _rel(triton_fp8.scale_columns(y, sc, adt, b).float(), ref.float()), 0.0))
     # the block GEMM against float32 on the same FP8 operands: exact products, the sums in
     # another order. Hopper's FP8 tensor cores (wgmma, taken from BLOCK_M=64, so M=70 here)
     # keep about 14 bits of the running sum inside one K tile (DeepSeek-V3 report, 3.3.2),

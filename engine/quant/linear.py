@@ -185,15 +185,16 @@ class Fp8Linear(Linear):
     def w8a8_tensorwise(self, x: torch.Tensor | fp8.Fp8Acts) -> torch.Tensor:
         """One token [1, K] (per-token dynamic activations, per-row weights): its scale is
         the whole tensor's, so cuBLASLt's tensorwise FP8 GEMM, then the weights' per-row
-        scales on the output row, cast to the activations' dtype in the same kernel; the
-        same product as w8a8."""
+        scales, the cast to the activations' dtype and the bias in one kernel after
+        (triton_fp8.scale_columns: torch's mul into a bf16 output took 2.6 us a launch on
+        the H200, more than a float32 mul and a cast, gpu/results/fp8/2026-12-02-fused/);
+        the same product as w8a8."""
         from . import triton_fp8
 
         xq, xs = x if isinstance(x, fp8.Fp8Acts) else triton_fp8.quantize_tokens(x)
         y = torch._scaled_mm(xq, self.weight.t(), scale_a=xs.reshape(()), scale_b=_one(xq.device),
                              out_dtype=torch.float32)
-        y = torch.mul(y, self.weight_scale, out=torch.empty(y.shape, dtype=self.act_dtype, device=y.device))
-        return y if self.bias is None else y + self.bias
+        return triton_fp8.scale_columns(y, self.weight_scale, self.act_dtype, self.bias)
 
     def reference(self, x: torch.Tensor, quantize_activations: bool = True) -> torch.Tensor:
         """The CPU's product, and the check of the CUDA one: dequantized weights, and the

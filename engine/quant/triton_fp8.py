@@ -5,6 +5,8 @@ for the tests):
   read of the row, its amax and the quantized write), dynamic or with a static scale;
   what `torch._scaled_mm` takes as A before a per-channel-scaled weight.
 - `quantize_token_groups`: one scale per token and group of 128 columns (block weights).
+- `scale_columns`: a float32 product times the weights' per-channel scales (+ bias), cast
+  to the activation dtype, in one launch (after the tensorwise GEMM of a one-token step).
 - `block_fp8_matmul`: y = (A · Bᵀ) with A scaled per token and group, B per [bn, bk]
   block (the "fp8" checkpoints' `weight_scale_inv`); accumulates in float32, one scale
   product per K tile.
@@ -99,6 +101,32 @@ def quantize_token_groups(x: torch.Tensor, group: int) -> tuple[torch.Tensor, to
         _quant_groups_kernel[(T, G)](x, q, s, K, G, x.stride(0), q.stride(0), s.stride(0),
                                      GROUP=group, num_warps=1 if group <= 128 else 4)
     return q, s
+
+
+@triton.jit
+def _scale_columns_kernel(y_ptr, s_ptr, b_ptr, o_ptr, N, stride_y, stride_o, BLOCK: tl.constexpr,
+                          HAS_BIAS: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    y = tl.load(y_ptr + t * stride_y + offs, mask=mask, other=0.0) * tl.load(s_ptr + offs, mask=mask, other=0.0)
+    if HAS_BIAS:
+        y = y.to(o_ptr.dtype.element_ty).to(tl.float32) + tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(o_ptr + t * stride_o + offs, y.to(o_ptr.dtype.element_ty), mask=mask)
+
+
+def scale_columns(y: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype,
+                  bias: torch.Tensor | None = None) -> torch.Tensor:
+    """y float32 [T, N] * scale float32 [N] (+ bias [N], added after rounding to dtype, as
+    the unfused `(y * s).to(dtype) + bias` does) -> dtype [T, N]."""
+    T, N = y.shape
+    out = torch.empty((T, N), dtype=dtype, device=y.device)
+    if T:
+        block = 1024
+        _scale_columns_kernel[(T, triton.cdiv(N, block))](
+            y, scale, bias if bias is not None else scale, out, N, y.stride(0), out.stride(0),
+            BLOCK=block, HAS_BIAS=bias is not None, num_warps=4)
+    return out
 
 
 @triton.jit
