@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
-"""Where a decode step's device time goes: the engine in-process on the 8B shape (dummy
-weights), one stream (batch-1) and then 200 streams decoding steadily, each window recorded
-with torch.profiler (CUPTI: kernels inside CUDA graph replays too). Per window: kernels
-grouped by name, their device time per step, and the device's busy share of the wall time
-(near 100 %: device-bound; well below: the host or the gaps between kernels hold it up).
+"""Where a step's device time goes: the engine in-process on the 8B shape (dummy weights),
+recorded with torch.profiler (CUPTI: kernels inside CUDA graph replays too) over four
+windows: one stream and 200 streams decoding steadily (one second each, every stream
+already decoding), 200 requests of 24 prompt / 128 output tokens sent at once (the
+200-stream bench scenario, recorded from the first submit to the last token), and one
+16K-token prompt to its first token (with --max-model-len above 16K). Per window: kernels
+grouped by name with their device time per step, and the device's busy share of the wall
+time (near 100 %: device-bound; well below: the host or the gaps between kernels).
 
     python3 gpu/decode_profile.py MODEL_DIR [--quantization fp8] [--max-model-len N] [OUT.json]
 
@@ -55,38 +58,45 @@ def main() -> int:
     tokens = collections.Counter()
     lock = threading.Lock()
 
+    done = threading.Event()
+    waiting = collections.Counter()
+
     def on_out(o) -> None:
         with lock:
             tokens["n"] += len(o.token_ids)
+            if o.finished:
+                waiting["n"] -= 1
+                if waiting["n"] == 0:
+                    done.set()
 
-    def window(name: str, streams: int) -> dict:
-        params = SamplingParams(max_tokens=1500, temperature=0.0, ignore_eos=True)
-        ids = [eng.submit([(7 * i + j) % 1000 + 10 for j in range(24)], params, on_out) for i in range(streams)]
-        time.sleep(2.0 + streams / 100)   # the prompts prefilled, every stream decoding
+    def prompt(i: int, n: int) -> list[int]:
+        return [(7 * i + j) % 1000 + 10 for j in range(n)]
+
+    def profiled(run) -> tuple:
+        """run() inside a CUDA-only profile (no host ops slowed): (kernels {name: [us, calls]},
+        steps, wall s, tokens) of that span."""
         acts = [torch.profiler.ProfilerActivity.CUDA if torch.cuda.is_available()
-                else torch.profiler.ProfilerActivity.CPU]   # CUDA alone: no host ops slowed
+                else torch.profiler.ProfilerActivity.CPU]
         with torch.profiler.profile(activities=acts) as prof:
             steps0, n0, t0 = eng._steps, tokens["n"], time.perf_counter()
-            time.sleep(a.window_s)
+            run()
             steps, wall, n = eng._steps - steps0, time.perf_counter() - t0, tokens["n"] - n0
-        for rid in ids:
-            eng.abort(rid)
-        time.sleep(0.5)
         kernels = collections.defaultdict(lambda: [0.0, 0])
-        busy = 0.0
         for e in prof.events():
             if e.device_type == torch.autograd.DeviceType.CUDA:
                 k = kernels[e.name[:90]]
-                us = e.device_time if hasattr(e, "device_time") else e.cuda_time
-                k[0] += us
+                k[0] += e.device_time if hasattr(e, "device_time") else e.cuda_time
                 k[1] += 1
-                busy += us
+        return kernels, steps, wall, n
+
+    def report(name: str, streams: int, kernels: dict, steps: int, wall: float, n: int) -> dict:
+        busy = sum(us for us, _ in kernels.values())
         rows = sorted(([nm, us / max(steps, 1), c / max(steps, 1)] for nm, (us, c) in kernels.items()),
                       key=lambda r: -r[1])
         out = {"window": name, "streams": streams, "steps": steps, "wall_s": wall, "tokens": n,
                "wall_ms_per_step": wall * 1e3 / max(steps, 1), "busy_ms_per_step": busy / 1e3 / max(steps, 1),
                "kernels": rows}
-        print(f"\n== {name}: {streams} streams, {steps} steps in {wall:.2f} s "
+        print(f"\n== {name}: {streams} streams, {steps} steps in {wall:.3f} s "
               f"({out['wall_ms_per_step']:.3f} ms a step wall, {out['busy_ms_per_step']:.3f} ms of kernels, "
               f"{100 * out['busy_ms_per_step'] / max(out['wall_ms_per_step'], 1e-9):.0f} % busy; "
               f"{n / wall:.0f} tokens/s)", flush=True)
@@ -95,7 +105,38 @@ def main() -> int:
             print(f"{us:9.1f} {c:10.1f}  {nm}")
         return out
 
-    res = {"config": vars(a), "windows": [window("batch-1", 1), window("200 streams", 200)]}
+    def steady(name: str, streams: int) -> dict:
+        """streams decoding long outputs, a window of window_s once every one decodes."""
+        params = SamplingParams(max_tokens=1500, temperature=0.0, ignore_eos=True)
+        ids = [eng.submit(prompt(i, 24), params, on_out) for i in range(streams)]
+        time.sleep(2.0 + streams / 100)   # the prompts prefilled, every stream decoding
+        res = profiled(lambda: time.sleep(a.window_s))
+        for rid in ids:
+            eng.abort(rid)
+        time.sleep(0.5)
+        return report(name, streams, *res)
+
+    def wave(name: str, streams: int, prompt_len: int, max_tokens: int) -> dict:
+        """streams sent at once, recorded from the first submit to the last output (as a
+        bench scenario's requests): the ramp, the prefills and the tail included."""
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+
+        def run() -> None:
+            done.clear()
+            waiting["n"] = streams
+            for i in range(streams):
+                eng.submit(prompt(1000 + i, prompt_len), params, on_out)
+            done.wait(60)
+
+        run()   # once unrecorded: the shapes' first launches (a cuDNN plan for a new length)
+        time.sleep(0.3)
+        return report(name, streams, *profiled(run))
+
+    windows = [steady("batch-1", 1), steady("200 streams", 200),
+               wave("200 x (24 in, 128 out) at once", 200, 24, 128)]
+    if a.max_model_len > 16384:
+        windows.append(wave("one 16K prompt to its first token", 1, 16384, 1))
+    res = {"config": vars(a), "windows": windows}
     Path(a.out).write_text(json.dumps(res, indent=1))
     eng.shutdown()
     return 0
