@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import itertools
 import json
 import sys
 import threading
@@ -37,6 +38,7 @@ def main() -> int:
     ap.add_argument("--max-model-len", type=int, default=17408)
     ap.add_argument("--max-num-seqs", type=int, default=256)
     ap.add_argument("--window-s", type=float, default=1.0)
+    ap.add_argument("--windows", default="steady,wave,16k", help="which of steady, wave, 16k")
     ap.add_argument("--device", default="auto")   # cpu: a smoke run (no kernels recorded)
     ap.add_argument("--unfused-act-quant", action="store_true",
                     help="FP8: quantize activations in launches of their own (FUSED_ACT_QUANT off)")
@@ -69,8 +71,11 @@ def main() -> int:
                 if waiting["n"] == 0:
                     done.set()
 
-    def prompt(i: int, n: int) -> list[int]:
-        return [(7 * i + j) % 1000 + 10 for j in range(n)]
+    runs = itertools.count()
+
+    def prompt(i: int, n: int, run: int = 0) -> list[int]:
+        """Prompt i of a run: distinct from every other run's (no prefix-cache hits)."""
+        return [(7 * i + j + 389 * run) % 1000 + 10 for j in range(n)]
 
     def profiled(run) -> tuple:
         """run() inside a CUDA-only profile (no host ops slowed): (kernels {name: [us, calls]},
@@ -124,17 +129,21 @@ def main() -> int:
         def run() -> None:
             done.clear()
             waiting["n"] = streams
+            r = next(runs) + 1
             for i in range(streams):
-                eng.submit(prompt(1000 + i, prompt_len), params, on_out)
+                eng.submit(prompt(i, prompt_len, r), params, on_out)
             done.wait(60)
 
         run()   # once unrecorded: the shapes' first launches (a cuDNN plan for a new length)
         time.sleep(0.3)
         return report(name, streams, *profiled(run))
 
-    windows = [steady("batch-1", 1), steady("200 streams", 200),
-               wave("200 x (24 in, 128 out) at once", 200, 24, 128)]
-    if a.max_model_len > 16384:
+    windows = []
+    if "steady" in a.windows:
+        windows += [steady("batch-1", 1), steady("200 streams", 200)]
+    if "wave" in a.windows:
+        windows.append(wave("200 x (24 in, 128 out) at once", 200, 24, 128))
+    if "16k" in a.windows and a.max_model_len > 16384:
         windows.append(wave("one 16K prompt to its first token", 1, 16384, 1))
     res = {"config": vars(a), "windows": windows}
     Path(a.out).write_text(json.dumps(res, indent=1))
