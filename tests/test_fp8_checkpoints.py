@@ -153,6 +153,11 @@ def test_fp8_on_gpu_matches_the_cpu_reference(base, tmp_path, monkeypatch, fmt, 
     gpu.start()
     try:
         assert gpu.runner.graphs, "decode CUDA graphs were not captured"
+        if fmt == "channel" and path == "w8a8":   # the RMSNorm / SiLU·mul before quantize: checked too
+            L = gpu.runner.model.layers[0]
+            for m in (1, 24):
+                h = torch.empty(m, L.qkv.in_features, dtype=torch.bfloat16, device="cuda")
+                assert [p.takes_fp8(h) for p in (L.qkv, L.gate_up, L.down)] == [True] * 3
         got = S.engine_logprobs(gpu, seq)
         out = generate(gpu, [seq[:5], seq[:9]], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
     finally:
