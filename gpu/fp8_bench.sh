@@ -33,11 +33,9 @@ OUT="$W" timeout ${GEMM_TIMEOUT:-180} $PY gpu/fp8_gemm_bench.py > "$W/fp8_gemm.t
 echo "gemm bench: $(grep -E '^implied|^FAILED' "$W/fp8_gemm.txt" || tail -1 "$W/fp8_gemm.txt")"
 
 # 1. correctness first: the FP8 kernels and FP8 checkpoints on the GPU (skipped on the CPU)
-if [ "${TESTS:-1}" = 1 ]; then   # TESTS=0: a call that ran them already
-  timeout 240 $PY -m pytest -q -p no:randomly -m gpu tests/test_fp8_kernels.py tests/test_fp8_checkpoints.py \
-      > "$W/gpu-tests.txt" 2>&1
-  echo "gpu tests: $(tail -1 "$W/gpu-tests.txt")"
-fi
+timeout 240 $PY -m pytest -q -p no:randomly -m gpu tests/test_fp8_kernels.py tests/test_fp8_checkpoints.py \
+    > "$W/gpu-tests.txt" 2>&1
+echo "gpu tests: $(tail -1 "$W/gpu-tests.txt")"
 
 M=/tmp/zerod-dummy-$SHAPE
 $PY gpu/server_make_model.py "$M" --shape $SHAPE > /dev/null || exit 1

@@ -51,17 +51,20 @@ def test_each_adapter_alone_equals_peft(setup):
         eng.shutdown(0)
 
 
+def _every_pair_equals_peft(eng, ps, want, where: str) -> None:
+    """Every prompt under every adapter and the base, all in one wave: PEFT's tokens."""
+    jobs = [(p, n) for p in ps for n in [None, *ADAPTERS]]
+    for (p, n), g in zip(jobs, generate(eng, jobs, GREEDY)):
+        assert g["token_ids"] == want[n][ps.index(p)], f"adapter {n} {where}"
+
+
 def test_mixed_batch_equals_each_alone(setup):
     """Every prompt under every adapter and the base, all in one wave: rows of four kinds
     share prefill chunks and decode steps."""
     base, paths, ps, want = setup
     eng = engine(base, paths, max_loras=3)
     try:
-        names = [None, *ADAPTERS]
-        jobs = [(p, n) for p in ps for n in names]
-        got = generate(eng, jobs, GREEDY)
-        for (p, n), g in zip(jobs, got):
-            assert g["token_ids"] == want[n][ps.index(p)], f"adapter {n} in a mixed batch"
+        _every_pair_equals_peft(eng, ps, want, "in a mixed batch")
         assert eng.stats().kv_pages_free == eng.stats().kv_pages_total
     finally:
         eng.shutdown(0)
@@ -82,11 +85,7 @@ def test_mixed_batch_through_the_padded_prefill_equals_peft(setup):
                                                         set(p.lora_rows[:p.n_real].tolist())), run(p))[1]
     eng.start()
     try:
-        names = [None, *ADAPTERS]
-        jobs = [(p, n) for p in ps for n in names]
-        got = generate(eng, jobs, GREEDY)
-        for (p, n), g in zip(jobs, got):
-            assert g["token_ids"] == want[n][ps.index(p)], f"adapter {n} through the padded prefill"
+        _every_pair_equals_peft(eng, ps, want, "through the padded prefill")
     finally:
         eng.shutdown(0)
     assert any(s is not None and len(s - {0}) > 1 for s in seen), seen

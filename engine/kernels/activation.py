@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from ..quant.fp8 import FP8, Fp8Acts
-from .norm import store_fp8_row
+from ..quant.triton_fp8 import store_fp8_row
 
 
 @triton.jit

@@ -17,20 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..quant.fp8 import FP8, FP8_MAX as _FP8_MAX, MIN_AMAX as _MIN_AMAX, Fp8Acts
-
-FP8_MAX = tl.constexpr(_FP8_MAX)     # Triton reads module globals only as constexprs
-MIN_AMAX = tl.constexpr(_MIN_AMAX)
-
-
-@triton.jit
-def store_fp8_row(y, offs, mask, q_ptr, s_ptr, row):
-    """y (a row, float32, already rounded to the activation dtype; 0 where masked) as e4m3
-    with its scale: triton_fp8.quantize_tokens' arithmetic."""
-    scale = tl.maximum(tl.max(tl.abs(y), 0), MIN_AMAX) / FP8_MAX
-    tl.store(s_ptr + row, scale)
-    q = tl.clamp(y * (1.0 / scale), -FP8_MAX, FP8_MAX)
-    tl.store(q_ptr + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
+from ..quant.fp8 import FP8, Fp8Acts
+from ..quant.triton_fp8 import store_fp8_row
 
 
 @triton.jit

@@ -4,6 +4,8 @@ for the tests):
 - `quantize_tokens`: activations to e4m3 with one scale per token, in one launch (the
   read of the row, its amax and the quantized write), dynamic or with a static scale;
   what `torch._scaled_mm` takes as A before a per-channel-scaled weight.
+- `store_fp8_row`: the same for a row already in registers (called from the RMSNorm and
+  SiLU·mul kernels when the next projection takes FP8: Linear.takes_fp8).
 - `quantize_token_groups`: one scale per token and group of 128 columns (block weights).
 - `scale_columns`: a float32 product times the weights' per-channel scales (+ bias), cast
   to the activation dtype, in one launch (after the tensorwise GEMM of a one-token step).
@@ -25,6 +27,17 @@ from .fp8 import FP8
 
 FP8_MAX = tl.constexpr(fp8.FP8_MAX)     # Triton reads module globals only as constexprs
 MIN_AMAX = tl.constexpr(fp8.MIN_AMAX)
+
+
+@triton.jit
+def store_fp8_row(y, offs, mask, q_ptr, s_ptr, row):
+    """y (a row, float32, already rounded to the activation dtype; 0 where masked) as e4m3
+    with its scale: quantize_tokens' one-pass arithmetic, for the kernels that quantize
+    the row they made (RMSNorm, SiLU·mul)."""
+    scale = tl.maximum(tl.max(tl.abs(y), 0), MIN_AMAX) / FP8_MAX
+    tl.store(s_ptr + row, scale)
+    q = tl.clamp(y * (1.0 / scale), -FP8_MAX, FP8_MAX)
+    tl.store(q_ptr + offs, q.to(q_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
