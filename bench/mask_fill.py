@@ -86,7 +86,7 @@ def _tokenizer(which: str, big: Path):
 
 def _pick(masks: torch.Tensor, vocab: int, gen: torch.Generator) -> list[int]:
     """One token per mask row, uniform over the allowed ones (random logits under the mask)."""
-    from zerod.engine.grammar_mask import apply_bitmask
+    from zerod.engine.sampling.grammar_mask import apply_bitmask
 
     n = masks.shape[0]
     logits = apply_bitmask(torch.rand(n, vocab, generator=gen), torch.arange(n), masks)
@@ -95,8 +95,8 @@ def _pick(masks: torch.Tensor, vocab: int, gen: torch.Generator) -> list[int]:
 
 def run(which: str, rows: int = 64, steps: int = 128, threads: int | None = None,
         big: Path = _BIG, seed: int = 0) -> dict:
-    from zerod.engine import grammar_mask, structured
-    from zerod.engine.structured import GrammarCompiler, GrammarSpec
+    from zerod.engine.sampling import grammar_mask, structured
+    from zerod.engine.sampling.structured import GrammarCompiler, GrammarSpec
 
     import xgrammar as xgr
 

@@ -35,9 +35,9 @@ class _StubModel:
 
 
 def run(n: int = 200, steps: int = 300, mix: bool = False) -> dict:
-    from zerod.engine.engine import Engine, EngineConfig
-    from zerod.engine.request import Request, SamplingParams
-    from zerod.engine.sampler import row_class
+    from zerod.engine.core.engine import Engine, EngineConfig
+    from zerod.engine.core.request import Request, SamplingParams
+    from zerod.engine.sampling.sampler import row_class
 
     eng = Engine(EngineConfig(model="demo", device="cpu", max_model_len=1024, kv_pages=4096,
                               max_num_seqs=n, seed=0))

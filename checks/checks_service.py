@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 
 from zerod.engine.config import EngineError
-from zerod.engine.sizing import (DTYPE_BYTES, FP8_KV, kv_bytes_per_token, kv_cache_dtype,  # torch-free:
+from zerod.engine.spec.sizing import (DTYPE_BYTES, FP8_KV, kv_bytes_per_token, kv_cache_dtype,  # torch-free:
                                  serving_dtype)                                            # the engine's own formula
 
 from .checks_gpu import GiB, field, label

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-from zerod.engine.sizing import param_count  # torch-free: the engine's own formula
+from zerod.engine.spec.sizing import param_count  # torch-free: the engine's own formula
 
 from .facts import Facts
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import click
 from zerod.cli import CONTEXT_SETTINGS
 from zerod.engine.config import KV_CACHE_DTYPES, QUANTIZATIONS, EngineConfig, EngineError
-from zerod.engine.tools import PARSERS
+from zerod.engine.api.tools import PARSERS
 
 # Each engine flag's default is EngineConfig's (one owner).
 _DEFAULT = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
@@ -278,7 +278,7 @@ def serve(model, served_model_name, tokenizer, dtype, load_format, quantization,
     from zerod.logs import setup_logging  # the daemon's format: one journal, one format
 
     setup_logging(log_level)
-    from zerod.engine.http_edge import PortTaken, bind_socket
+    from zerod.engine.api.http_edge import PortTaken, bind_socket
 
     names = list(served_model_name)
     try:
@@ -305,7 +305,7 @@ def serve(model, served_model_name, tokenizer, dtype, load_format, quantization,
         click.echo(f"zerod serve: error: {exc.strerror}", err=True)
         sys.exit(1)
     try:
-        from zerod.engine.engine import Engine
+        from zerod.engine.core.engine import Engine
 
         click.echo(f"zerod serve: loading {model} ...", err=True)
         engine = Engine(config)
@@ -315,8 +315,8 @@ def serve(model, served_model_name, tokenizer, dtype, load_format, quantization,
         click.echo(f"zerod serve: error: {exc}", err=True)
         sys.exit(1)
 
-    from zerod.engine.cors import CorsPolicy
-    from zerod.engine.server import serve_async
+    from zerod.engine.api.cors import CorsPolicy
+    from zerod.engine.api.server import serve_async
 
     cors = CorsPolicy(tuple(allowed_origins), tuple(allowed_methods), tuple(allowed_headers),
                       allow_credentials)

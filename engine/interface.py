@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, runtime_checkable
 
-from .request import RequestOutput, SamplingParams
+from .core.request import RequestOutput, SamplingParams
 
 
 @dataclass

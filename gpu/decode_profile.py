@@ -48,8 +48,8 @@ def main() -> int:
         linear.FUSED_ACT_QUANT = False
 
     from zerod.engine.config import EngineConfig
-    from zerod.engine.engine import Engine
-    from zerod.engine.request import SamplingParams
+    from zerod.engine.core.engine import Engine
+    from zerod.engine.core.request import SamplingParams
 
     eng = Engine(EngineConfig(model=a.model, load_format="dummy", quantization=a.quantization,
                               kv_cache_dtype=a.kv_cache_dtype, max_model_len=a.max_model_len,

@@ -41,7 +41,7 @@ import torch  # noqa: E402
 
 from zerod.engine import ops  # noqa: E402
 from zerod.engine.demo import generate, make_checkpoint, write_tokenizer  # noqa: E402
-from zerod.engine.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
+from zerod.engine.core.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
 
 RESULTS: dict = {}
 

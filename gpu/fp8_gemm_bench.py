@@ -4,7 +4,7 @@ which M (the step's tokens), and so Fp8Linear's W8A16_MAX_M (engine/quant/linear
 
 For qkv 6144x4096, o 4096x4096, gate_up 28672x4096, down 4096x14336 and M in
 (1, 4, 16, 64, 200, 512, 2048), through the engine's own code:
-  bf16       the unquantized projection (engine/linear.py's Linear: F.linear)
+  bf16       the unquantized projection (engine/model/linear.py's Linear: F.linear)
   w8a8       per-channel weights: per-token activation quant + torch._scaled_mm (Fp8Linear.w8a8)
   w8a8t      M = 1 only: the same through cuBLASLt's tensorwise FP8 GEMM, the per-channel
              scales on the output after (Fp8Linear.w8a8_tensorwise)
@@ -56,7 +56,7 @@ if SMOKE:
     from kernel_checks import patch_triton_interpreter  # noqa: E402
     patch_triton_interpreter()
 
-from zerod.engine.linear import Linear  # noqa: E402
+from zerod.engine.model.linear import Linear  # noqa: E402
 from zerod.engine.quant import triton_fp8, triton_w8a16  # noqa: E402
 from zerod.engine.quant.config import QuantConfig  # noqa: E402
 from zerod.engine.quant.linear import W8A16_MAX_M, Fp8Linear  # noqa: E402

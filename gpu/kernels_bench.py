@@ -5,7 +5,7 @@ One call on the device H200 (see gpu/kernels_device.sh):
   1. the ceilings: device-to-device copy bandwidth (read + write bytes);
   2. every kernel against the torch references on fresh random inputs
      (tests/kernel_checks.py; 8B shapes included) - nothing is timed if one fails;
-  3. each kernel vs the torch reference (engine/ops.py with its kernels off, else
+  3. each kernel vs the torch reference (engine/model/ops.py with its kernels off, else
      kernels/reference.py) with triton.testing.do_bench (median; it clears L2
      before each run), at the Llama-3-8B shapes: hidden 4096, 32 q heads, 8 kv
      heads, head_dim 128, intermediate 14336; decode batch 1/32/200 with contexts
@@ -118,7 +118,7 @@ def tm(fn, rep=100):
 def refs():
     """ops.py's torch references with dispatch off (the engine's own), else kernels/reference.py."""
     try:
-        from zerod.engine import ops
+        from zerod.engine.model import ops
 
         def wrap(name):
             fn = getattr(ops, name)
@@ -129,7 +129,7 @@ def refs():
             return call
         r = {n: wrap(n) for n in KERNEL_NAMES if hasattr(ops, n)}
         if len(r) == len(KERNEL_NAMES):
-            return r, "engine/ops.py"
+            return r, "engine/model/ops.py"
     except Exception as exc:  # noqa: BLE001
         log("ops.py not usable:", repr(exc))
     r = dict(own_ref.REFERENCES)

@@ -60,10 +60,10 @@ def per_call_us(fn, dev, n: int = 200) -> float:
 
 
 def main() -> None:
-    from zerod.engine import ops
+    from zerod.engine.model import ops
     from zerod.engine.config import EngineConfig
-    from zerod.engine.engine import build_rank
-    from zerod.engine.model import AttnMeta
+    from zerod.engine.core.engine import build_rank
+    from zerod.engine.model.decoder import AttnMeta
 
     model_dir = Path(sys.argv[1])
     cfg = EngineConfig(model=str(model_dir), load_format="dummy", enable_lora=True, max_loras=SLOTS - 1,

@@ -193,7 +193,7 @@ def step_projection(lora, dev, dt) -> tuple[list[dict], list[str]]:
     shrink after each product (a quantized projection's way), and the shrink carried in the
     product (A in the tail rows of the weight, a plain projection's way). One group_rows a
     step is added to both."""
-    from zerod.engine.linear import Linear
+    from zerod.engine.model.linear import Linear
     from zerod.engine.lora.slabs import LoraBatch, LoraProjection
 
     g = torch.Generator(device=dev).manual_seed(3)

@@ -28,7 +28,7 @@ from lora_kernels_bench import LAYERS, PROJ, SLOTS, SMOKE, Problem, graph_us  # 
 def carried(p, segs, K, dev, dt):
     """The engine's own LoraProjection over a Linear of p's weight, A in the weight's tail
     rows (lora/slabs.py), and the xa columns of its product: (product fn, xa of a product)."""
-    from zerod.engine.linear import Linear
+    from zerod.engine.model.linear import Linear
     from zerod.engine.lora.slabs import LoraBatch, LoraProjection
 
     lin = Linear(sum(segs), K, bias=False, dtype=dt, device=dev)

@@ -1,7 +1,7 @@
 """`zerod serve` under one variant of gpu/prefill_graphs_bench.sh:
     python3 gpu/prefill_graphs_serve.py VARIANT serve ARGS...
 
-shipped:    as shipped (engine/model_runner.py): a step's prompt chunks, up to
+shipped:    as shipped (engine/runner/model_runner.py): a step's prompt chunks, up to
             PREFILL_GRAPH_SEQS of them and PREFILL_GRAPH_TOKENS' largest count, are
             prefilled by a CUDA graph whether or not other streams decode;
 idle-only:  graphs only for the prompts of an idle engine (steps with decodes prefill
@@ -13,7 +13,7 @@ before:     the rule before 786a8d2: a graph only for a lone chunk that complete
 from __future__ import annotations
 
 from serve_variant import serve
-from zerod.engine import model_runner
+from zerod.engine.runner import model_runner
 
 
 def _idle_only() -> None:

@@ -1,7 +1,7 @@
 """Does SDPA pay per new sequence length? (H200, < 1 min)
 
 The engine's fresh prompts go through F.scaled_dot_product_attention one sequence at a
-time (engine/model.py `_sdpa_varlen`), so every new prompt length is a new shape. A
+time (engine/model/decoder.py `_sdpa_varlen`), so every new prompt length is a new shape. A
 backend that builds a plan per shape (cuDNN's attention does) pays that on the step
 thread's CPU the first time: the third session's slow launches (100-154 ms of the step
 thread's own CPU, steps prefilling new prompts of varied lengths) and each FP8 server's
@@ -10,7 +10,7 @@ first 16K prompts (0.6-1.1 s to launch) would fit.
 For the 8B attention shape (32 query heads, 8 KV heads, head_dim 128, bf16, causal, GQA)
 and lengths the ramp's chunks had: per backend (the default's choice, then each one
 forced) the host milliseconds of the first and the third call at each length, and the
-device milliseconds of the third; then the default with engine/model.py's padded
+device milliseconds of the third; then the default with engine/model/decoder.py's padded
 lengths (`sdpa_length`, what SDPA_PAD_LENGTHS would do). Last, a verdict line.
 
     python3 gpu/sdpa_shapes.py [OUT.json]
@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from zerod.engine.model import sdpa_length  # noqa: E402
+from zerod.engine.model.decoder import sdpa_length  # noqa: E402
 
 HQ, HK, D = 32, 8, 128
 LENGTHS = (31, 45, 98, 114, 128, 200, 511, 2048, 16368, 16384)

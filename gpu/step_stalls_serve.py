@@ -3,7 +3,7 @@
 
 cudnn-every-length: the rule before, fresh prompts' SDPA through the default backend
                     (cuDNN's on the H200) at their own lengths: a plan built per new length;
-shipped:            as shipped (engine/model.py: the plan-free backends up to
+shipped:            as shipped (engine/model/decoder.py: the plan-free backends up to
                     SDPA_FLASH_MAX_LEN, the default above with lengths padded to buckets);
 profiled:           as shipped, sampled by py-spy (gpu/step_stalls.sh starts it): where the
                     step thread's CPU goes in what slow launches are left.
@@ -14,7 +14,8 @@ build is ~42 ms.
 from __future__ import annotations
 
 from serve_variant import serve
-from zerod.engine import engine, model
+from zerod.engine.core import engine
+from zerod.engine.model import decoder as model
 
 
 def _slow_launches_logged() -> None:

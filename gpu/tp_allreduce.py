@@ -42,7 +42,7 @@ def _time(fn, iters: int, cuda: bool) -> float:
 
 
 def rank_main(rank: int, world: int, port: int, a, out: str) -> None:
-    from zerod.engine.parallel import TPGroup
+    from zerod.engine.tp.parallel import TPGroup
 
     cuda = a.device == "cuda"
     dev = torch.device("cuda", rank) if cuda else torch.device("cpu")

@@ -7,7 +7,7 @@
 # Phases (each timed, a table last):
 #   1. the GPU tests of tensor parallelism (tests/test_engine_tp.py -m gpu; need 2 GPUs)
 #   2. the all-reduce per layer at the decode hidden size (gpu/tp_allreduce.py, through
-#      engine/parallel.py's group): eager and inside a CUDA graph, vs the link's ~400 GB/s
+#      engine/tp/parallel.py's group): eager and inside a CUDA graph, vs the link's ~400 GB/s
 #   3. Llama-3-8B shape, dummy bf16: batch-1 decode at TP=1, then TP=2 (the ratio)
 #   4. Llama-3-70B shape, dummy bf16, TP=2: batch-1 decode, 200 streams (24 in / 128 out)
 #      throughput and TTFT p50/p99; ready time (dummy init + graph capture) printed

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from zerod.engine.demo import generate, write_tokenizer
-from zerod.engine.engine import Engine, EngineConfig, SamplingParams
+from zerod.engine.core.engine import Engine, EngineConfig, SamplingParams
 
 PROMPT_LENS = [1, 3, 4, 5, 15, 16, 17, 33, 47]
 NEW = 12

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from zerod.engine.demo import write_tokenizer
-from zerod.engine.engine import Engine, EngineConfig
+from zerod.engine.core.engine import Engine, EngineConfig
 from zerod.engine.quant import fp8
 
 # every width a multiple of 128, so [128, 128] blocks tile each projection and each fused part

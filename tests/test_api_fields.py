@@ -9,7 +9,7 @@ import json
 
 import pytest
 from test_server_fake import FakeEngine, _post
-from zerod.engine.server import ServerThread
+from zerod.engine.api.server import ServerThread
 
 MSGS = [{"role": "user", "content": "hi"}]
 TOOLS = [{"type": "function", "function": {"name": "f"}}]

@@ -15,7 +15,7 @@ pytest.importorskip("transformers")
 
 from families_support import hf_checkpoint, hf_model
 from zerod.engine.demo import generate
-from zerod.engine.engine import Engine, EngineConfig, SamplingParams
+from zerod.engine.core.engine import Engine, EngineConfig, SamplingParams
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +51,7 @@ def test_prompt_logprobs_on_the_device_equal_transformers(ckpt):
 
 
 def test_masked_streams_on_the_device_are_all_valid(ckpt):
-    from zerod.engine.structured import GrammarSpec
+    from zerod.engine.sampling.structured import GrammarSpec
 
     schema = {"type": "object", "additionalProperties": False, "required": ["a", "b"],
               "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 999},

@@ -16,8 +16,8 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("transformers")
 
 from families_support import hf_checkpoint, hf_model
-from zerod.engine.protocol import MAX_PROMPT_LOGPROB_ENTRIES
-from zerod.engine.server import ServerThread
+from zerod.engine.api.protocol import MAX_PROMPT_LOGPROB_ENTRIES
+from zerod.engine.api.server import ServerThread
 
 PROMPTS = [[0, 37, 81, 5, 120, 77, 9, 200, 13, 64, 33, 150, 151, 7, 90, 45, 61, 88, 99, 140,
             12, 18, 230, 5, 6, 71, 72, 44, 19],          # 29 tokens: two chunks of 16
@@ -28,7 +28,7 @@ K = 3
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    from zerod.engine.engine import Engine, EngineConfig
+    from zerod.engine.core.engine import Engine, EngineConfig
 
     d = hf_checkpoint(tmp_path_factory.mktemp("llama"), "LlamaConfig", "LlamaForCausalLM",
                       hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -171,7 +171,7 @@ def test_prompt_logprob_bounds_are_400s(served):
     assert status == 400 and body["error"]["param"] == "prompt_logprobs"
     status, body = _post(srv, "/v1/completions", {"prompt": "x", "prompt_logprobs": 21})
     assert status == 400 and body["error"]["param"] == "prompt_logprobs"
-    from zerod.engine.protocol import CompletionRequest, check_prompt_logprobs, APIError
+    from zerod.engine.api.protocol import CompletionRequest, check_prompt_logprobs, APIError
     req = CompletionRequest(kind="completion", model=None, logprobs=20, prompt_logprobs=20,
                             echo=True)
     check_prompt_logprobs(req, MAX_PROMPT_LOGPROB_ENTRIES // 21)

@@ -1,4 +1,4 @@
-"""Per-feature counts of the scheduler's requests (engine/row_features.py): a step looks for
+"""Per-feature counts of the scheduler's requests (engine/core/row_features.py): a step looks for
 a feature's rows only while some request uses it, and its outputs are the same either way."""
 
 from __future__ import annotations
@@ -6,12 +6,12 @@ from __future__ import annotations
 import torch
 
 from zerod.engine.config import EngineConfig
-from zerod.engine.hf_config import parse_model_config
-from zerod.engine.kv_pool import KVPool
-from zerod.engine.request import Request, SamplingParams
-from zerod.engine.row_features import ALL, FeatureCounts
-from zerod.engine.sampler import row_class
-from zerod.engine.scheduler import Batch, Scheduler
+from zerod.engine.spec.hf_config import parse_model_config
+from zerod.engine.core.kv_pool import KVPool
+from zerod.engine.core.request import Request, SamplingParams
+from zerod.engine.core.row_features import ALL, FeatureCounts
+from zerod.engine.sampling.sampler import row_class
+from zerod.engine.core.scheduler import Batch, Scheduler
 
 
 def _req(i: int, **kw) -> Request:
@@ -55,8 +55,8 @@ def test_outputs_equal_with_and_without_the_counts(tmp_path):
     """Every feature in one batch: the engine's outputs equal those of steps that scan every
     row (Batch's default), so skipping a scan never changes what is sampled."""
     from zerod.engine.demo import generate
-    from zerod.engine.engine import Engine, EngineConfig as EC
-    import zerod.engine.scheduler as sched_mod
+    from zerod.engine.core.engine import Engine, EngineConfig as EC
+    import zerod.engine.core.scheduler as sched_mod
 
     def outputs() -> list[list[int]]:
         eng = Engine(EC(model="demo", device="cpu", max_model_len=128, kv_pages=256, seed=0))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from test_server_fake import FakeEngine
-from zerod.engine.server import ServerThread
+from zerod.engine.api.server import ServerThread
 
 ROOT = Path(__file__).resolve().parent.parent
 CHECKS = ("not_a_server_error,status_code_conformance,content_type_conformance,"

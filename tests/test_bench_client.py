@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from zerod.bench.cli import bench
 from zerod.bench.server_cpu import CpuWindow
 from zerod.bench.stats import percentile, summary_ms
-from zerod.engine.server import ServerThread
+from zerod.engine.api.server import ServerThread
 
 
 def test_percentile_matches_numpy_linear():

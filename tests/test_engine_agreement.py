@@ -7,7 +7,7 @@ import torch
 
 from families_support import NEW, check_greedy_batched_and_alone, hf_greedy as greedy_of
 from zerod.engine.demo import generate, make_checkpoint
-from zerod.engine.engine import Engine, EngineConfig, SamplingParams
+from zerod.engine.core.engine import Engine, EngineConfig, SamplingParams
 
 transformers = pytest.importorskip("transformers")
 

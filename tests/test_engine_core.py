@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from zerod.engine.demo import generate, make_checkpoint
-from zerod.engine.engine import Engine, EngineConfig, RequestRejected, SamplingParams
+from zerod.engine.core.engine import Engine, EngineConfig, RequestRejected, SamplingParams
 
 
 @pytest.fixture(scope="module")
@@ -245,7 +245,7 @@ def test_shutdown_aborts_running(ckpt):
 
 
 def test_sampler_distribution_matches_softmax():
-    from zerod.engine.sampler import sample
+    from zerod.engine.sampling.sampler import sample
 
     torch.manual_seed(0)
     logits = torch.randn(1, 8) * 1.5
@@ -395,7 +395,7 @@ def test_long_prompt_goes_in_whole_only_while_nothing_decodes(ckpt):
 def test_staged_fields_are_16_byte_aligned():
     """Triton specialises kernels on 16-byte pointer alignment: every staged field starts
     on a 16-byte boundary, whatever the sizes before it."""
-    from zerod.engine.model_runner import Staging
+    from zerod.engine.runner.model_runner import Staging
 
     st = Staging(256, 1, torch.device("cpu"), pin=False)
     pk = st.packer(0)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from zerod.engine import ops
+from zerod.engine.model import ops
 from zerod.engine.demo import generate, make_checkpoint
-from zerod.engine.engine import Engine, EngineConfig, SamplingParams
+from zerod.engine.core.engine import Engine, EngineConfig, SamplingParams
 
 pytestmark = pytest.mark.gpu
 

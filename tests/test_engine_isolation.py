@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from zerod.engine.demo import generate, make_checkpoint
-from zerod.engine.engine import Engine, EngineConfig, RequestRejected, SamplingParams
+from zerod.engine.core.engine import Engine, EngineConfig, RequestRejected, SamplingParams
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,9 @@ import shutil
 import pytest
 
 from zerod.engine.config import EngineConfig, EngineError
-from zerod.engine.request import SamplingParams
+from zerod.engine.core.request import SamplingParams
 from zerod.engine.demo import generate, make_checkpoint, write_tokenizer
-from zerod.engine.engine import Engine
+from zerod.engine.core.engine import Engine
 
 
 @pytest.fixture(scope="module")

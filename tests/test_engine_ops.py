@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from zerod.engine import ops
-from zerod.engine.sampler import gumbel_noise
+from zerod.engine.model import ops
+from zerod.engine.sampling.sampler import gumbel_noise
 
 
 def _paged(seqs_k, seqs_v, page, n_pages, hk, d, seed=0):
@@ -65,8 +65,8 @@ def test_prefill_and_decode_attention_match_dense(page):
 
 
 def test_rope_matches_hf_rotate_half():
-    from zerod.engine.hf_config import ModelConfig
-    from zerod.engine.rope import cos_sin_cache
+    from zerod.engine.spec.hf_config import ModelConfig
+    from zerod.engine.model.rope import cos_sin_cache
     mc = ModelConfig("LlamaForCausalLM", "llama", 10, 32, 64, 1, 4, 2, 8, 1e-5, 10000.0, None, 64,
                      False, False, False, False, None, None)
     cache = cos_sin_cache(mc, 64, torch.float32, "cpu")
@@ -115,7 +115,7 @@ def test_gumbel_noise_is_batch_independent():
 
 
 def test_kernels_disabled_restores_what_was_off_before():
-    from zerod.engine import ops
+    from zerod.engine.model import ops
 
     ops.DISABLED.add("rms_norm")
     try:
@@ -130,10 +130,10 @@ def test_kernels_disabled_restores_what_was_off_before():
 @pytest.mark.parametrize("flash_max,pad", [(0, False), (64, True), (0, True)])
 def test_fresh_prompts_sdpa_matches_dense_with_and_without_padded_lengths(monkeypatch, flash_max,
                                                                           pad):
-    """engine/model.py's per-sequence SDPA for fresh prompts: the plan-free backends up to
+    """engine/model/decoder.py's per-sequence SDPA for fresh prompts: the plan-free backends up to
     SDPA_FLASH_MAX_LEN, above it the default with each length padded up to one of a bounded
     set (trailing zeros: exact under the causal mask)."""
-    from zerod.engine import model
+    from zerod.engine.model import decoder as model
 
     monkeypatch.setattr(model, "SDPA_FLASH_MAX_LEN", flash_max)
     monkeypatch.setattr(model, "SDPA_PAD_LENGTHS", pad)

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from zerod.engine.demo import generate, make_checkpoint
-from zerod.engine.engine import Engine, EngineConfig, SamplingParams
+from zerod.engine.core.engine import Engine, EngineConfig, SamplingParams
 
 PS = 4
 

@@ -7,12 +7,12 @@ import pytest
 from test_checks_helpers import h200
 
 from zerod.checks import DoctorConfig, probe_model, run_checks
-from zerod.engine import ops
+from zerod.engine.model import ops
 from zerod.engine.config import EngineConfig, EngineError
 from zerod.engine.demo import demo_model_dir, make_checkpoint
-from zerod.engine.engine import Engine
-from zerod.engine.hf_config import load_model_config
-from zerod.engine.sizing import kv_bytes_per_token, plan_kv, serving_dtype
+from zerod.engine.core.engine import Engine
+from zerod.engine.spec.hf_config import load_model_config
+from zerod.engine.spec.sizing import kv_bytes_per_token, plan_kv, serving_dtype
 
 
 @pytest.fixture(scope="module")

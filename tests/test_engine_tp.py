@@ -22,10 +22,10 @@ import torch
 from families_support import check_greedy_batched_and_alone, hf_greedy, hf_model, prompts
 from zerod.engine.config import EngineConfig, EngineError
 from zerod.engine.demo import generate, make_checkpoint
-from zerod.engine.engine import Engine, SamplingParams
-from zerod.engine.hf_config import load_model_config
-from zerod.engine.parallel import check_tp
-from zerod.engine.sizing import page_bytes
+from zerod.engine.core.engine import Engine, SamplingParams
+from zerod.engine.spec.hf_config import load_model_config
+from zerod.engine.tp.parallel import check_tp
+from zerod.engine.spec.sizing import page_bytes
 
 pytest.importorskip("transformers")
 ROOT = Path(__file__).resolve().parent.parent

@@ -9,7 +9,7 @@ import pytest
 
 from families_support import check_greedy_batched_and_alone, check_logits, hf_checkpoint, reference
 from zerod.engine.config import EngineError
-from zerod.engine.hf_config import load_model_config, parse_model_config
+from zerod.engine.spec.hf_config import load_model_config, parse_model_config
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow  # transformers as the reference

@@ -31,7 +31,7 @@ from test_families_phi3 import PHI3_LONGROPE
 from test_families_qwen3 import QWEN3
 from test_families_sliding import MODELS as SLIDING
 from zerod.engine.demo import generate
-from zerod.engine.engine import Engine, EngineConfig, SamplingParams
+from zerod.engine.core.engine import Engine, EngineConfig, SamplingParams
 
 pytest.importorskip("transformers")
 

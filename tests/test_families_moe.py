@@ -11,11 +11,11 @@ import torch
 
 from families_support import check_greedy_batched_and_alone, check_logits, hf_checkpoint, reference
 from kernel_checks import run_in_interpreter
-from zerod.engine import ops
+from zerod.engine.model import ops
 from zerod.engine.config import EngineError
-from zerod.engine.hf_config import load_model_config, parse_model_config
-from zerod.engine.moe import fused_experts_reference, route
-from zerod.engine.sizing import param_count
+from zerod.engine.spec.hf_config import load_model_config, parse_model_config
+from zerod.engine.model.moe import fused_experts_reference, route
+from zerod.engine.spec.sizing import param_count
 
 COMMON = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
               num_key_value_heads=2, head_dim=16, max_position_embeddings=512, rms_norm_eps=1e-5)
@@ -69,7 +69,7 @@ def test_logits_match_transformers(moe_model):
 @pytest.mark.slow
 def test_fp8_weights_refused_for_experts(moe_model):
     family, d, *_ = moe_model
-    from zerod.engine.engine import Engine, EngineConfig
+    from zerod.engine.core.engine import Engine, EngineConfig
     with pytest.raises(EngineError, match="FP8 weights for mixtures of experts are not supported"):
         Engine(EngineConfig(model=str(d), quantization="fp8", kv_pages=64))
 
@@ -116,9 +116,9 @@ INTERPRETER_SCRIPT = r"""
 import torch
 from kernel_checks import patch_triton_interpreter
 patch_triton_interpreter()
-from zerod.engine import ops
+from zerod.engine.model import ops
 from zerod.engine.kernels.moe import fused_experts
-from zerod.engine.moe import fused_experts_reference
+from zerod.engine.model.moe import fused_experts_reference
 from test_families_moe import _case
 bad = 0
 for t, h, i, e, k, dtype, skew in [(1, 64, 32, 8, 2, torch.float32, False), (37, 64, 48, 8, 2, torch.float32, True),
@@ -173,7 +173,7 @@ print("RESULT ok")
 @pytest.mark.parametrize("t", [1, 7, 200, 2048])
 @pytest.mark.parametrize("shape", ["mixtral", "qwen3_moe"])
 def test_fused_moe_kernel_on_gpu(t, shape):
-    from zerod.engine.moe import fused_experts
+    from zerod.engine.model.moe import fused_experts
 
     h, i, e, k = (1024, 1792, 8, 2) if shape == "mixtral" else (512, 256, 128, 8)
     x, w13, w2, w, ids = (v.cuda() for v in _case(t, h, i, e, k, torch.bfloat16, skew=t == 200, seed=t))

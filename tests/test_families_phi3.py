@@ -8,7 +8,7 @@ import pytest
 from families_support import (check_greedy_batched_and_alone, check_logits, hf_checkpoint,
                               hf_greedy, hf_model, prompts, reference)
 from zerod.engine.config import EngineError
-from zerod.engine.hf_config import load_model_config, parse_model_config
+from zerod.engine.spec.hf_config import load_model_config, parse_model_config
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow  # transformers as the reference
@@ -34,7 +34,7 @@ def _phi3(d, **extra):
 @pytest.fixture(scope="module")
 def phi3_longrope(tmp_path_factory):
     """Every sequence stays within LongRoPE's original 64 tokens, where transformers uses
-    the short factors throughout (engine/rope.py says why that matters)."""
+    the short factors throughout (engine/model/rope.py says why that matters)."""
     d = _phi3(tmp_path_factory.mktemp("phi3"), **PHI3_LONGROPE[2])
     return d, *reference(d)
 

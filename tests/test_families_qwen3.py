@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from families_support import check_greedy_batched_and_alone, check_logits, hf_checkpoint, reference
-from zerod.engine.hf_config import load_model_config
+from zerod.engine.spec.hf_config import load_model_config
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow  # transformers as the reference

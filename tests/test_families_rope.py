@@ -8,8 +8,8 @@ import torch
 from families_support import (check_greedy_batched_and_alone, hf_checkpoint, hf_greedy,
                               hf_model, prompts)
 from zerod.engine.config import EngineError
-from zerod.engine.hf_config import parse_model_config
-from zerod.engine.rope import cos_sin_cache, inv_freq
+from zerod.engine.spec.hf_config import parse_model_config
+from zerod.engine.model.rope import cos_sin_cache, inv_freq
 
 transformers = pytest.importorskip("transformers")
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
@@ -53,7 +53,7 @@ def test_inv_freq_and_attention_factor_equal_transformers(name, seq_len):
 @pytest.mark.parametrize("name", list(SCALINGS))
 def test_cos_sin_cache_equals_transformers_rotary_embedding(name):
     """Within the lengths where transformers' values do not depend on the sequence's own
-    length (docs in engine/rope.py), the cache rows equal its rotary module's cos/sin."""
+    length (docs in engine/model/rope.py), the cache rows equal its rotary module's cos/sin."""
     hf, mc = _configs(name)
     rotary = transformers.models.llama.modeling_llama.LlamaRotaryEmbedding(hf)
     n = mc.rope_scaling.get("original_max_position_embeddings", 512)

@@ -12,8 +12,8 @@ import pytest
 from families_support import (check_greedy_batched_and_alone, check_logits, hf_checkpoint,
                               hf_greedy, prompts, reference)
 from zerod.engine.demo import generate
-from zerod.engine.engine import Engine, EngineConfig, SamplingParams
-from zerod.engine.hf_config import load_model_config
+from zerod.engine.core.engine import Engine, EngineConfig, SamplingParams
+from zerod.engine.spec.hf_config import load_model_config
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow  # transformers as the reference

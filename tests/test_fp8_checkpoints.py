@@ -20,8 +20,8 @@ import torch
 
 import fp8_support as S
 from zerod.engine.demo import generate
-from zerod.engine.engine import SamplingParams
-from zerod.engine.linear import Linear
+from zerod.engine.core.engine import SamplingParams
+from zerod.engine.model.linear import Linear
 from zerod.engine.quant import linear as quant_linear
 from zerod.engine.quant.linear import W8A16_MAX_M, Fp8Linear
 

@@ -29,7 +29,7 @@ def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 def run_checks(device: torch.device) -> list[tuple[str, float, float]]:
     """(case, error, tolerance) for every FP8 kernel on device."""
-    from zerod.engine import ops
+    from zerod.engine.model import ops
     from zerod.engine.kernels import load_kernels
     from zerod.engine.quant import fp8, triton_fp8, triton_w8a16
     from zerod.engine.quant.config import QuantConfig

@@ -19,8 +19,8 @@ import fp8_support as S
 from test_checks_helpers import edit_gpu0, h200
 from zerod.checks import DoctorConfig, probe_model, run_checks
 from zerod.engine.config import EngineConfig, EngineError
-from zerod.engine.hf_config import parse_model_config
-from zerod.engine.sizing import kv_bytes_per_token, plan_kv
+from zerod.engine.spec.hf_config import parse_model_config
+from zerod.engine.spec.sizing import kv_bytes_per_token, plan_kv
 
 
 @pytest.fixture(scope="module")

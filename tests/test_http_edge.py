@@ -13,8 +13,8 @@ import time
 import aiohttp
 import pytest
 from test_server_fake import FakeEngine
-from zerod.engine.http_edge import EdgeLimits, PortTaken, bind_socket
-from zerod.engine.server import ServerThread
+from zerod.engine.api.http_edge import EdgeLimits, PortTaken, bind_socket
+from zerod.engine.api.server import ServerThread
 
 EDGE = EdgeLimits(head_timeout=0.5, body_timeout=0.5, max_connections=6)
 

@@ -3,7 +3,7 @@
 Fresh random inputs every case (never zeros), several shapes including ragged
 context lengths that cross page boundaries, outputs landing on NaN-poisoned
 memory; ||out - ref|| / ||ref|| within bf16 tolerance. References: the engine's
-own (`zerod.engine.ops` with its kernels turned off) where ops.py is importable,
+own (`zerod.engine.model.ops` with its kernels turned off) where ops.py is importable,
 and this package's independent copy (`kernels/reference.py`) always.
 Skipped where CUDA is absent (conftest.py).
 """
@@ -27,7 +27,7 @@ def _kernels():
 def _ops_references():
     """ops.py's torch references (dispatch turned off), or None when ops.py is absent."""
     try:
-        from zerod.engine import ops
+        from zerod.engine.model import ops
     except Exception:  # noqa: BLE001 - ops.py may not exist yet or may not import
         return None
     from zerod.engine.kernels import KERNEL_NAMES
@@ -56,7 +56,7 @@ def test_kernels_match_own_reference(big):
 def test_kernels_match_ops_reference():
     refs = _ops_references()
     if refs is None or len(refs) < 7:
-        pytest.skip("engine/ops.py not importable here")
+        pytest.skip("engine/model/ops.py not importable here")
     from zerod.engine.kernels import reference
     from kernel_checks import run_all
 

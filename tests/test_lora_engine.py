@@ -12,7 +12,7 @@ import torch
 
 from families_support import hf_greedy, prompts
 from lora_support import ADAPTERS, base_and_adapters, generate
-from zerod.engine.engine import Engine, EngineConfig, SamplingParams
+from zerod.engine.core.engine import Engine, EngineConfig, SamplingParams
 
 NEW = 10
 

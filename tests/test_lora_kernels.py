@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from kernel_checks import run_in_interpreter
-from zerod.engine.linear import Linear
+from zerod.engine.model.linear import Linear
 from zerod.engine.lora.delta import lora_reference
 from zerod.engine.lora.slabs import LoraBatch, LoraProjection
 
@@ -169,7 +169,7 @@ def test_engine_on_cuda_serves_adapters_through_graphs(adapters):
     run TF32 on fp32, and this random tiny model has near-ties (0.0015 apart in logit)
     that may go either way."""
     from lora_support import generate, logprob_errors
-    from zerod.engine.engine import Engine, EngineConfig, SamplingParams
+    from zerod.engine.core.engine import Engine, EngineConfig, SamplingParams
 
     base, paths, ps, refs = adapters
     names = list(paths)
@@ -211,7 +211,7 @@ def test_logprob_check_passes_the_right_model_and_fails_another(adapters):
     """The GPU test's yardstick, on the CPU: the engine's rows agree with their own model
     and not with another (so the check is not vacuous)."""
     from lora_support import generate, logprob_errors
-    from zerod.engine.engine import Engine, EngineConfig, SamplingParams
+    from zerod.engine.core.engine import Engine, EngineConfig, SamplingParams
 
     base, paths, ps, refs = adapters
     eng = Engine(EngineConfig(model=str(base), device="cpu", kv_pages=256, max_model_len=128,

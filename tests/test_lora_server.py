@@ -15,8 +15,8 @@ import pytest
 
 from families_support import hf_greedy, prompts
 from lora_support import base_and_adapters, make_adapter
-from zerod.engine.engine import Engine, EngineConfig
-from zerod.engine.server import ServerThread
+from zerod.engine.core.engine import Engine, EngineConfig
+from zerod.engine.api.server import ServerThread
 
 openai = pytest.importorskip("openai")
 NEW = 8

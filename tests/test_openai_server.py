@@ -15,14 +15,14 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
-from zerod.engine.server import ServerThread
+from zerod.engine.api.server import ServerThread
 
 MAX_LEN = 256
 
 
 @pytest.fixture(scope="session")
 def live():
-    from zerod.engine.engine import Engine, EngineConfig
+    from zerod.engine.core.engine import Engine, EngineConfig
 
     eng = Engine(EngineConfig(model="demo", device="cpu", max_model_len=MAX_LEN, kv_pages=512,
                               max_num_seqs=64, seed=0))

@@ -4,9 +4,9 @@ LRU eviction, and the zero-layer promise (a referenced page is never taken)."""
 import pytest
 import torch
 
-from zerod.engine.hf_config import ModelConfig
-from zerod.engine.kv_pool import KVPool
-from zerod.engine.prefix_cache import PrefixCache
+from zerod.engine.spec.hf_config import ModelConfig
+from zerod.engine.core.kv_pool import KVPool
+from zerod.engine.core.prefix_cache import PrefixCache
 
 PS = 4
 

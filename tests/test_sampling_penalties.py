@@ -4,7 +4,7 @@ out by hand."""
 from __future__ import annotations
 
 import torch
-from zerod.engine.penalties import PenaltyTables
+from zerod.engine.sampling.penalties import PenaltyTables
 
 
 def test_penalties_match_vllm_definitions():

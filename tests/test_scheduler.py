@@ -6,10 +6,10 @@ from __future__ import annotations
 import torch
 
 from zerod.engine.config import EngineConfig
-from zerod.engine.hf_config import parse_model_config
-from zerod.engine.kv_pool import KVPool
-from zerod.engine.request import Request, SamplingParams
-from zerod.engine.scheduler import Batch, Chunk, Scheduler
+from zerod.engine.spec.hf_config import parse_model_config
+from zerod.engine.core.kv_pool import KVPool
+from zerod.engine.core.request import Request, SamplingParams
+from zerod.engine.core.scheduler import Batch, Chunk, Scheduler
 
 MC = parse_model_config({"architectures": ["LlamaForCausalLM"], "hidden_size": 8, "num_attention_heads": 1,
                          "num_hidden_layers": 1, "intermediate_size": 8, "vocab_size": 32})
@@ -99,7 +99,7 @@ def test_halves_split_the_rows_exactly_once():
 def test_chunk_budget_sees_the_whole_wait_line():
     """The step-cost budget gets the first prompts one by one and the rest of the line as
     one: a long line of short prompts asks for big chunks."""
-    from zerod.engine.step_cost import DEADLINES_CHECKED
+    from zerod.engine.core.step_cost import DEADLINES_CHECKED
 
     s = _sched(pages=4000, max_num_batched_tokens=2048, max_num_seqs=256)
     for _ in range(5):                                # a measured 8B-like step

@@ -6,8 +6,8 @@ from __future__ import annotations
 import aiohttp
 import pytest
 from test_server_fake import FakeEngine, _post
-from zerod.engine.cors import CorsPolicy
-from zerod.engine.server import ServerThread
+from zerod.engine.api.cors import CorsPolicy
+from zerod.engine.api.server import ServerThread
 
 
 @pytest.fixture(scope="module")

@@ -18,8 +18,8 @@ import pytest
 from prometheus_client import CollectorRegistry, Gauge
 from zerod.engine.config import RequestRejected
 from zerod.engine.interface import EngineLike, EngineStats
-from zerod.engine.request import RequestOutput
-from zerod.engine.server import ServerThread
+from zerod.engine.core.request import RequestOutput
+from zerod.engine.api.server import ServerThread
 
 
 class FakeTokenizer:

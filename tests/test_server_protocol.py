@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from zerod.engine import protocol as P
-from zerod.engine.request import SamplingParams
+from zerod.engine.api import protocol as P
+from zerod.engine.core.request import SamplingParams
 
 
 @pytest.mark.parametrize("kind", ["chat", "completion"])
@@ -138,7 +138,7 @@ def test_json_str_fast_path_equals_json(text):
 def test_engine_bounds_behind_the_schema_answer_400_not_500():
     """A value the schema lets through but the engine's SamplingParams refuses is still a
     400 naming the field (schemathesis found repetition_penalty=5e-324 answering 500)."""
-    from zerod.engine import protocol as P
+    from zerod.engine.api import protocol as P
 
     schemas = P.RequestSchemas(P.Limits(max_model_len=64, vocab_size=100))
     req = schemas.parse_completion({"prompt": "x", "max_tokens": 4, "repetition_penalty": 1.5})

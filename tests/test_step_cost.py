@@ -2,7 +2,7 @@
 
 import pytest
 
-from zerod.engine.step_cost import Pending, StepCost
+from zerod.engine.core.step_cost import Pending, StepCost
 
 KW = dict(cap=2048, min_chunk=256, target_itl=0.050, target_ttft=0.100)
 BASE, FIXED, PER = 0.006, 0.006, 0.00002     # an 8B-like step: 6 ms decode, 6 ms + 20 us/token prefill

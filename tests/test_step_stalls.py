@@ -13,10 +13,10 @@ import time
 import pytest
 import torch
 
-from zerod.engine import engine as engine_mod
+from zerod.engine.core import engine as engine_mod
 from zerod.engine.demo import generate, make_checkpoint
-from zerod.engine.engine import Engine, EngineConfig, SamplingParams
-from zerod.engine.launch_clock import LaunchClock
+from zerod.engine.core.engine import Engine, EngineConfig, SamplingParams
+from zerod.engine.core.launch_clock import LaunchClock
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 

@@ -14,9 +14,9 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("xgrammar")
 jsonschema = pytest.importorskip("jsonschema")
 
-from zerod.engine.grammar_mask import apply_bitmask
-from zerod.engine.protocol import Limits, RequestSchemas
-from zerod.engine.server import ServerThread
+from zerod.engine.sampling.grammar_mask import apply_bitmask
+from zerod.engine.api.protocol import Limits, RequestSchemas
+from zerod.engine.api.server import ServerThread
 
 MSGS = [{"role": "user", "content": "hi"}]
 # a schema whose outputs end early (bounded strings, enums, small integers)
@@ -32,7 +32,7 @@ PERSON = {"type": "object", "additionalProperties": False,
 
 @pytest.fixture(scope="module")
 def live():
-    from zerod.engine.engine import Engine, EngineConfig
+    from zerod.engine.core.engine import Engine, EngineConfig
 
     eng = Engine(EngineConfig(model="demo", device="cpu", max_model_len=512, kv_pages=1024,
                               max_num_seqs=64, seed=0))
@@ -232,7 +232,7 @@ def _masks_of(comp, compiled, steps: int, seed: int = 0) -> list[set[int]]:
     """The allowed ids of one matcher over `steps` tokens picked at random from its mask."""
     import random
 
-    from zerod.engine.structured import fill_masks
+    from zerod.engine.sampling.structured import fill_masks
 
     rnd, st, seen = random.Random(seed), comp.new_state(compiled), []
     bm = torch.zeros(1, st.words, dtype=torch.int32)
@@ -250,7 +250,7 @@ def test_json_masks_cover_the_tokenizer_only_and_no_control_character(live):
     """The masks span the tokenizer's ids (not the model's padding, which xgrammar would
     walk one by one for every row), and a JSON grammar never allows a token holding a raw
     control character (JSON forbids them; xgrammar's maxLength string rule admits them)."""
-    from zerod.engine.structured import GrammarCompiler, GrammarSpec
+    from zerod.engine.sampling.structured import GrammarCompiler, GrammarSpec
 
     eng, _ = live
     tok = eng.tokenizer
@@ -271,10 +271,10 @@ def test_masked_rows_decode_in_every_step():
     """A masked row is in every step beside the free rows (its mask is computed while the
     step's forward runs, not after a trip through the poller)."""
     from zerod.engine.config import EngineConfig
-    from zerod.engine.hf_config import parse_model_config
-    from zerod.engine.kv_pool import KVPool
-    from zerod.engine.request import Request, SamplingParams
-    from zerod.engine.scheduler import Scheduler
+    from zerod.engine.spec.hf_config import parse_model_config
+    from zerod.engine.core.kv_pool import KVPool
+    from zerod.engine.core.request import Request, SamplingParams
+    from zerod.engine.core.scheduler import Scheduler
 
     mc = parse_model_config({"architectures": ["LlamaForCausalLM"], "hidden_size": 8,
                              "num_attention_heads": 1, "num_hidden_layers": 1,
@@ -301,9 +301,9 @@ def test_masked_rows_decode_in_every_step():
 def test_mask_staging_advances_each_matcher_once_per_token(live):
     """The step thread's catching up (grammar_mask.MaskStaging): fill() takes the last
     masked step's ids (once), skips requests that ended, and reports a refused token."""
-    from zerod.engine.grammar_mask import MaskStaging
-    from zerod.engine.request import Request, SamplingParams
-    from zerod.engine.structured import GrammarSpec
+    from zerod.engine.sampling.grammar_mask import MaskStaging
+    from zerod.engine.core.request import Request, SamplingParams
+    from zerod.engine.sampling.structured import GrammarSpec
 
     eng, _ = live
     comp = eng.grammar_compiler

@@ -13,7 +13,7 @@ import pytest
 openai = pytest.importorskip("openai")
 pytest.importorskip("xgrammar")
 
-from zerod.engine.server import ServerThread
+from zerod.engine.api.server import ServerThread
 
 # A template that renders tools, assistant tool calls and tool results (served as
 # --chat-template would: Tokenizer.set_chat_template).
@@ -39,7 +39,7 @@ MSGS = [{"role": "user", "content": "paint it"}]
 
 @pytest.fixture(scope="module")
 def live():
-    from zerod.engine.engine import Engine, EngineConfig
+    from zerod.engine.core.engine import Engine, EngineConfig
 
     eng = Engine(EngineConfig(model="demo", device="cpu", max_model_len=512, kv_pages=1024,
                               max_num_seqs=32, seed=0))

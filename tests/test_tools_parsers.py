@@ -7,7 +7,7 @@ import json
 
 import jsonschema
 import pytest
-from zerod.engine.tools import ToolCall, outcome, parse_hermes, parse_llama3_json, required_schema
+from zerod.engine.api.tools import ToolCall, outcome, parse_hermes, parse_llama3_json, required_schema
 
 WEATHER = {"type": "function", "function": {"name": "weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}

@@ -1,6 +1,6 @@
 """Kernels of the engine: Triton on CUDA, with plain-torch references.
 
-`CUDA_KERNELS` maps an op name of `zerod.engine.ops` to a Triton implementation
+`CUDA_KERNELS` maps an op name of `zerod.engine.model.ops` to a Triton implementation
 with the identical signature; ops.py calls it when its tensors are on CUDA.
 It is empty where Triton or CUDA is missing (CI, a laptop), or when the
 environment sets ZEROD_DISABLE_TRITON=1 (to A/B the torch path on a GPU).

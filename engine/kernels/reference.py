@@ -1,6 +1,6 @@
 """Plain-torch references for the kernels of this package.
 
-The engine's own references live in `zerod.engine.ops` (they are what the model
+The engine's own references live in `zerod.engine.model.ops` (they are what the model
 runs on the CPU, and they dispatch to `CUDA_KERNELS` on CUDA). This module keeps
 an independent copy of the same semantics so that the kernel tests and the
 device benchmark can (a) run before or without `ops.py` and (b) time a torch

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from ..config import EngineError
-from ..hf_config import ModelConfig
+from ..spec.hf_config import ModelConfig
 
 
 class LoraError(EngineError):

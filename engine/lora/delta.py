@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import torch
 
-from .. import ops
+from ..model import ops
 from ..kernels import CUDA_KERNELS
 from .slabs import LoraBatch
 

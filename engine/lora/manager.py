@@ -15,7 +15,7 @@ import threading
 from collections import OrderedDict
 from pathlib import Path
 
-from ..hf_config import ModelConfig
+from ..spec.hf_config import ModelConfig
 from .adapter import LoraAdapter, LoraError, read_adapter, read_weights
 from .slabs import LoraBatch, attach, write_slot
 

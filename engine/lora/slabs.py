@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..hf_config import ModelConfig
-from ..linear import Linear
+from ..spec.hf_config import ModelConfig
+from ..model.linear import Linear
 from .adapter import LoraAdapter
 
 # our projection -> its HF modules, in the order of its output segments

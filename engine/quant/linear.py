@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import EngineError
-from ..linear import Linear, param
+from ..model.linear import Linear, param
 from . import fp8
 from .config import QuantConfig
 

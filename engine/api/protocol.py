@@ -1,7 +1,7 @@
 """OpenAI wire protocol: request validation, response and chunk shapes, error JSON.
 
 Pure Python (no torch, no aiohttp): `server.py` calls these. The request fields of both
-generation endpoints are declared once, as `api_schema` fields (`RequestSchemas`): the same
+generation endpoints are declared once, as `schema` fields (`RequestSchemas`): the same
 table validates a decoded body and is published in /openapi.json. Every numeric field is
 bounded by what the engine can do (token ids and `top_k` by the vocabulary, lengths by
 `max_model_len`, seeds by int64, floats finite); a field of the wrong type or out of range is
@@ -23,11 +23,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .api_schema import AnyOf, Array, Bool, Field, Int, Invalid, Num, Obj, Str
-from .logprobs import MAX_LOGPROBS, TokenLogprob
-from .penalties import MAX_LOGIT_BIAS
-from .request import PENALTY_RANGES, SamplingParams
-from .structured import MAX_CHOICE_OPTIONS, MAX_GRAMMAR_CHARS, GrammarSpec
+from .schema import AnyOf, Array, Bool, Field, Int, Invalid, Num, Obj, Str
+from ..sampling.logprobs import MAX_LOGPROBS, TokenLogprob
+from ..sampling.penalties import MAX_LOGIT_BIAS
+from ..core.request import PENALTY_RANGES, SamplingParams
+from ..sampling.structured import MAX_CHOICE_OPTIONS, MAX_GRAMMAR_CHARS, GrammarSpec
 from .tools import parameters, required_schema
 
 # --------------------------------------------------------------------------- errors
@@ -184,7 +184,7 @@ def _context_exceeded(max_model_len: int, what: str) -> str:
 
 class RequestSchemas:
     """The request bodies of /v1/completions and /v1/chat/completions for one served
-    engine: `completion` and `chat` are `api_schema.Obj` tables (validation and schema)."""
+    engine: `completion` and `chat` are `schema.Obj` tables (validation and schema)."""
 
     def __init__(self, limits: Limits) -> None:
         self.limits = limits

@@ -29,22 +29,22 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .config import EngineConfig
-from .hf_config import ModelConfig
-from .rope import cos_sin_cache
-from .kv_pool import KVPool
-from .lora.delta import use_kernels as lora_kernels
-from .lora.slabs import LoraBatch
-from .model import AttnMeta, LlamaModel
-from . import prompt_logprobs as plp
-from .logprobs import logprobs_of
-from .output import HostRing, LogprobSegment
-from .penalties import MAX_LOGIT_BIAS, PenaltyTables, uses_penalty
-from .request import Request
-from .row_features import Uses
-from .sampler import sample
-from .scheduler import Batch, Chunk
-from .grammar_mask import GrammarRows, MaskStaging, apply_bitmask
+from ..config import EngineConfig
+from ..spec.hf_config import ModelConfig
+from ..model.rope import cos_sin_cache
+from ..core.kv_pool import KVPool
+from ..lora.delta import use_kernels as lora_kernels
+from ..lora.slabs import LoraBatch
+from ..model.decoder import AttnMeta, LlamaModel
+from ..sampling import prompt_logprobs as plp
+from ..sampling.logprobs import logprobs_of
+from ..core.output import HostRing, LogprobSegment
+from ..sampling.penalties import MAX_LOGIT_BIAS, PenaltyTables, uses_penalty
+from ..core.request import Request
+from ..core.row_features import Uses
+from ..sampling.sampler import sample
+from ..core.scheduler import Batch, Chunk
+from ..sampling.grammar_mask import GrammarRows, MaskStaging, apply_bitmask
 
 log = logging.getLogger("zerod.engine")
 

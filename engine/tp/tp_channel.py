@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .model_runner import DecodeInputs, PrefillInputs, StepInputs
+from ..runner.model_runner import DecodeInputs, PrefillInputs, StepInputs
 
 STOP, STEP = 0, 1
 _HAS_UPLOAD, _HAS_PREFILL, _HAS_DECODE = 1, 2, 4

@@ -23,26 +23,26 @@ from typing import Callable
 
 import torch
 
-from .config import EngineConfig, EngineError, RequestRejected
-from .hf_config import load_model_config, parse_dtype
-from .interface import EngineStats
+from ..config import EngineConfig, EngineError, RequestRejected
+from ..spec.hf_config import load_model_config, parse_dtype
+from ..interface import EngineStats
 from .kv_pool import KVPool, kv_torch_dtype
 from .launch_clock import LaunchClock
-from .loader import build_model
-from .lora import LoraAdapter, LoraError, LoraManager
-from .metrics import EngineMetrics
-from .model_runner import ModelRunner
-from .parallel import TPGroup, Workers, check_tp
+from ..model.loader import build_model
+from ..lora import LoraAdapter, LoraError, LoraManager
+from ..metrics import EngineMetrics
+from ..runner.model_runner import ModelRunner
+from ..tp.parallel import TPGroup, Workers, check_tp
 from .output import FinishRecord, OutputPoller, StepRecord, set_os_thread_name
 from .request import Request, RequestOutput, SamplingParams
-from .sampler import row_class
+from ..sampling.sampler import row_class
 from .scheduler import Batch, Scheduler, ring_window
-from .quant.config import resolve as resolve_quant
-from .quant.linear import check_device as check_fp8_device
-from .sizing import FP8_KV, kv_cache_dtype, plan_kv, serving_dtype, wanted_context
-from .structured import GrammarCompiler
-from .tokenizer import Tokenizer
-from .tp_channel import StepChannel
+from ..quant.config import resolve as resolve_quant
+from ..quant.linear import check_device as check_fp8_device
+from ..spec.sizing import FP8_KV, kv_cache_dtype, plan_kv, serving_dtype, wanted_context
+from ..sampling.structured import GrammarCompiler
+from ..tokenizer import Tokenizer
+from ..tp.tp_channel import StepChannel
 
 __all__ = ["Engine", "EngineConfig", "EngineError", "EngineStats", "RequestOutput",
            "RequestRejected", "SamplingParams"]
@@ -224,7 +224,7 @@ class Engine:
     @staticmethod
     def _model_dir(model: str) -> Path:
         if model == "demo":
-            from .demo import demo_model_dir
+            from ..demo import demo_model_dir
             d = demo_model_dir()
             log.warning("serving the built-in demo model from %s: random weights, it produces "
                         "meaningless text", d)

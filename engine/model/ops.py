@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 try:  # the kernels helper's table; may be missing or empty
-    from .kernels import CUDA_KERNELS as _K  # type: ignore[attr-defined]
+    from ..kernels import CUDA_KERNELS as _K  # type: ignore[attr-defined]
     if not isinstance(_K, dict):
         _K = {}
 except Exception:  # noqa: BLE001 - a broken kernels package must not break the engine
@@ -60,8 +60,8 @@ def has_kernel(name: str) -> bool:
 def _quantized(x: torch.Tensor, quantize: bool):
     if not quantize:
         return x
-    from .quant.fp8 import Fp8Acts
-    from .quant.triton_fp8 import quantize_tokens
+    from ..quant.fp8 import Fp8Acts
+    from ..quant.triton_fp8 import quantize_tokens
     return Fp8Acts(*quantize_tokens(x.reshape(-1, x.shape[-1])))
 
 

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import torch
 
-from .config import EngineError
-from .hf_config import ModelConfig
-from .model import LlamaModel
+from ..config import EngineError
+from ..spec.hf_config import ModelConfig
+from .decoder import LlamaModel
 from .moe import SparseMoE
-from .parallel import kv_head_start
-from .quant.config import QuantConfig
-from .quant.loading import fp8_loaders, init_dummy_fp8
+from ..tp.parallel import kv_head_start
+from ..quant.config import QuantConfig
+from ..quant.loading import fp8_loaders, init_dummy_fp8
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _NORM = re.compile(r"(norm|layernorm)\.weight$")

@@ -13,9 +13,9 @@ import threading
 
 import torch
 
-from .config import EngineError
-from .hf_config import ModelConfig
-from .sizing import FP8_KV
+from ..config import EngineError
+from ..spec.hf_config import ModelConfig
+from ..spec.sizing import FP8_KV
 
 
 def kv_torch_dtype(kv_dtype: str, model_dtype: torch.dtype) -> torch.dtype:

@@ -26,13 +26,13 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from .config import EngineConfig, EngineError
-from .hf_config import ModelConfig
-from .sizing import kv_heads_per_rank
+from ..config import EngineConfig, EngineError
+from ..spec.hf_config import ModelConfig
+from ..spec.sizing import kv_heads_per_rank
 
 log = logging.getLogger("zerod.engine")
 
-WORKER_MODULE = "zerod.engine.tp_worker"
+WORKER_MODULE = "zerod.engine.tp.tp_worker"
 INIT_TIMEOUT_S = 600          # a 70B checkpoint's slices load before the first collective
 
 

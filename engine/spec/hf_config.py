@@ -9,10 +9,10 @@ from typing import Any
 
 import torch
 
-from .config import EngineError
+from ..config import EngineError
 from .sizing import expert_layout
-from .quant.config import QuantConfig, parse_checkpoint
-from .rope import parse_scaling
+from ..quant.config import QuantConfig, parse_checkpoint
+from ..model.rope import parse_scaling
 
 SUPPORTED = {
     "LlamaForCausalLM": "llama",

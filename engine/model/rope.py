@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .config import EngineError
+from ..config import EngineError
 
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope")
 # The keys each type needs in the scaling dict (besides rope_type).

@@ -50,16 +50,16 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from aiohttp import web
-from zerod.engine import protocol as P
+from zerod.engine.api import protocol as P
 from zerod.engine.config import RequestRejected
-from zerod.engine.cors import CorsPolicy, request_id
-from zerod.engine.http_edge import EdgeLimits, EdgeRunner, bind_socket, edge_error
+from zerod.engine.api.cors import CorsPolicy, request_id
+from zerod.engine.api.http_edge import EdgeLimits, EdgeRunner, bind_socket, edge_error
 from zerod.engine.interface import EngineLike
-from zerod.engine.openapi import openapi_document
-from zerod.engine.structured import GrammarError, GrammarSpec
-from zerod.engine.tools import new_call_id, outcome
+from zerod.engine.api.openapi import openapi_document
+from zerod.engine.sampling.structured import GrammarError, GrammarSpec
+from zerod.engine.api.tools import new_call_id, outcome
 
-log = logging.getLogger("zerod.engine.server")
+log = logging.getLogger("zerod.engine.api.server")
 
 # Text up to this many characters is tokenized inline: ~1-2 ms at worst, less than the
 # hop to a thread, so short prompts ("Hello": the idle TTFT figure) pay nothing extra.

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .config import EngineConfig, EngineError
+from ..config import EngineConfig, EngineError
 
 if TYPE_CHECKING:  # the engine's types; only plan_kv needs them, and only at run time on CUDA
     from .hf_config import ModelConfig

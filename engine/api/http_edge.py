@@ -32,7 +32,7 @@ from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 
 from . import protocol as P
 
-log = logging.getLogger("zerod.engine.http_edge")
+log = logging.getLogger("zerod.engine.api.http_edge")
 
 
 def _default_max_connections() -> int:

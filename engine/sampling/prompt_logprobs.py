@@ -29,7 +29,7 @@ import torch
 from .logprobs import TokenLogprob, logprobs_of
 
 if TYPE_CHECKING:
-    from .request import Request
+    from ..core.request import Request
 
 PIECE_ROWS = 256   # prompt rows per LM-head call: 256 x vocab floats (128 MiB at 128K tokens)
 

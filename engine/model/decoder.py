@@ -25,12 +25,12 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from . import ops
 from .linear import VocabParallelHead, param as _p, row_linear
-from .hf_config import ModelConfig
+from ..spec.hf_config import ModelConfig
 from .moe import SparseMoE
-from .parallel import rank_config, vocab_rows
-from .quant.config import QuantConfig
-from .quant.fp8 import Fp8Acts
-from .quant.linear import build_linear
+from ..tp.parallel import rank_config, vocab_rows
+from ..quant.config import QuantConfig
+from ..quant.fp8 import Fp8Acts
+from ..quant.linear import build_linear
 from .rope import cos_sin_cache
 
 

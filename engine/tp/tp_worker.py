@@ -1,4 +1,4 @@
-"""A tensor-parallel worker: rank 1..N-1 of an engine (`python -m zerod.engine.tp_worker
+"""A tensor-parallel worker: rank 1..N-1 of an engine (`python -m zerod.engine.tp.tp_worker
 RANK SPEC`, spawned by rank 0's parallel.Workers; SPEC is JSON: the engine config, the
 model directory, the device type, the group's init address, the parent's pid).
 
@@ -26,8 +26,8 @@ from pathlib import Path
 
 import torch
 
-from .config import EngineConfig
-from .engine import build_rank
+from ..config import EngineConfig
+from ..core.engine import build_rank
 from .parallel import TPGroup
 from .tp_channel import StepChannel
 

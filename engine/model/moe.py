@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import ops
-from .hf_config import ModelConfig
+from ..spec.hf_config import ModelConfig
 from .linear import Linear, param
 
 KERNEL = "fused_moe"     # the name ops.kernels_disabled takes to run the reference on CUDA
@@ -48,10 +48,10 @@ def _kernel(x: torch.Tensor):
     """The Triton path where the engine's kernels are on (CUDA, Triton, not disabled)."""
     if not x.is_cuda or KERNEL in ops.DISABLED:
         return None
-    from .kernels import CUDA_KERNELS
+    from ..kernels import CUDA_KERNELS
     if not CUDA_KERNELS:     # no Triton, or ZEROD_DISABLE_TRITON: the same policy as every kernel
         return None
-    from .kernels.moe import fused_experts
+    from ..kernels.moe import fused_experts
     return fused_experts
 
 

@@ -18,10 +18,10 @@ from typing import Callable
 
 import torch
 
-from . import prompt_logprobs
-from .logprobs import MAX_LOGPROBS, TokenLogprob, rows_from_host
+from ..sampling import prompt_logprobs
+from ..sampling.logprobs import MAX_LOGPROBS, TokenLogprob, rows_from_host
 from .request import Request, RequestOutput
-from .tokenizer import IncrementalDetokenizer, Tokenizer
+from ..tokenizer import IncrementalDetokenizer, Tokenizer
 
 log = logging.getLogger("zerod.engine")
 

@@ -40,9 +40,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from .config import EngineConfig
+from ..config import EngineConfig
 from .kv_pool import KVPool
-from .lora import LoraError, LoraManager
+from ..lora import LoraError, LoraManager
 from .prefix_cache import PrefixCache
 from .request import Request
 from .row_features import ALL, FeatureCounts, Uses

@@ -9,16 +9,16 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable
 
-from .logprobs import MAX_LOGPROBS
-from .tokenizer import IncrementalDetokenizer
+from ..sampling.logprobs import MAX_LOGPROBS
+from ..tokenizer import IncrementalDetokenizer
 
 if TYPE_CHECKING:
-    from .lora import LoraAdapter
+    from ..lora import LoraAdapter
     from .prefix_cache import PageChain
-    from .structured import GrammarState
+    from ..sampling.structured import GrammarState
 
 
-# The penalties' ranges (vLLM's); the HTTP schema imports them (engine/protocol.py).
+# The penalties' ranges (vLLM's); the HTTP schema imports them (engine/api/protocol.py).
 PENALTY_RANGES = {"presence_penalty": (-2.0, 2.0), "frequency_penalty": (-2.0, 2.0),
                   "repetition_penalty": (1e-6, 2.0)}
 

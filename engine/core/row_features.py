@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .penalties import uses_penalty
+from ..sampling.penalties import uses_penalty
 
 if TYPE_CHECKING:
     from .request import Request

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP API: the server, request validation, the schema, tools."""

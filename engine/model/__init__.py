@@ -1,0 +1,1 @@
+"""The network: the decoder, its projections, RoPE, experts, the hot ops, the loader."""

@@ -1,0 +1,1 @@
+"""The device side of a step: staging, forwards, CUDA graphs, sampling tables."""

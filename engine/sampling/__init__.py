@@ -1,0 +1,1 @@
+"""Logits to tokens: sampling, penalties, logprobs, structured-output masks."""

@@ -1,0 +1,1 @@
+"""Tensor parallelism: the process group, the per-step channel, the worker ranks."""
