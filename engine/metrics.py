@@ -38,6 +38,13 @@ PREFIX_CACHE_QUERIES_TOTAL = "zerod_engine_prefix_cache_queries_total"
 PREFIX_CACHE_HITS_TOTAL = "zerod_engine_prefix_cache_hits_total"
 PREFIX_CACHE_PAGES = "zerod_engine_prefix_cache_pages"
 LORA_REQUESTS_TOTAL = "zerod_engine_lora_requests_total"   # by lora_name: requests accepted per adapter
+# steps whose launch took the step thread over SLOW_STEP_S, by reason (SLOW_STEP_REASONS)
+SLOW_STEPS_TOTAL = "zerod_engine_slow_steps_total"
+# the longest gap between two tokens of any stream over the last MAX_ITL_WINDOW_S
+MAX_ITL_SECONDS = "zerod_engine_max_inter_token_latency_seconds"
+SLOW_STEP_S = 0.010
+SLOW_STEP_REASONS = ("kernel_build", "garbage_collection", "device_queue", "waiting", "host")
+MAX_ITL_WINDOW_S = 60
 
 # vLLM's names for the same facts (vllm/v1/metrics/loggers.py), labelled by model_name.
 VLLM_NUM_REQUESTS_RUNNING = "vllm:num_requests_running"
@@ -79,10 +86,35 @@ class _Twin:
             self.inc = lambda v=1: (a.inc(v), b.inc(v))
 
 
+class RollingMax:
+    """The largest value observed over the last `window` seconds, kept as one maximum per
+    second (a fixed ring: no allocation per observation)."""
+
+    def __init__(self, window: int = MAX_ITL_WINDOW_S, clock: Callable[[], float] | None = None):
+        import time
+        self.window = window
+        self.clock = clock or time.monotonic
+        self._sec = [-1] * window
+        self._max = [0.0] * window
+
+    def observe(self, value: float) -> None:
+        s = int(self.clock())
+        i = s % self.window
+        if self._sec[i] != s:
+            self._sec[i], self._max[i] = s, value
+        elif value > self._max[i]:
+            self._max[i] = value
+
+    def value(self) -> float:
+        now = int(self.clock())
+        return max((m for s, m in zip(self._sec, self._max) if now - s < self.window), default=0.0)
+
+
 class _EngineCollector:
-    def __init__(self, snapshot: Callable[[], dict], model_name: str):
+    def __init__(self, snapshot: Callable[[], dict], model_name: str, max_itl: RollingMax):
         self.snapshot = snapshot
         self.model_name = model_name
+        self.max_itl = max_itl
 
     def describe(self):
         return []
@@ -112,6 +144,8 @@ class _EngineCollector:
                                   "Prompt tokens whose KV the prefix cache had.", value=s["prefix_cache_hits"])
         yield GaugeMetricFamily(PREFIX_CACHE_PAGES, "KV pages holding cached prefixes (counted as free "
                                 "when no request uses them).", value=s["prefix_cache_pages"])
+        yield GaugeMetricFamily(MAX_ITL_SECONDS, f"The longest gap between two tokens of any stream "
+                                f"over the last {MAX_ITL_WINDOW_S} s.", value=self.max_itl.value())
         total = s["kv_pages_total"]
         for name, value, doc in (
                 (VLLM_NUM_REQUESTS_RUNNING, s["requests_running"], "Number of requests in model execution batches."),
@@ -163,8 +197,15 @@ class EngineMetrics:
             self.request_success.labels(model_name, reason)
         self.lora_requests = Counter(_family(LORA_REQUESTS_TOTAL), "Requests accepted for each LoRA "
                                      "adapter.", ["lora_name"], registry=r)
+        self.slow_steps = Counter(_family(SLOW_STEPS_TOTAL), f"Steps whose launch held the step thread over "
+                                  f"{SLOW_STEP_S * 1000:.0f} ms, by what held it: a kernel built on first use, "
+                                  f"garbage collection, the device's queue full of earlier steps, waiting for "
+                                  f"the GIL or a core, or the step's own host work.", ["reason"], registry=r)
+        for reason in SLOW_STEP_REASONS:
+            self.slow_steps.labels(reason=reason)
+        self.max_itl = RollingMax()
         self.model_name = model_name
-        r.register(_EngineCollector(snapshot, model_name))
+        r.register(_EngineCollector(snapshot, model_name, self.max_itl))
 
     def lora_request(self, name: str) -> None:
         """Count a request accepted for LoRA adapter `name`."""

@@ -76,14 +76,18 @@ class Tokenizer:
         self.chat_template = text
         self._compiled = compile_chat_template(text)
 
+    def compile_chat_template(self) -> None:
+        """Compile the template now if there is one (the engine does so before READY)."""
+        if self._compiled is None and self.chat_template is not None:
+            self._compiled = compile_chat_template(self.chat_template)
+
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                             tools: list[dict[str, Any]] | None = None,
                             documents: list[dict[str, Any]] | None = None, **kwargs: Any) -> str:
         """The rendered prompt text; encode it with add_special_tokens=False."""
         if self.chat_template is None:
             raise EngineError("this model has no chat template (tokenizer_config.json has no chat_template)")
-        if self._compiled is None:
-            self._compiled = compile_chat_template(self.chat_template)
+        self.compile_chat_template()
         ctx = dict(bos_token=self.bos_token or "", eos_token=self.eos_token or "",
                    pad_token=self.pad_token or "")
         ctx.update(kwargs)

@@ -128,20 +128,20 @@ def test_kernels_disabled_restores_what_was_off_before():
 
 
 @pytest.mark.parametrize("flash_max,pad", [(0, False), (64, True), (0, True)])
-def test_fresh_prompts_sdpa_matches_dense_with_and_without_padded_lengths(monkeypatch, flash_max,
+def test_fresh_prompts_sdpa_matches_dense_with_and_without_padded_lengths(flash_max,
                                                                           pad):
     """engine/model/decoder.py's per-sequence SDPA for fresh prompts: the plan-free backends up to
-    SDPA_FLASH_MAX_LEN, above it the default with each length padded up to one of a bounded
-    set (trailing zeros: exact under the causal mask)."""
+    Tuning.sdpa_flash_max_len, above it the default with each length padded up to one of a
+    bounded set (trailing zeros: exact under the causal mask)."""
     from zerod.engine.model import decoder as model
+    from zerod.engine.tuning import Tuning
 
-    monkeypatch.setattr(model, "SDPA_FLASH_MAX_LEN", flash_max)
-    monkeypatch.setattr(model, "SDPA_PAD_LENGTHS", pad)
+    tuning = Tuning(sdpa_flash_max_len=flash_max, sdpa_pad_lengths=pad)
     g = torch.Generator().manual_seed(3)
     lens = [1, 5, 17, 100, 129]
     T, hq, hk, d = sum(lens), 4, 2, 16
     q, k, v = (torch.randn(T, h, d, generator=g) for h in (hq, hk, hk))
-    got = model._sdpa_varlen(q, k, v, lens, 0.25)
+    got = model._sdpa_varlen(q, k, v, lens, 0.25, tuning)
     s0 = 0
     for n in lens:
         want = _dense_causal(q[s0:s0 + n], k[s0:s0 + n], v[s0:s0 + n], 0.25, 0)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import gc
 import logging
+
+from zerod.engine.metrics import SLOW_STEP_REASONS
 import random
 import threading
 import time
@@ -69,6 +71,7 @@ def test_cached_prefix_prompt_takes_the_padded_prefill_with_the_same_tokens(ckpt
 
 def test_slow_launch_log_says_where_the_time_went(ckpt, monkeypatch, caplog):
     monkeypatch.setattr(engine_mod, "SLOW_LAUNCH_S", 0.0)   # every launch counts as slow
+    monkeypatch.setattr(engine_mod, "SLOW_STEP_S", 0.0)
     e = _engine(ckpt, False, [])
     e.start()
     try:
@@ -81,8 +84,12 @@ def test_slow_launch_log_says_where_the_time_went(ckpt, monkeypatch, caplog):
     assert "(1 prompt chunks, 10 tokens, 0 decodes; staging" in lines[0]
     for part in ("step thread on CPU", "garbage collection", "waiting (GIL, device or a core)"):
         assert part in lines[0]
-    assert lines[0].endswith("; 0 earlier steps unfinished)")   # the first step: nothing ahead
-    assert "earlier steps unfinished)" in lines[1]
+    assert "; 0 earlier steps unfinished; reason: " in lines[0]   # the first step: nothing ahead
+    assert "earlier steps unfinished; reason: " in lines[1]
+    # each counted under its reason in /metrics
+    counted = {s.labels["reason"]: s.value for m in e.metrics.registry.collect()
+               if m.name == "zerod_engine_slow_steps" for s in m.samples if s.name.endswith("_total")}
+    assert sum(counted.values()) == 2 and set(counted) == set(SLOW_STEP_REASONS)
 
 
 def test_launch_clock_splits_cpu_gc_and_waiting():

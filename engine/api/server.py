@@ -53,6 +53,7 @@ from aiohttp import web
 from zerod.engine.api import protocol as P
 from zerod.engine.config import RequestRejected
 from zerod.engine.api.cors import CorsPolicy, request_id
+from zerod.engine.core.first_use import FIRST_USES
 from zerod.engine.api.http_edge import EdgeLimits, EdgeRunner, bind_socket, edge_error
 from zerod.engine.interface import EngineLike
 from zerod.engine.api.openapi import openapi_document
@@ -951,6 +952,7 @@ async def _start(server: OpenAIServer, sock: socket.socket) -> EdgeRunner:
                         shutdown_timeout=2.0)
     await runner.setup()
     await web.SockSite(runner, sock, backlog=2048).start()
+    FIRST_USES.mark_ready()   # serving from here: what is built or imported later, a request paid
     return runner
 
 

@@ -27,10 +27,11 @@ from ..config import EngineConfig, EngineError, RequestRejected
 from ..spec.hf_config import load_model_config, parse_dtype
 from ..interface import EngineStats
 from .kv_pool import KVPool, kv_torch_dtype
-from .launch_clock import LaunchClock
+from .first_use import FIRST_USES
+from .launch_clock import LaunchClock, LaunchTimes
 from ..model.loader import build_model
 from ..lora import LoraAdapter, LoraError, LoraManager
-from ..metrics import EngineMetrics
+from ..metrics import SLOW_STEP_S, EngineMetrics
 from ..runner.model_runner import ModelRunner
 from ..tp.parallel import TPGroup, Workers, check_tp
 from .output import FinishRecord, OutputPoller, StepRecord, set_os_thread_name
@@ -40,7 +41,8 @@ from .scheduler import Batch, Scheduler, ring_window
 from ..quant.config import resolve as resolve_quant
 from ..quant.linear import check_device as check_fp8_device
 from ..spec.sizing import FP8_KV, kv_cache_dtype, plan_kv, serving_dtype, wanted_context
-from ..sampling.structured import GrammarCompiler
+from ..sampling.structured import GrammarCompiler, warm as warm_grammars
+from ..tuning import Tuning
 from ..tokenizer import Tokenizer
 from ..tp.tp_channel import StepChannel
 
@@ -49,7 +51,18 @@ __all__ = ["Engine", "EngineConfig", "EngineError", "EngineStats", "RequestOutpu
 
 log = logging.getLogger("zerod.engine")
 
-SLOW_LAUNCH_S = 0.1   # a step whose host side takes longer is logged
+SLOW_LAUNCH_S = 0.1   # a step whose host side takes longer is logged (SLOW_STEP_S: counted)
+
+
+def slow_reason(took: LaunchTimes, kernels_built: int, ahead: int) -> str:
+    """What held a slow launch up (metrics.SLOW_STEP_REASONS)."""
+    if kernels_built:
+        return "kernel_build"
+    if took.gc >= took.wall / 2:
+        return "garbage_collection"
+    if took.waited >= took.wall / 2:
+        return "device_queue" if ahead else "waiting"
+    return "host"
 EXIT_RANK_LOST = 3    # the process's exit status when a tensor-parallel rank is lost
 
 
@@ -88,8 +101,13 @@ def build_rank(cfg: EngineConfig, model_dir: Path, dev: torch.device, tp: TPGrou
                           f"(--kv-cache-dtype fp8 works)")
     if quant is not None or kv_dtype == FP8_KV:
         check_fp8_device(dev)
+    try:
+        tuning = Tuning.from_env()
+    except ValueError as exc:
+        raise EngineError(str(exc)) from None
     model = build_model(mc, model_dir, "dummy" if cfg.load_format == "dummy" else "safetensors",
                         dtype, dev, seed=cfg.seed, quant=quant, tp=tp)
+    model.tuning = tuning
     loras = build_loras(cfg, model, mc, dev) if cfg.enable_lora else None   # slabs before the KV pool
     if dev.type == "cuda" and not model.ops.head_dim_kernels:
         log.warning("head_dim %d is not a power of two >= 16: attention runs the torch reference",
@@ -104,7 +122,7 @@ def build_rank(cfg: EngineConfig, model_dir: Path, dev: torch.device, tp: TPGrou
     runner = ModelRunner(cfg, mc, model, pool, dev, plan.max_model_len, list(eos_ids),
                          lora=loras.batch if loras is not None else None)
     runner.capture_graphs()
-    if dev.type == "cuda":
+    if dev.type == "cuda" and model.tuning.warmup:
         try:
             runner.warmup()
         except Exception as exc:  # noqa: BLE001 - a slower first request, not a failed start
@@ -137,6 +155,7 @@ class Engine:
     def __init__(self, config: EngineConfig):
         self.config = cfg = config
         t0 = time.monotonic()
+        FIRST_USES.install()
         self.model_path = cfg.model
         self.model_dir = self._model_dir(cfg.model)
         self.device = _resolve_device(cfg.device)
@@ -145,6 +164,12 @@ class Engine:
         self.model_name = cfg.served_model_name or (
             "demo" if cfg.model == "demo" else self.model_dir.name)
         self.vocab_size = mc.vocab_size
+        self._grammars: GrammarCompiler | None = None
+        self._grammars_lock = threading.Lock()
+        # structured outputs' machinery (xgrammar's import, the tokenizer's vocabulary, its
+        # thread pool) warms beside the device side and is ready before READY
+        grammars = threading.Thread(target=self._warm_host_side, name="zerod-warmup", daemon=True)
+        grammars.start()
         # the device is current only while the engine builds on it (and in its step
         # thread): constructing an engine leaves the process's current device alone
         with torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext():
@@ -175,8 +200,7 @@ class Engine:
                                    on_step_time=self.scheduler.cost.observe)
         self._loop = threading.Thread(target=self._run, name="zerod-step", daemon=True)
         self._started = False
-        self._grammars: GrammarCompiler | None = None
-        self._grammars_lock = threading.Lock()
+        grammars.join()
         self.ready_seconds = time.monotonic() - t0
         log.info("engine ready: %s on %s (%s), %d KV pages of %d tokens, max_model_len %d, graphs %s, %.1fs",
                  self.model_name, self.device, self.dtype, self.pool.total, cfg.block_size,
@@ -329,6 +353,18 @@ class Engine:
             if self._grammars is None:
                 self._grammars = GrammarCompiler(self.tokenizer, self.vocab_size)
             return self._grammars
+
+    def _warm_host_side(self) -> None:
+        """The chat template compiled (a broken one still fails its first chat request, as
+        before, not the start) and the structured-output machinery warmed."""
+        try:
+            self.tokenizer.compile_chat_template()
+        except Exception as exc:  # noqa: BLE001
+            log.warning("the chat template does not compile (%s); chat requests will fail", exc)
+        try:
+            warm_grammars(self.grammar_compiler)
+        except Exception as exc:  # noqa: BLE001 - a slower first structured request, not a failed start
+            log.warning("structured-output warm-up failed (%s); it runs on first use", exc)
 
     def abort(self, request_id: str) -> None:
         self._inbox.put(("abort", request_id))
@@ -510,6 +546,7 @@ class Engine:
         ahead = ring.depth - 1 - ring.free.qsize()
         start, end = ring.event(), ring.event()
         clock = self._clock
+        built = FIRST_USES.kernels_built
         clock.start()
         try:
             if start is not None:
@@ -524,11 +561,16 @@ class Engine:
                 ring.free.put(ring_idx)
             raise
         self._steps += 1
-        if clock.elapsed() > SLOW_LAUNCH_S:  # the host, not the GPU, held this step up
+        if clock.elapsed() > SLOW_STEP_S:  # the host, not the GPU, held this step up
             took = clock.done()   # the breakdown only then: every step pays elapsed() alone
-            log.warning("step %d took %.0f ms to launch (%d prompt chunks, %d tokens, %d decodes; %s; "
-                        "%d earlier steps unfinished)", self._steps, took.wall * 1000, len(batch.chunks),
-                        sum(c.n for c in batch.chunks), len(batch.decodes), took.describe(), ahead)
+            reason = slow_reason(took, FIRST_USES.kernels_built - built, ahead)
+            self.metrics.slow_steps.labels(reason=reason).inc()
+            if took.wall > SLOW_LAUNCH_S:
+                log.warning("step %d took %.0f ms to launch (%d prompt chunks, %d tokens, %d decodes; %s; "
+                            "%d earlier steps unfinished; reason: %s%s)", self._steps, took.wall * 1000,
+                            len(batch.chunks), sum(c.n for c in batch.chunks), len(batch.decodes),
+                            took.describe(), ahead, reason,
+                            f", last kernel built: {FIRST_USES.last_kernel}" if reason == "kernel_build" else "")
         self.poller.put(StepRecord(ring_idx, rows, start if start is not None else clock.started,
                                    end if end is not None else time.perf_counter(),
                                    prefill_tokens=sum(c.n for c in batch.chunks),

@@ -205,7 +205,9 @@ class OutputPoller(threading.Thread):
             m.prompt_tokens.inc(r.prompt_len)
             r.detok = IncrementalDetokenizer(self.tok, r.prompt_ids, p.skip_special_tokens)
         else:
-            m.itl.observe(now - r.last_token_at)
+            gap = now - r.last_token_at
+            m.itl.observe(gap)
+            m.max_itl.observe(gap)
         r.last_token_at = now
         r.out_ids.append(tok)
         n = len(r.out_ids)

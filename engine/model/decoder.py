@@ -32,6 +32,7 @@ from ..quant.config import QuantConfig
 from ..quant.fp8 import Fp8Acts
 from ..quant.linear import build_linear
 from .rope import cos_sin_cache
+from ..tuning import Tuning
 
 
 @dataclass
@@ -82,9 +83,10 @@ class Layer(nn.Module):
 
 class LlamaModel(nn.Module):
     def __init__(self, mc: ModelConfig, dtype: torch.dtype, device: torch.device,
-                 quant: QuantConfig | None = None, tp=None):
+                 quant: QuantConfig | None = None, tp=None, tuning: Tuning | None = None):
         super().__init__()
         self.tp = tp
+        self.tuning = tuning or Tuning()
         world = tp.world if tp is not None else 1
         self.mc = mc = rank_config(mc, world)
         self.dtype = dtype
@@ -152,7 +154,7 @@ class LlamaModel(nn.Module):
                                       self.scale, **extra, **kv_scales)
         elif (meta.no_prefix and q.is_cuda and meta.seqlens_q is not None and not extra
               and (len(meta.seqlens_q) <= 8 or not mops.has_kernel("prefill_attention"))):
-            o = _sdpa_varlen(q, k, v, meta.seqlens_q, self.scale)
+            o = _sdpa_varlen(q, k, v, meta.seqlens_q, self.scale, self.tuning)
         else:
             o = mops.prefill_attention(q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q,
                                       meta.context_lens, self.scale, **extra, **kv_scales)
@@ -206,15 +208,14 @@ class LlamaModel(nn.Module):
         return torch.tanh(logits / cap) * cap if cap else logits
 
 
-# Fresh prompts' attention, one SDPA call per sequence. On the H200 (torch 2.11, cuDNN 9.19;
-# gpu/sdpa_shapes.py) the default backend is cuDNN's, which builds a plan for every new
-# sequence length (~42 ms of the step thread, stalling every stream) and then runs up to 2x
-# faster than flash at 16K (1.7x at 2K); flash builds nothing and is as fast up to ~512
-# tokens. So: the backends without plans up to SDPA_FLASH_MAX_LEN, the default above it with
-# lengths padded to ~8 per power of two (a plan per bucket, paid once). Trailing padding is exact under the
-# causal mask (no real query sees a later key), at most 1/8 more attention work.
-SDPA_FLASH_MAX_LEN = 1024
-SDPA_PAD_LENGTHS = True
+# Fresh prompts' attention, one SDPA call per sequence. On the H200 the default backend is
+# cuDNN's, which builds a plan for every new sequence length (~42 ms of the step thread,
+# stalling every stream) and then runs up to 2x faster than flash at 16K (1.7x at 2K); flash
+# builds nothing and is as fast up to ~512 tokens (docs/perf.md, "Step stalls"). So: the
+# backends without plans up to Tuning.sdpa_flash_max_len, the default above it with lengths
+# padded to ~8 per power of two (a plan per bucket, built by the warm-up before READY).
+# Trailing padding is exact under the causal mask (no real query sees a later key), at most
+# 1/8 more attention work.
 _PLANLESS_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
@@ -225,7 +226,7 @@ def sdpa_length(n: int) -> int:
 
 
 def _sdpa_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqlens: list[int],
-                 scale: float) -> torch.Tensor:
+                 scale: float, tuning: Tuning) -> torch.Tensor:
     """Causal attention over the step's own contiguous q/k/v (no cached prefix), CUDA:
     SDPA per sequence (4-D, GQA through enable_gqa), the backend by its length (above)."""
     hq, hk = q.shape[1], k.shape[1]
@@ -236,8 +237,8 @@ def _sdpa_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqlens: lis
         qb = q[s0:s0 + n].transpose(0, 1).unsqueeze(0)
         kb = k[s0:s0 + n].transpose(0, 1).unsqueeze(0)
         vb = v[s0:s0 + n].transpose(0, 1).unsqueeze(0)
-        short = n <= SDPA_FLASH_MAX_LEN
-        if not short and SDPA_PAD_LENGTHS and (m := sdpa_length(n)) > n:   # zeros after the last token
+        short = n <= tuning.sdpa_flash_max_len
+        if not short and tuning.sdpa_pad_lengths and (m := sdpa_length(n)) > n:   # zeros after the last token
             qb, kb, vb = (F.pad(t, (0, 0, 0, m - n)) for t in (qb, kb, vb))
         with sdpa_kernel(_PLANLESS_SDPA) if short else nullcontext():
             o = F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, scale=scale, enable_gqa=gqa)

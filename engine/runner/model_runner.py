@@ -45,6 +45,8 @@ from ..core.row_features import Uses
 from ..sampling.sampler import sample
 from ..core.scheduler import Batch, Chunk
 from ..sampling.grammar_mask import GrammarRows, MaskStaging, apply_bitmask
+from ..tuning import Tuning
+from .warmup import Warmup
 
 log = logging.getLogger("zerod.engine")
 
@@ -53,22 +55,14 @@ def _sample_class(r: Request) -> int:
     return r.sample_class
 
 
-# Short prefill forwards run from CUDA graphs captured per padded token count: eager, a
-# forward's ~400 launches (a third of them Triton, each costing tens of microseconds of
-# Python) take far longer than the GPU work of a few short prompts. The H200 measured an
-# eager forward of one to eight 24-token prompts at 20-46 ms of host time, and 6-10 ms more
-# with LoRA rows (gpu/results/lora/2026-12-02-47dc5da/eager.txt), against a 4-9 ms decode
-# step: the prompts of a busy server's arrivals made the step thread the bound. A
-# graph takes up to PREFILL_GRAPH_SEQS chunks, each after its cached prefix if any (read
-# through the block table, which spans the whole context), padded by a dummy sequence on
-# the scratch page; with LoRA rows, a second set of graphs with the LoRA path in them.
-PREFILL_GRAPH_TOKENS = (16, 32, 64, 128, 192, 256, 384, 512)
-PREFILL_GRAPH_SEQS = 32
-# Whether steps that also decode take the prefill graphs. Off, only an idle engine's
-# prompts do (the rule until 2026-12-02: a lone-prompt graph beside decodes once measured
-# worse at 200 streams, docs/perf.md section 7 run B, with the graph's output in the decode
-# graphs' memory pool). gpu/prefill_graphs_serve.py flips it for the A/B.
-PREFILL_GRAPHS_WHILE_DECODING = True
+def prefill_graph_sizes(tuning: Tuning, cap: int, max_model_len: int) -> list[int]:
+    """The padded token counts prefill graphs are captured for: Tuning's sizes up to the
+    step's prompt budget, and the budget plus one page of padding, so a chunk of the full
+    budget fits beside the dummy sequence that pads the graph."""
+    sizes = [t for t in tuning.prefill_graph_tokens if t <= cap]
+    if sizes and cap <= max(tuning.prefill_graph_tokens) and cap + 16 not in sizes:
+        sizes.append(cap + 16)
+    return [t for t in sizes if t < max_model_len]
 
 
 def graph_buckets(max_bs: int) -> list[int]:
@@ -240,6 +234,7 @@ class ModelRunner:
                  device: torch.device, max_model_len: int, eos_ids: list[int],
                  lora: LoraBatch | None = None):
         self.cfg, self.mc, self.model, self.pool, self.device = cfg, mc, model, pool, device
+        self.tuning = model.tuning
         self.channel = None         # tensor parallelism, rank 0: tp_channel.StepChannel
         self.lora = lora   # the model's LoRA rows (None: no --enable-lora)
         self.cuda = device.type == "cuda"
@@ -274,7 +269,7 @@ class ModelRunner:
         # row; LoRA: 1 per request + 1 per token; a padded prefill's sequence fields 2 per
         # graph sequence; + alignment of each field
         self.staging = Staging(3 * pool.num_pages + (15 + 2 + 2 + 1 + 451 + 1) * S + 11 * T
-                               + 2 * PREFILL_GRAPH_SEQS + 128,
+                               + 2 * self.tuning.prefill_graph_seqs + 128,
                                cfg.ring_depth, dev, self.cuda)
         # decode graph buffers
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
@@ -288,9 +283,9 @@ class ModelRunner:
         # so the shapes are fixed per T and the real rows are exact. The block table has
         # every column of a context: the kernel reads only the pages below each sequence's
         # context length, none for an empty one.
-        Tp = max((t for t in PREFILL_GRAPH_TOKENS
-                  if t <= cfg.max_num_batched_tokens and t < max_model_len), default=0)
-        G = PREFILL_GRAPH_SEQS
+        self.pgraph_sizes = prefill_graph_sizes(self.tuning, cfg.max_num_batched_tokens, max_model_len)
+        Tp = max(self.pgraph_sizes, default=0)
+        G = self.tuning.prefill_graph_seqs
         self.pgraphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.lora_pgraphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pad_prefill = False   # set when the graphs are captured (tests set it on the CPU)
@@ -323,7 +318,7 @@ class ModelRunner:
         new = [c.req for c in batch.chunks if not c.req.on_device]
         inputs = StepInputs(
             upload=self._stage_upload(pk, new) if new else None,
-            prefill=self._stage_prefill(pk, batch.chunks, PREFILL_GRAPHS_WHILE_DECODING or not decodes, u)
+            prefill=self._stage_prefill(pk, batch.chunks, self.tuning.prefill_graphs_while_decoding or not decodes, u)
             if batch.chunks else None,
             decode=self._stage_decode(pk, decodes, u) if decodes else None, uses=u)
         if batch.masked:   # structured outputs: the sampled rows that have a mask
@@ -408,9 +403,9 @@ class ModelRunner:
         n_real = len(toks)
         lora_rows = np.repeat([c.req.lora_slot for c in chunks], lens) if with_lora else None
         if padded:
-            # the graph's shapes: empty sequences up to PREFILL_GRAPH_SEQS, then the dummy
+            # the graph's shapes: empty sequences up to prefill_graph_seqs, then the dummy
             # one, T - n_real tokens on the scratch page (adapter slot 0)
-            G, pad_n = PREFILL_GRAPH_SEQS, padded - n_real
+            G, pad_n = self.tuning.prefill_graph_seqs, padded - n_real
             dummy = np.arange(pad_n, dtype=np.int64)
             toks = np.concatenate([toks, np.zeros(pad_n, dtype=np.int64)])
             pos = np.concatenate([pos, dummy])
@@ -609,10 +604,10 @@ class ModelRunner:
     def _prefill_bucket(self, chunks: list[Chunk]) -> int:
         """The padded token count of a step's chunks (after their cached prefixes, if any);
         0 = the general path (eager)."""
-        if not self.pad_prefill or len(chunks) > PREFILL_GRAPH_SEQS:
+        if not self.pad_prefill or len(chunks) > self.tuning.prefill_graph_seqs:
             return 0
         n = sum(c.n for c in chunks)
-        return next((t for t in PREFILL_GRAPH_TOKENS if t > n and t <= self.p_toks.numel()), 0)
+        return next((t for t in self.pgraph_sizes if t > n), 0)
 
     def _prefill_padded(self, p: PrefillInputs) -> torch.Tensor:
         """The hidden rows [T, hidden] of the chunks padded to p.padded tokens."""
@@ -643,9 +638,9 @@ class ModelRunner:
     def _capture_prefill_graphs(self) -> None:
         """A graph per padded token count (and per LoRA path), in a memory pool of their
         own, captured on a dummy prompt of one token."""
-        G, pool = PREFILL_GRAPH_SEQS, None
+        G, pool = self.tuning.prefill_graph_seqs, None
         ways = self._graph_sets(self.pgraphs, self.lora_pgraphs)
-        for T in (t for t in PREFILL_GRAPH_TOKENS if t <= self.p_toks.numel()):
+        for T in self.pgraph_sizes:
             self.p_toks[:T].zero_()
             self.p_pos[:T].copy_(torch.cat([torch.zeros(1, dtype=torch.int64, device=self.device),
                                             torch.arange(T - 1, dtype=torch.int64, device=self.device)]))
@@ -765,7 +760,7 @@ class ModelRunner:
         try:
             self._capture_prefill_graphs()
             log.info("captured prefill CUDA graphs for %s padded tokens, up to %d prompt chunks%s",
-                     sorted(self.pgraphs), PREFILL_GRAPH_SEQS, " (and with LoRA rows)" if self.lora_pgraphs else "")
+                     sorted(self.pgraphs), self.tuning.prefill_graph_seqs, " (and with LoRA rows)" if self.lora_pgraphs else "")
         except Exception as exc:  # noqa: BLE001
             if self.model.tp is not None:
                 raise
@@ -813,29 +808,6 @@ class ModelRunner:
         finally:
             self.pool.release(pages)
 
-    @torch.inference_mode()
-    def warmup(self) -> None:
-        """Run the prefill paths once per Triton specialisation class (a batch or token count
-        of 1, a multiple of 16, anything else; with and without a cached prefix), so no kernel
-        is compiled while serving. Everything reads and writes the scratch page 0 only."""
-        dev, ps = self.device, self.ps
-        # and two steps of the size busy traffic brings (kernels pick tiles by token count;
-        # the H200 compiled for ~0.9 s at its first 896-token step without them)
-        shapes = [(n, L) for n in (1, 3, 16, 17) for L in (1, 5, 16)] + [(7, 128), (9, 113)]
-        for n_seqs, L in shapes:
-            for prefix in (0, 7):
-                T, ctx = n_seqs * L, prefix + L
-                if ctx >= self.max_model_len or T > self.cfg.prefill_token_cap:
-                    continue
-                pos = torch.arange(prefix, ctx, dtype=torch.int64, device=dev).repeat(n_seqs)
-                meta = AttnMeta(slot_mapping=pos % ps,
-                                block_tables=torch.zeros(n_seqs, (ctx + ps - 1) // ps, dtype=torch.int32, device=dev),
-                                context_lens=torch.full((n_seqs,), ctx, dtype=torch.int32, device=dev),
-                                cu_seqlens_q=torch.arange(0, T + 1, L, dtype=torch.int32, device=dev),
-                                no_prefix=prefix == 0, seqlens_q=[L] * n_seqs)
-                # with LoRA, its kernels too (rows of slot 0: launched, nothing added)
-                for rows in (None, torch.zeros(T, dtype=torch.int32, device=dev)) if self.lora else (None,):
-                    hidden = self._forward(torch.zeros(T, dtype=torch.int64, device=dev), pos, meta, rows)
-                    self.model.logits(hidden[L - 1::L])
-        if self.cuda:
-            torch.cuda.synchronize(dev)
+    def warmup(self) -> dict:
+        """Every prefill shape and attention plan serving can reach, run once (warmup.py)."""
+        return Warmup(self).run()

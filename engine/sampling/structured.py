@@ -171,3 +171,19 @@ def fill_masks(states: list[GrammarState], bitmask: Any, indices: list[int]) -> 
             rows.append(i)
     if live:
         _batch(len(live)).batch_fill_next_token_bitmask(live, bitmask, rows)
+
+
+def warm(compiler: GrammarCompiler) -> None:
+    """Every kind of grammar compiled once, a matcher built, masks filled through both
+    batch paths and a token accepted: xgrammar's lazy parts (its import, the tokenizer
+    info, the batch matchers, the thread pool) are paid before READY, not by a request."""
+    import torch
+    kinds = [GrammarSpec("json", '{"type": "object", "properties": {"a": {"type": "integer"}}}'),
+             GrammarSpec("regex", "[a-z]+"), GrammarSpec("choice", '["yes", "no"]'),
+             GrammarSpec("grammar", 'root ::= "a" | "b"')]
+    states = [compiler.new_state(compiler.compile(s)) for s in kinds]
+    words = states[0].words
+    for rows in (len(states), POOL_ROWS + 1):
+        picked = [states[i % len(states)] for i in range(rows)]
+        fill_masks(picked, torch.zeros(rows, words, dtype=torch.int32), list(range(rows)))
+    advance_all(states[:1], [0])

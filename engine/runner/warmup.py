@@ -1,0 +1,125 @@
+"""Warm-up before READY: every kernel variant, attention plan and allocation that serving can
+reach is compiled, planned and run once, so no request pays for a first use.
+
+What makes a first use cost the step thread (and so every stream) hundreds of ms:
+- Triton compiles a kernel per specialisation: integer arguments are specialised on == 1
+  and on divisibility by 16, and several kernels pick tiles from the token count at
+  power-of-two thresholds (LoRA and W8A16 row tiles, split-K, the MoE tile config). One
+  count on each side of every power of two up to the prompt budget crosses them all.
+- cuDNN builds an attention plan per sequence length; fresh prompts above
+  `sdpa_flash_max_len` are padded to a bounded set of lengths (`sdpa_length`), each warmed
+  here, exact and padded (the two take different tensor layouts).
+- The caching allocator grows on the largest step; warming it up front keeps cudaMalloc
+  (and the device sync of a cudaFree under pressure) out of serving.
+Everything reads and writes the KV pool's scratch page 0 only.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from ..model.decoder import AttnMeta, sdpa_length
+
+log = logging.getLogger("zerod.engine")
+
+
+def token_ladder(cap: int) -> list[int]:
+    """Token counts of one step's prompt rows that cover every kernel variant up to cap:
+    1, 2, 3, then 2^k and 2^k + 1 from 16 on, and cap itself."""
+    out = {n for n in (1, 2, 3) if n <= cap}
+    p = 16
+    while p <= cap:
+        out.add(p)
+        if p + 1 <= cap:
+            out.add(p + 1)
+        p *= 2
+    out.add(cap)
+    return sorted(out)
+
+
+def sdpa_buckets(flash_max: int, cap: int) -> list[int]:
+    """The padded lengths fresh prompts of flash_max+1 .. cap tokens run SDPA at."""
+    out, n = [], flash_max + 1
+    while n <= cap:
+        m = sdpa_length(n)
+        out.append(m)
+        n = m + 1
+    return out
+
+
+class Warmup:
+    """Runs the warm-up of one ModelRunner (CUDA only; the CPU has nothing to compile)."""
+
+    def __init__(self, runner) -> None:
+        self.r = runner
+        self.dev = runner.device
+
+    def _meta(self, n_seqs: int, L: int, prefix: int) -> tuple[torch.Tensor, AttnMeta]:
+        """n_seqs sequences of L new tokens after `prefix` cached ones, all on page 0."""
+        ps, dev = self.r.ps, self.dev
+        T, ctx = n_seqs * L, prefix + L
+        pos = torch.arange(prefix, ctx, dtype=torch.int64, device=dev).repeat(n_seqs)
+        meta = AttnMeta(slot_mapping=pos % ps,
+                        block_tables=torch.zeros(n_seqs, (ctx + ps - 1) // ps, dtype=torch.int32, device=dev),
+                        context_lens=torch.full((n_seqs,), ctx, dtype=torch.int32, device=dev),
+                        cu_seqlens_q=torch.arange(0, T + 1, L, dtype=torch.int32, device=dev),
+                        no_prefix=prefix == 0, seqlens_q=[L] * n_seqs)
+        return pos, meta
+
+    def forward_shapes(self) -> list[tuple[int, int, int]]:
+        """(sequences, tokens each, cached prefix) of the eager prefill forwards to run."""
+        r = self.r
+        cap, limit = r.cfg.prefill_token_cap, r.max_model_len
+        shapes = []
+        for T in token_ladder(cap):
+            for n_seqs in (1, 3, 16, 17):   # Triton specialises the sequence count too
+                if T % n_seqs or T // n_seqs < 1:
+                    continue
+                for prefix in (0, 7):
+                    if prefix + T // n_seqs < limit:
+                        shapes.append((n_seqs, T // n_seqs, prefix))
+        return shapes
+
+    @torch.inference_mode()
+    def run(self) -> dict:
+        """Warm everything; returns what it ran (for the start log and the tests)."""
+        r, t0 = self.r, time.monotonic()
+        shapes = self.forward_shapes()
+        # the largest first: the allocator takes its peak once
+        shapes.sort(key=lambda s: -s[0] * s[1])
+        for n_seqs, L, prefix in shapes:
+            pos, meta = self._meta(n_seqs, L, prefix)
+            T = n_seqs * L
+            for rows in (None, torch.zeros(T, dtype=torch.int32, device=self.dev)) if r.lora else (None,):
+                hidden = r._forward(torch.zeros(T, dtype=torch.int64, device=self.dev), pos, meta, rows)
+                r.model.logits(hidden[L - 1::L])
+        buckets = self._sdpa_plans()
+        if r.cuda:
+            torch.cuda.synchronize(self.dev)
+        took = time.monotonic() - t0
+        log.info("warmed %d prefill shapes and %d attention plans in %.1fs", len(shapes), len(buckets), took)
+        return {"shapes": shapes, "sdpa_buckets": buckets, "seconds": took}
+
+    def _sdpa_plans(self) -> list[int]:
+        """One layer's attention at every padded length a fresh prompt can take, exact and
+        padded (cuDNN keys its plans on shapes and strides)."""
+        r = self.r
+        model = r.model
+        if not r.cuda or not model.layers:
+            return []
+        flash_max = model.tuning.sdpa_flash_max_len
+        cap = min(r.cfg.prefill_token_cap, r.max_model_len - 1)
+        buckets = sdpa_buckets(flash_max, cap) if model.tuning.sdpa_pad_lengths else []
+        L0 = model.layers[0]
+        hidden = model.mc.hidden_size
+        for m in buckets:
+            for n in (m, m - 1):
+                if n <= flash_max or n > cap:
+                    continue
+                pos, meta = self._meta(1, n, 0)
+                x = torch.randn(n, hidden, dtype=model.dtype, device=self.dev)
+                model._attention(L0, x, pos, r.pool.kv[0], meta)
+        return buckets

@@ -1,0 +1,53 @@
+"""Tuning: the engine's measured choices (shapes of CUDA graphs, attention backends by
+length), one typed object the model and runner read. They are not user configuration:
+the defaults are what the H200 measurements chose (docs/perf.md, "Step stalls"); a device
+script that compares variants sets `ZEROD_TUNING` to a JSON object of the fields it
+changes, and the engine refuses a field it does not know.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, fields, replace
+
+ENV = "ZEROD_TUNING"
+
+
+@dataclass(frozen=True)
+class Tuning:
+    # Prompt chunks run from CUDA graphs captured per padded token count (those up to the
+    # step's prompt budget, plus the budget itself): an eager forward is ~400-1,000
+    # launches whose Python costs the step thread more than the device work of a chunk.
+    prefill_graph_tokens: tuple[int, ...] = (16, 32, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
+    # Up to this many chunks in one prefill graph.
+    prefill_graph_seqs: int = 32
+    # Whether steps that also decode take the prefill graphs (else only an idle engine's).
+    prefill_graphs_while_decoding: bool = True
+    # Fresh prompts up to this length take SDPA's plan-free backends (flash builds no plan
+    # and is as fast there); longer ones the default (cuDNN), whose plans are per length.
+    sdpa_flash_max_len: int = 1024
+    # Longer fresh prompts padded to ~8 lengths per power of two: a bounded set of cuDNN
+    # plans, all built by the warm-up.
+    sdpa_pad_lengths: bool = True
+    # Run the warm-up of every prefill shape and attention plan before READY.
+    warmup: bool = True
+
+    @classmethod
+    def from_env(cls, environ=None) -> "Tuning":
+        raw = (environ if environ is not None else os.environ).get(ENV, "").strip()
+        if not raw:
+            return cls()
+        try:
+            given = json.loads(raw)
+        except ValueError as exc:
+            raise ValueError(f"{ENV} is not JSON: {exc}") from None
+        if not isinstance(given, dict):
+            raise ValueError(f"{ENV} must be a JSON object of Tuning fields")
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(given) - set(known))
+        if unknown:
+            raise ValueError(f"{ENV}: unknown field(s) {', '.join(unknown)}; known: {', '.join(known)}")
+        if "prefill_graph_tokens" in given:
+            given["prefill_graph_tokens"] = tuple(int(t) for t in given["prefill_graph_tokens"])
+        return replace(cls(), **given)
