@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The "no stall" figures on the H200 (docs/perf.md, "Step stalls"): the Llama-3-8B shape
+# (dummy bf16 weights), one fresh server per variant, gpu/stalls_probe.py from READY on.
+# Variants: "before" is the tree in .before/ (git archive of the reference commit, carried),
+# "after" this tree; each starts with its own empty Triton cache (cold), then "after" is
+# restarted on its warm cache. ~7 min. Results: $OUT/stalls-*.json, the serve logs, a table.
+set -u
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+OUTD=${OUT:-/tmp/zerod-stalls}; mkdir -p "$OUTD"
+. gpu/wheels.sh xgrammar
+M=/tmp/zerod-dummy-8b
+$PY gpu/server_make_model.py "$M" --shape 8b > /dev/null || exit 1
+ROOT=$PWD
+serve() {   # serve DIR NAME CACHE: start, wait for /health, print the seconds to READY
+    local dir=$1 name=$2
+    ( cd "$dir" && TRITON_CACHE_DIR=$3 exec $PY -m zerod serve --model "$M" --load-format dummy --port 8000 \
+        --dtype bfloat16 --max-model-len 17408 --max-num-seqs 256 ) > "$OUTD/serve-$name.log" 2>&1 &
+    SPID=$!
+    local t0=$(date +%s.%N)
+    [ "$($PY gpu/wait_health.py 8000 240 $SPID)" = ok ] || { tail -20 "$OUTD/serve-$name.log"; kill $SPID; return 1; }
+    echo "$name ready_s $(awk "BEGIN{print $(date +%s.%N) - $t0}")" | tee -a "$OUTD/ready.txt"
+}
+stop() { kill -TERM $SPID; wait $SPID 2>/dev/null; }
+for v in before after; do
+    dir=$ROOT; [ $v = before ] && dir=$ROOT/.before
+    serve "$dir" $v /tmp/triton-$v || continue
+    timeout 300 $PY gpu/stalls_probe.py 8000 "$OUTD/stalls-$v.json" ${PHASES:+--phases $PHASES}
+    echo "$v slow-launch log lines: $(grep -c 'to launch' "$OUTD/serve-$v.log")" | tee -a "$OUTD/ready.txt"
+    stop
+done
+serve "$ROOT" after-restart /tmp/triton-after && timeout 60 $PY gpu/stalls_probe.py 8000 "$OUTD/stalls-after-restart.json" --phases first16k,hello
+stop
+gzip -f "$OUTD"/serve-*.log
+$PY - "$OUTD" <<'PYEOF'
+import json, sys, os
+d = sys.argv[1]
+def load(v):
+    p = os.path.join(d, f"stalls-{v}.json")
+    return json.load(open(p)) if os.path.exists(p) else {}
+b, a = load("before"), load("after")
+def g(r, *k):
+    for x in k:
+        r = (r or {}).get(x) if isinstance(r, dict) else None
+    return r
+def f(x):
+    return "-" if x is None else (f"{x:.0f}" if isinstance(x, (int, float)) else ", ".join(f"{y:.0f}" for y in x))
+rows = [("first 16K prompts TTFT ms", ("first16k", "ttft_ms")),
+        ("32 streams + 16K: longest gap ms", ("streams16k", "streams_max_gap_ms")),
+        ("32 streams + 16K: the prompt's TTFT ms", ("streams16k", "prompt_ttft_ms")),
+        ("mix 25: ITL p99 ms", ("mix25", "itl_p99")), ("mix 25: TTFT p99 ms", ("mix25", "ttft_p99")),
+        ("mix 25: max ITL ms", ("mix25", "itl_max")), ("mix 25: gaps > 100 ms", ("mix25", "gaps_over_100ms")),
+        ("mix 10: TTFT p99 ms", ("mix10", "ttft_p99")), ("mix 10: ITL p99 ms", ("mix10", "itl_p99")),
+        ("prefix, first run: TTFT p99 ms", ("prefix", "first", "ttft_p99")),
+        ("prefix, second run: TTFT p99 ms", ("prefix", "second", "ttft_p99")),
+        ("hello TTFT p50 ms", ("hello", "ttft_p50"))]
+print(f"| figure | before | after |\n|---|---|---|")
+for name, k in rows:
+    print(f"| {name} | {f(g(b, *k))} | {f(g(a, *k))} |")
+print("slow steps (after, cumulative at the end of mix25):", g(a, "mix25", "slow_steps_after"))
+print(open(os.path.join(d, "ready.txt")).read())
+PYEOF
