@@ -168,7 +168,7 @@ def _check_model(ctx, param, value):
 @click.option("--target-ttft-ms", type=click.FloatRange(min=0.1, max=1e5),
               default=_DEFAULT["target_ttft_ms"], show_default=True,
               help="While streams decode, prompt chunks grow so that each waiting prompt gets "
-                   "its first token within this (plus 3x its own prefill time), up to "
+                   "its first token within this (plus its own prefill time), up to "
                    "--max-num-batched-tokens.")
 @click.option("--min-prefill-chunk", type=click.IntRange(min=1),
               default=_DEFAULT["min_prefill_chunk"], show_default=True,

@@ -56,7 +56,7 @@ class EngineConfig:
     ring_depth: int = 4                    # steps in flight between the step loop and the poller
     enable_prefix_caching: bool = True     # share the KV of full prompt pages between requests
     # while streams decode, prompt chunks are sized from measured step costs (step_cost.py):
-    # big enough that waiting prompts get their first token within target_ttft_ms (plus 3x
+    # big enough that waiting prompts get their first token within target_ttft_ms (plus
     # their own prefill time), small enough to keep a step within target_itl_ms, never below
     # min_prefill_chunk nor above max_num_batched_tokens (the cap wins)
     target_itl_ms: float = 50.0

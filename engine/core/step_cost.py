@@ -11,7 +11,7 @@ scheduler keeps the fixed token budget.
 
 The chunk a step may take while streams decode (docs/design.md, "Scheduling"):
 - big enough that every waiting prompt gets its first token by its deadline: arrival +
-  target_ttft + 3x its own prefill time (a long prompt may take longer than a short one) —
+  target_ttft + its own prefill time (a long prompt may take longer than a short one) —
   prefill is never starved by decode;
 - at most what keeps the step within target_itl — decode is never starved by prefill —
   unless that is below `min_chunk` (the floor that guarantees prefill progress);
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 _ALPHA = 0.2          # moving-average weight of the newest decode-only step
 _DECAY = 0.97         # weight kept by older mixed steps in the line fit (~30 steps)
 _MIN_SAMPLES = 3      # per estimate, before it is trusted
-LONG_PROMPT_SLACK = 3.0   # a prompt's deadline grows by this many times its own prefill time
+LONG_PROMPT_SLACK = 1.0   # a prompt's deadline grows by this many times its own prefill time
 DEADLINES_CHECKED = 64    # prompts whose own deadlines size the chunk; the rest count as one
 
 

@@ -26,12 +26,19 @@ from ..model.decoder import AttnMeta, sdpa_length
 log = logging.getLogger("zerod.engine")
 
 
+# The kernels' token-count thresholds all lie at or below this (LoRA's 256-row decode
+# tiles, W8A16's 64-row tiles, the MoE tiles at 16 pairs per expert, 128 experts x top-8):
+# past it, a step of more tokens selects no new variant, only more memory (the cap's
+# forward covers that).
+LADDER_TOP = 4096
+
+
 def token_ladder(cap: int) -> list[int]:
     """Token counts of one step's prompt rows that cover every kernel variant up to cap:
-    1, 2, 3, then 2^k and 2^k + 1 from 16 on, and cap itself."""
+    1, 2, 3, then 2^k and 2^k + 1 from 16 up to LADDER_TOP, and cap itself."""
     out = {n for n in (1, 2, 3) if n <= cap}
     p = 16
-    while p <= cap:
+    while p <= min(cap, LADDER_TOP):
         out.add(p)
         if p + 1 <= cap:
             out.add(p + 1)
@@ -73,8 +80,9 @@ class Warmup:
         """(sequences, tokens each, cached prefix) of the eager prefill forwards to run."""
         r = self.r
         cap, limit = r.cfg.prefill_token_cap, r.max_model_len
-        shapes = []
-        for T in token_ladder(cap):
+        # the whole budget once, as a fresh prompt: the allocator's peak
+        shapes = [(1, cap, 0)] if cap < limit else []
+        for T in token_ladder(min(cap, LADDER_TOP)):
             for n_seqs in (1, 3, 16, 17):   # Triton specialises the sequence count too
                 if T % n_seqs or T // n_seqs < 1:
                     continue
@@ -87,21 +95,23 @@ class Warmup:
     def run(self) -> dict:
         """Warm everything; returns what it ran (for the start log and the tests)."""
         r, t0 = self.r, time.monotonic()
-        shapes = self.forward_shapes()
-        # the largest first: the allocator takes its peak once
-        shapes.sort(key=lambda s: -s[0] * s[1])
+        shapes = sorted(set(self.forward_shapes()), key=lambda s: -s[0] * s[1])   # the peak first
         for n_seqs, L, prefix in shapes:
             pos, meta = self._meta(n_seqs, L, prefix)
             T = n_seqs * L
             for rows in (None, torch.zeros(T, dtype=torch.int32, device=self.dev)) if r.lora else (None,):
                 hidden = r._forward(torch.zeros(T, dtype=torch.int64, device=self.dev), pos, meta, rows)
                 r.model.logits(hidden[L - 1::L])
+        if r.cuda:
+            torch.cuda.synchronize(self.dev)
+        t1 = time.monotonic()
         buckets = self._sdpa_plans()
         if r.cuda:
             torch.cuda.synchronize(self.dev)
-        took = time.monotonic() - t0
-        log.info("warmed %d prefill shapes and %d attention plans in %.1fs", len(shapes), len(buckets), took)
-        return {"shapes": shapes, "sdpa_buckets": buckets, "seconds": took}
+        t2 = time.monotonic()
+        log.info("warmed %d prefill shapes in %.1fs and %d attention plans in %.1fs",
+                 len(shapes), t1 - t0, len(buckets), t2 - t1)
+        return {"shapes": shapes, "sdpa_buckets": buckets, "seconds": t2 - t0}
 
     def _sdpa_plans(self) -> list[int]:
         """One layer's attention at every padded length a fresh prompt can take, exact and

@@ -181,9 +181,9 @@ def warm(compiler: GrammarCompiler) -> None:
     kinds = [GrammarSpec("json", '{"type": "object", "properties": {"a": {"type": "integer"}}}'),
              GrammarSpec("regex", "[a-z]+"), GrammarSpec("choice", '["yes", "no"]'),
              GrammarSpec("grammar", 'root ::= "a" | "b"')]
-    states = [compiler.new_state(compiler.compile(s)) for s in kinds]
-    words = states[0].words
-    for rows in (len(states), POOL_ROWS + 1):
-        picked = [states[i % len(states)] for i in range(rows)]
-        fill_masks(picked, torch.zeros(rows, words, dtype=torch.int32), list(range(rows)))
+    compiled = [compiler.compile(s) for s in kinds]
+    for rows in (len(kinds), POOL_ROWS + 1):   # the one-thread path, then the pool's
+        # a matcher per row: the pool fills rows in parallel, and a matcher is not thread-safe
+        states = [compiler.new_state(compiled[i % len(kinds)]) for i in range(rows)]
+        fill_masks(states, torch.zeros(rows, states[0].words, dtype=torch.int32), list(range(rows)))
     advance_all(states[:1], [0])
