@@ -22,6 +22,9 @@ import time
 import torch
 
 from ..model.decoder import AttnMeta, sdpa_length
+from ..sampling.grammar_mask import apply_bitmask
+from ..sampling.logprobs import logprobs_of
+from ..sampling.sampler import sample
 
 log = logging.getLogger("zerod.engine")
 
@@ -104,6 +107,7 @@ class Warmup:
                 r.model.logits(hidden[L - 1::L])
         if r.cuda:
             torch.cuda.synchronize(self.dev)
+        self._sampling()
         t1 = time.monotonic()
         buckets = self._sdpa_plans()
         if r.cuda:
@@ -112,6 +116,30 @@ class Warmup:
         log.info("warmed %d prefill shapes in %.1fs and %d attention plans in %.1fs",
                  len(shapes), t1 - t0, len(buckets), t2 - t1)
         return {"shapes": shapes, "sdpa_buckets": buckets, "seconds": t2 - t0}
+
+    def _sampling(self) -> None:
+        """Every sampling rule once on the rows of a step (greedy, random, top-k/top-p,
+        min-p, min_tokens, penalties, logit_bias, logprobs, a grammar mask): their kernels
+        load on first launch (CUDA's lazy module loading), which a request would pay."""
+        r, dev = self.r, self.dev
+        B = 3
+        slots = torch.full((B,), r.pad_slot, dtype=torch.int64, device=dev)
+        logits = r.model.logits(torch.zeros(B, r.model.mc.hidden_size, dtype=r.model.dtype, device=dev))
+        V = logits.shape[1]
+        rows = torch.arange(B, device=dev)
+        lens = torch.ones(B, dtype=torch.int64, device=dev)
+        x = r.pen.apply(logits, rows, slots, lens, lens, 1)
+        x = r.pen.add_bias(x, rows, slots)
+        x = apply_bitmask(x, rows, torch.full((B, (V + 31) // 32), -1, dtype=torch.int32, device=dev))
+        gen = torch.zeros(B, dtype=torch.int64, device=dev)
+        for n_random, n_filter, rules in ((0, 0, False), (B, 0, False), (B, B, False), (B, B, True)):
+            tok = sample(x, r.temperature.index_select(0, slots) + 1.0, r.top_p.index_select(0, slots) * 0.9,
+                         r.top_k.index_select(0, slots) + 5, r.seed.index_select(0, slots), gen,
+                         n_random=n_random, n_filter=n_filter,
+                         suppress_ids=r.eos if rules else None,
+                         suppress_rows=(gen < 1) if rules else None,
+                         min_p=r.min_p.index_select(0, slots) + 0.1 if rules else None)
+            logprobs_of(x, tok, 5)
 
     def _sdpa_plans(self) -> list[int]:
         """One layer's attention at every padded length a fresh prompt can take, exact and
