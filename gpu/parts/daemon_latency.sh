@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 17's first H200 target, in one call (~3 min): `zerod run` with the default config (no
+# The learned latency normal against a rogue job on the H200, in one call (~3 min): `zerod run` with the default config (no
 # SLO set: LatencyRegression against the learned normal), a dummy 8B engine under steady
 # load (32 streams), the normal learned for 90 s, then a rogue job (16 GiB, bf16 matmuls in a
 # loop, gpu/rogue_job.py) — how long until a LatencyRegression fires, and whether it names the
@@ -7,20 +7,20 @@
 # changing a lent GPU's compute mode (tested against a fake NVML in tests/). Results: $OUT/latency.tgz
 # (with the engine's scrapes at 1 Hz in scrapes.jsonl: gpu/latency_replay.py replays them offline).
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 FINAL=${OUT:-/tmp/zerod-latency}; mkdir -p "$FINAL"
 W=/tmp/lat; rm -rf "$W"; mkdir -p "$W/run"
 pack() { tar czf "$FINAL/latency.tgz" -C "$W" . 2>/dev/null; }
 stamp() { echo "== $(date -u +%T) $*" | tee -a "$W/timeline.txt"; }
-. gpu/wheels.sh xgrammar   # packages the device image lacks (xgrammar, psutil), carried in .whl
+. gpu/parts/wheels.sh xgrammar   # packages the device image lacks (xgrammar, psutil), carried in .whl
 # SMOKE=1: the same steps on the CPU (tiny shape, short waits, no rogue job): checks the script
 SHAPE=8b; DEV=cuda; DT=bfloat16; LEARN=95; ROGUE="$PY gpu/rogue_job.py 16 60"
 if [ "${SMOKE:-0}" = 1 ]; then SHAPE=tiny; DEV=cpu; DT=float32; LEARN=8; ROGUE="sleep 20"; fi
 M=/tmp/zerod-dummy-$SHAPE
 $PY gpu/server_make_model.py "$M" --shape $SHAPE > /dev/null || exit 1
-. gpu/daemon_up.sh   # zerod run, default config + this dummy engine; DPID
+. gpu/parts/daemon_up.sh   # zerod run, default config + this dummy engine; DPID
 stamp "load: 32 streams"
 timeout 200 $PY -m zerod bench --port 8000 --no-progress --input-len 128 --output-len 512 \
     --max-concurrency 32 --num-prompts 100000 --warmup 0 --out "$W/load.json" > "$W/load.txt" 2>&1 &

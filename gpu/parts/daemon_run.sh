@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the device H200, from the repository root (no install: python3 -m zerod):
-#   gpu/daemon_evidence.sh            results under $OUT/daemon
+#   (a part of gpu/daemon.sh run, which attaches load and `zerod top` to it; results under $OUT/daemon)
 # `zerod run` with a Llama-3-8B-shaped dummy engine (gpu/server_make_model.py,
 # --load-format dummy, bf16), a fake NOTIFY_SOCKET listener (READY, WATCHDOG,
 # STOPPING), two stand-in agents on the GPU (dcgm-exporter holding 2 GiB; a
@@ -9,7 +9,7 @@
 # Checks that doctor finds failing on this VM are waived for the run and listed
 # (doctor.json, waivers.txt). Prints a short table last. Stays under ~8 minutes.
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 PY=${PYTHON:-python3}
 OUT=${OUT:-/tmp/zerod-out}
 R="$OUT/daemon"

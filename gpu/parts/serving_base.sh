@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The serving benchmark on the device H200, through the real HTTP server.
 #
-#   gpu/server_bench.sh          # from the repo root on the device; results under $OUT/server
+#   gpu/serving.sh base          # from the repo root on the device; results under $OUT/server
 #
 # Starts `zerod serve --load-format dummy --dtype bfloat16` on a config-only
 # Llama-3-8B-shaped directory (gpu/server_make_model.py: config.json + the demo tokenizer),
@@ -19,7 +19,7 @@
 #                SHAPE=tiny DEVICE=cpu SERVE_ARGS="--dtype float32 --max-model-len 2048"
 #                BENCH_ARGS="--num-prompts 4 --input-len 64 --short-input-len 16 --output-len 16 --max-concurrency 4 --warmup 1")
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 PY=${PYTHON:-python3}
 OUT=${OUT:-/tmp/zerod-out}
 R="$OUT/server"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call for the kernels: tools check, pytest (gpu), memcheck, graph/sync check + bench.
-# Usage (device tool, repo root):  bash gpu/kernels_device.sh [COMMIT]
+# Usage (device tool, repo root):  bash gpu/kernels.sh triton [COMMIT]
 # Writes under $OUT: env.txt, pytest.log, memcheck.log, bench.log, bench.json.
 set -uo pipefail
 export PYTHONUNBUFFERED=1

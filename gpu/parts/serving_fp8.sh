@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 12's H200 figures in one call (~6 min): the FP8 GEMMs alone at the 8B shapes
+# FP8 serving on the H200 in one call (~6 min): the FP8 GEMMs alone at the 8B shapes
 # (gpu/fp8_gemm_bench.py: which product wins at which M), the FP8 GPU tests, then the
 # Llama-3-8B shape with dummy weights through HTTP, three servers in turn:
 #   bf16     --dtype bfloat16                                  (the baseline of the same call)
@@ -10,12 +10,12 @@
 # Then HF transformers bf16 batch-1 decode on the same GPU (bench/hf_compare.py).
 # Results: $OUT/fp8.tgz; a table last. SMOKE=1: the same on the CPU with a tiny shape.
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 FINAL=${OUT:-/tmp/zerod-fp8}; mkdir -p "$FINAL"
 W=$(mktemp -d /tmp/fp8.XXXXXX)   # the raw output, tarred into $FINAL
-. gpu/wheels.sh compressed_tensors   # reads the FP8 checkpoints' quantization_config (tests)
+. gpu/parts/wheels.sh compressed_tensors   # reads the FP8 checkpoints' quantization_config (tests)
 SHAPE=8b; SERVE_X="--dtype bfloat16 --max-model-len 17408 --max-num-seqs 256 --gpu-memory-utilization 0.90"
 SMALL=""; SC16K="prefill-16k"
 if [ "${SMOKE:-0}" = 1 ]; then

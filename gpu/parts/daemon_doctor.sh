@@ -4,7 +4,7 @@
 # one that only calls nvmlInit under the name datadog-agent (only the fd scan finds
 # it) - and doctor again, which must name both with their fix. Everything lands in $OUT.
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/doctor-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 exec > >(tee "$OUT/log.txt") 2>&1

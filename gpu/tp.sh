@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Tensor parallelism on the 2-GPU H200 machine (nvidia-h200-x2), through the real HTTP server.
+# What does tensor parallelism over two H200s give? On the 2-GPU machine (nvidia-h200-x2), through the HTTP server.
 #
-#   gpu/tp_bench.sh              # from the repo root on the device; results under $OUT/tp
-#   SMOKE=1 gpu/tp_bench.sh      # this CPU machine: tiny shapes, gloo, proves it end to end
+#   bash gpu/tp.sh         # from the repo root on the device; results under $OUT/tp
+#   SMOKE=1 bash gpu/tp.sh # a CPU machine: tiny shapes, gloo, proves it end to end
 #
 # Phases (each timed, a table last):
 #   1. the GPU tests of tensor parallelism (tests/test_engine_tp.py -m gpu; need 2 GPUs)
@@ -16,7 +16,7 @@
 set -u
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-. gpu/wheels.sh psutil   # packages the device image lacks (psutil, xgrammar, ...), carried in .whl
+. gpu/parts/wheels.sh psutil   # packages the device image lacks (psutil, xgrammar, ...), carried in .whl
 OUT=${OUT:-/tmp/zerod-out}
 R="$OUT/tp"
 mkdir -p "$R"

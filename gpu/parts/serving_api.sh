@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 13's H200 figures in one call (~3 min): 200 streams (24 in / 128 out) plain vs with
+# The API features' cost on the H200 in one call (~3 min): 200 streams (24 in / 128 out) plain vs with
 # presence, frequency and repetition penalties and top-5 logprobs (target >= 85 % of plain);
 # 64 streams (64 in / 128 out) plain vs with a JSON schema (vLLM's structured_outputs json on
 # /v1/completions; target overhead <= 10 %; the masks are computed on the CPU while the GPU runs
@@ -11,12 +11,12 @@
 # bench/mask_fill.py's parts of the mask work per step by xgrammar thread count (mask_fill.txt).
 # Results: $OUT/api.tgz; a table last. SMOKE=1: the same on the CPU with a tiny shape.
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 FINAL=${OUT:-/tmp/zerod-api}; mkdir -p "$FINAL"
 W=/tmp/api; rm -rf "$W"; mkdir -p "$W"
-. gpu/wheels.sh xgrammar   # xgrammar (structured outputs) and psutil, carried in .whl
+. gpu/parts/wheels.sh xgrammar   # xgrammar (structured outputs) and psutil, carried in .whl
 SHAPE=8b; SERVE_X="--dtype bfloat16 --max-model-len 8192 --max-num-seqs 256"; SMALL=""; MASK_X="--steps 64"
 if [ "${SMOKE:-0}" = 1 ]; then
   SHAPE=tiny; SERVE_X="--dtype float32 --device cpu --max-model-len 1024 --max-num-seqs 64"

@@ -2,7 +2,7 @@
 # plus a dummy engine of $M ($DT on $DEV, port 8000), its control socket under $W/run, the
 # doctor checks that fail on the device VM before the run waived (named in the output),
 # and wait until the engine is healthy. Leaves the daemon's pid in DPID.
-#   M=... DEV=... DT=... W=... PY=... . gpu/daemon_up.sh
+#   M=... DEV=... DT=... W=... PY=... . gpu/parts/daemon_up.sh
 CFG="$W/zerod.toml"
 cat > "$CFG" <<TOML
 [engine]

@@ -1,28 +1,28 @@
 #!/usr/bin/env bash
-# Issue 17's second H200 target: no LatencyRegression while load ramps 8 -> 200 -> 8 streams
+# The learned latency normal under a load ramp on the H200: no LatencyRegression while load ramps 8 -> 200 -> 8 streams
 # and back, with the default config (no SLO: the learned normal). `zerod run`, a dummy 8B
 # engine, then nine stages of STAGE_S seconds each (8, 32, 64, 128, 200, 128, 64, 32, 8
 # streams of 128 in / 256 out), the control API's alerts polled every 2 s throughout.
 # STAGE_S=67 gives the 10-minute ramp; with its setup that outlasts one device call (10
 # minutes), so start it detached and collect it in a second call right after the first:
-#   call 1: setsid nohup env OUT=/tmp/rampout STAGE_S=67 bash gpu/ramp.sh > /tmp/rampout/ramp.log 2>&1 < /dev/null & sleep 580
+#   call 1: setsid nohup env OUT=/tmp/rampout STAGE_S=67 bash gpu/daemon.sh ramp > /tmp/rampout/ramp.log 2>&1 < /dev/null & sleep 580
 #   call 2: while [ ! -f /tmp/rampout/ramp.tgz ]; do sleep 5; done; cp /tmp/rampout/* $OUT/
 # Results: $OUT/ramp.tgz (timeline, every alert seen, the engine's p99s and their learned
 # normals every 2 s in engine.jsonl, the engine's scrapes at 1 Hz in scrapes.jsonl for
 # gpu/latency_replay.py, the daemon log). A stage's client is stopped by its timeout.
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 FINAL=${OUT:-/tmp/zerod-ramp}; mkdir -p "$FINAL"
 W=/tmp/ramp; rm -rf "$W"; mkdir -p "$W/run"
 stamp() { echo "== $(date -u +%T) $*" | tee -a "$W/timeline.txt"; }
-. gpu/wheels.sh xgrammar   # packages the device image lacks (xgrammar, psutil), carried in .whl
+. gpu/parts/wheels.sh xgrammar   # packages the device image lacks (xgrammar, psutil), carried in .whl
 SHAPE=8b; DEV=cuda; DT=bfloat16; STAGE_S=${STAGE_S:-60}; STAGES="8 32 64 128 200 128 64 32 8"
 if [ "${SMOKE:-0}" = 1 ]; then SHAPE=tiny; DEV=cpu; DT=float32; STAGE_S=${STAGE_S:-8}; STAGES="2 80 2"; fi   # 80 streams: two client processes
 M=/tmp/zerod-dummy-$SHAPE
 $PY gpu/server_make_model.py "$M" --shape $SHAPE > /dev/null || exit 1
-. gpu/daemon_up.sh   # zerod run, default config + this dummy engine; DPID
+. gpu/parts/daemon_up.sh   # zerod run, default config + this dummy engine; DPID
 # every alert the daemon shows while the ramp runs (one JSON line per poll that sees any)
 $PY - "$W/run/control.sock" > "$W/alerts.jsonl" 2> "$W/engine.jsonl" <<'PYEOF' &
 import json, sys, time

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 14's H200 evidence in one call (~10 min). First the GPU tests: the fused MoE kernel
+# The model families on the H200 in one call (~10 min). First the GPU tests: the fused MoE kernel
 # (tests/test_families_moe.py) and every family in bf16 with CUDA graphs against transformers
 # on the same GPU (tests/test_families_gpu.py); output in $OUT/families-gpu-tests.txt. Then
 # the figures: Qwen3-8B, Gemma-2-9B and Mixtral-8x7B shapes
@@ -10,12 +10,12 @@
 # Phase times print as they go; raw output in $OUT/families.tgz; a table last.
 # SMOKE=1: the same on the CPU with tiny shapes of the three families.
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 FINAL=${OUT:-/tmp/zerod-families}; mkdir -p "$FINAL"
 W=/tmp/families; rm -rf "$W"; mkdir -p "$W"
-. gpu/wheels.sh psutil   # carried in .whl where the image lacks it
+. gpu/parts/wheels.sh psutil   # carried in .whl where the image lacks it
 PORT=${PORT:-8000}
 SHAPES="qwen3-8b gemma2-9b mixtral-8x7b"; DEV=cuda
 SERVE_X="--dtype bfloat16 --max-model-len 4096 --max-num-seqs 256 --gpu-memory-utilization 0.90"

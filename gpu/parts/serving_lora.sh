@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 15's H200 figures in one call (~5 min): gpu/lora_kernels_bench.py (the kernels
+# Multi-LoRA serving on the H200 in one call (~5 min): gpu/lora_kernels_bench.py (the kernels
 # alone), the LoRA GPU tests (kernels vs the torch reference, adapters through the decode
 # CUDA graphs), then one server (8B shape, dummy base, --enable-lora --max-loras 8, eight
 # rank-16 adapters on every projection, written as PEFT files with random weights): 200
@@ -10,12 +10,12 @@
 # without --enable-lora (what base rows pay for LoRA being on). TESTS=0 skips the GPU
 # tests. SMOKE=1: the same on the CPU with a tiny shape.
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
 FINAL=${OUT:-/tmp/zerod-lora}; mkdir -p "$FINAL"
 W=/tmp/lora; rm -rf "$W"; mkdir -p "$W"
-. gpu/wheels.sh peft xgrammar compressed_tensors   # packages the device image lacks (peft for the tests, psutil), carried in .whl
+. gpu/parts/wheels.sh peft xgrammar compressed_tensors   # packages the device image lacks (peft for the tests, psutil), carried in .whl
 SHAPE=8b; SERVE_X="--dtype bfloat16 --max-model-len 8192 --max-num-seqs 256"
 S200="--num-prompts 400 --max-concurrency 200 --input-len 24 --output-len 128 --warmup 200"; B1="--streams 1 --requests 4 --input-len 16 --output-len 256"
 # the kernels alone first: per projection, base product vs each decode way's delta (< 1 min)
