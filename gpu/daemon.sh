@@ -40,6 +40,8 @@ case "$PART" in
     timeout 40 $PY gpu/top_screenshot.py "$SOCK" --out "$FINAL/top" --polls 3 > "$FINAL/top-console.txt" 2>&1
     wait $LOAD; wait $RUN; echo "daemon part rc $?"
     tail -14 "$FINAL/daemon-console.txt"; tail -3 "$FINAL/top-console.txt" ;;
+  help|-h|--help)
+    sed -n '2,/^set -u/p' "gpu/$(basename "$0")" | sed '$d' ;;
   *)
     sed -n '2,/^set -u/p' "gpu/$(basename "$0")" | sed '$d'; echo "unknown part: $PART" >&2; exit 2 ;;
 esac

@@ -35,6 +35,8 @@ case "$PART" in
     timeout 540 $PY gpu/decode_profile.py "$M" "$OUT/decode_profile.json" "$@" 2>&1 | tee "$OUT/decode_profile.txt" ;;
   sdpa)    timeout 300 $PY gpu/sdpa_shapes.py "$OUT/sdpa_shapes.json" 2>&1 | tee "$OUT/sdpa_shapes.txt" ;;
   aot)     $PY gpu/kernels_aot.py 2>&1 | tee "$OUT/aot.txt" ;;
+  help|-h|--help)
+    sed -n '2,/^set -u/p' "gpu/$(basename "$0")" | sed '$d' ;;
   *)
     sed -n '2,/^set -u/p' "gpu/$(basename "$0")" | sed '$d'; echo "unknown part: $PART" >&2; exit 2 ;;
 esac

@@ -26,6 +26,8 @@ case "$PART" in
   hf)
     OUT=${OUT:-/tmp/zerod-hf}; mkdir -p "$OUT"
     exec timeout 300 "${PYTHON:-python3}" -m zerod.bench.hf_compare --out "$OUT/hf.json" "$@" ;;
+  help|-h|--help)
+    sed -n '2,/^set -u/p' "gpu/$(basename "$0")" | sed '$d' ;;
   *)
     sed -n '2,/^set -u/p' "gpu/$(basename "$0")" | sed '$d'; echo "unknown part: $PART" >&2; exit 2 ;;
 esac
