@@ -207,7 +207,7 @@ class LlamaModel(nn.Module):
 
 
 # Fresh prompts' attention, one SDPA call per sequence. On the H200 (torch 2.11, cuDNN 9.19;
-# gpu/sdpa_shapes.py) the default backend is cuDNN's, which builds a plan for every new
+# docs/perf.md "Step stalls") the default backend is cuDNN's, which builds a plan for every new
 # sequence length (~42 ms of the step thread, stalling every stream) and then runs up to 2x
 # faster than flash at 16K (1.7x at 2K); flash builds nothing and is as fast up to ~512
 # tokens. So: the backends without plans up to SDPA_FLASH_MAX_LEN, the default above it with

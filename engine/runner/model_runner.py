@@ -57,17 +57,17 @@ def _sample_class(r: Request) -> int:
 # forward's ~400 launches (a third of them Triton, each costing tens of microseconds of
 # Python) take far longer than the GPU work of a few short prompts. The H200 measured an
 # eager forward of one to eight 24-token prompts at 20-46 ms of host time, and 6-10 ms more
-# with LoRA rows (gpu/results/lora/2026-12-02-47dc5da/eager.txt), against a 4-9 ms decode
+# with LoRA rows (docs/perf.md "Prefill CUDA graphs"), against a 4-9 ms decode
 # step: the prompts of a busy server's arrivals made the step thread the bound. A
 # graph takes up to PREFILL_GRAPH_SEQS chunks, each after its cached prefix if any (read
 # through the block table, which spans the whole context), padded by a dummy sequence on
 # the scratch page; with LoRA rows, a second set of graphs with the LoRA path in them.
 PREFILL_GRAPH_TOKENS = (16, 32, 64, 128, 192, 256, 384, 512)
 PREFILL_GRAPH_SEQS = 32
-# Whether steps that also decode take the prefill graphs. Off, only an idle engine's
-# prompts do (the rule until 2026-12-02: a lone-prompt graph beside decodes once measured
-# worse at 200 streams, docs/perf.md section 7 run B, with the graph's output in the decode
-# graphs' memory pool). gpu/prefill_graphs_serve.py flips it for the A/B.
+# Whether steps that also decode take the prefill graphs. On, because a busy server's
+# arrivals otherwise prefill eagerly beside every decode and stall it (8 LoRA adapters at
+# 200 streams: 89.8 % of the base with it, 68.2 % with graphs for a lone prompt on an idle
+# engine only; docs/perf.md "Prefill CUDA graphs"). Off, only an idle engine's prompts do.
 PREFILL_GRAPHS_WHILE_DECODING = True
 
 
