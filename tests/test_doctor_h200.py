@@ -1,4 +1,4 @@
-"""What the device H200 returned (gpu/results/doctor/): the saved snapshot replays to the
+"""What the device H200 returned (gpu/results/daemon.md, "Doctor"): the saved snapshot replays to the
 report doctor printed there, and the recorded facts look like a real NVML host."""
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def test_walltime_within_budget():
 
 
 def test_stand_in_agents_on_the_h200_are_named_with_their_fix():
-    """Second device run (gpu/results/doctor/2026-11-30-f6a34a2/): one process holding
+    """Second device run (`gpu/daemon.sh doctor`, gpu/results/daemon.md): one process holding
     2.5 GiB as dcgm-exporter (in NVML's list) and one that only called nvmlInit as
     datadog-agent (in no NVML list: the fd scan alone finds it)."""
     from test_checks_helpers import load
