@@ -1,20 +1,19 @@
 """The step thread's structured-output work per step, on the CPU: `python -m zerod.bench.mask_fill`.
 
-64 rows decode under gpu/api_bench.sh's JSON schema through the engine's own
+64 rows decode under `gpu/serving.sh api`'s JSON schema through the engine's own
 grammar_mask.MaskStaging (plan, fill, launched), with the tokens a random-weight model
 picks: uniform over each row's mask. A row whose output is whole is replaced by a fresh
 request, as a 64-stream benchmark keeps 64 in flight. Timed per step, as CPU seconds of
 the process (xgrammar's fill threads included) and as wall time:
 - advance: the matchers take the last step's tokens (xgrammar batch_accept_token);
 - fill:    xgrammar's batch bitmask fill (its thread pool);
-- rest:    the rest of structured.fill_masks (terminated rows; before 2026-12-01 also
-           the JSON control-character rule ANDed into every row);
+- rest:    the rest of structured.fill_masks (terminated rows);
 - stage:   MaskStaging.plan + fill + launched in all (the three above, the copy, the lists).
 Tokenizers: `demo` is gpu/server_make_model.py's 8B model directory (the demo tokenizer's
 384 entries in a 128,256-id vocabulary); `128k` is gpu/big_tokenizer.py's 128,256-entry
 tokenizer (a Llama-3-sized vocabulary), read from --big (made there when missing).
 Compare with the plain step's host time (bench/step_host.py) and the H200's decode step at
-64 streams (about 6.5 ms; docs/perf.md).
+64 streams (about 6.5 ms; docs/perf.md "Structured outputs and logprobs").
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-# gpu/api_bench.sh's SCHEMA
+# the SCHEMA of gpu/parts/serving_api.sh
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string"},
           "tags": {"type": "array", "items": {"type": "string"}}, "score": {"type": "number"}},
           "required": ["name", "tags", "score"], "additionalProperties": False}

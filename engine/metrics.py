@@ -1,4 +1,4 @@
-"""The engine's Prometheus registry (names in docs/perf.md and docs/engine-server.md).
+"""The engine's Prometheus registry (names in docs/engine-server.md).
 
 Gauges and the allocator / stream-error counters are collected at scrape time from the
 engine (a custom collector reading its cached state); histograms and token / request

@@ -18,11 +18,15 @@ ENV = "ZEROD_TUNING"
 class Tuning:
     # Prompt chunks run from CUDA graphs captured per padded token count (those up to the
     # step's prompt budget, plus the budget itself): an eager forward is ~400-1,000
-    # launches whose Python costs the step thread more than the device work of a chunk.
+    # launches (a third of them Triton, tens of microseconds of Python each) whose host time
+    # exceeds the device work of a chunk, and every decoding stream waits for it
+    # (docs/perf.md "Prefill CUDA graphs", "Step stalls").
     prefill_graph_tokens: tuple[int, ...] = (16, 32, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
     # Up to this many chunks in one prefill graph.
     prefill_graph_seqs: int = 32
-    # Whether steps that also decode take the prefill graphs (else only an idle engine's).
+    # Whether steps that also decode take the prefill graphs (else only an idle engine's):
+    # 8 LoRA adapters at 200 streams ran at 89.8 % of the base with it, 68.2 % without
+    # (docs/perf.md "Prefill CUDA graphs").
     prefill_graphs_while_decoding: bool = True
     # Fresh prompts up to this length take SDPA's plan-free backends (flash builds no plan
     # and is as fast there); longer ones the default (cuDNN), whose plans are per length.

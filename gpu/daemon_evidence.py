@@ -1,6 +1,6 @@
 """The daemon on the device H200: `zerod run` with a Llama-3-8B-shaped dummy
 engine, a fake NOTIFY_SOCKET, foreign processes under agent names, detection
-times, the daemon's CPU while watching. Called by gpu/daemon_evidence.sh.
+times, the daemon's CPU while watching. Called by gpu/daemon.sh run.
 
     python3 gpu/daemon_evidence.py CONFIG OUTDIR
 

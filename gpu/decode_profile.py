@@ -40,12 +40,7 @@ def main() -> int:
     ap.add_argument("--window-s", type=float, default=1.0)
     ap.add_argument("--windows", default="steady,wave,16k", help="which of steady, wave, 16k")
     ap.add_argument("--device", default="auto")   # cpu: a smoke run (no kernels recorded)
-    ap.add_argument("--unfused-act-quant", action="store_true",
-                    help="FP8: quantize activations in launches of their own (FUSED_ACT_QUANT off)")
     a = ap.parse_args()
-    if a.unfused_act_quant:
-        from zerod.engine.quant import linear
-        linear.FUSED_ACT_QUANT = False
 
     from zerod.engine.config import EngineConfig
     from zerod.engine.core.engine import Engine

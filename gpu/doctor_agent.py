@@ -1,4 +1,4 @@
-"""A stand-in for a monitoring agent on the GPU (gpu/doctor_evidence.sh starts it).
+"""A stand-in for a monitoring agent on the GPU (gpu/daemon.sh doctor starts it).
 
 python3 gpu/doctor_agent.py NAME alloc GIB   # takes GIB of GPU memory (a CUDA context)
 python3 gpu/doctor_agent.py NAME nvml        # only nvmlInit, as monitoring agents do

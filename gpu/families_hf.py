@@ -1,5 +1,5 @@
 """transformers' batch-1 greedy decode on a config-only model directory (random weights),
-the HF side of gpu/families_bench.sh:
+the HF side of gpu/serving.sh families:
 
     python3 gpu/families_hf.py DIR --out hf.json [--device cuda|cpu] [--tokens 128]
 

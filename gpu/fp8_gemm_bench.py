@@ -71,7 +71,7 @@ MS = [int(m) for m in os.environ.get("MS", "1,4,16,64,200,512,2048").split(",")]
 SWEEP = os.environ.get("SWEEP", "1") == "1"
 SWEEP_MS = (1, 16)
 SAB_MAX_M = 64             # the swap-AB kernel is for decode sizes: timed up to this M
-# "ab"'s sweep: 32 and 64 columns (128 were 14-89 % slower on the H200, gpu/results/fp8/);
+# "ab"'s sweep: 32 and 64 columns (128 are 14-89 % slower on the H200);
 # "swap_ab"'s: the configurations that compile well for sm_90a
 # (compiled ahead with Triton 3.6 and ptxas -v): within the 227 KB of shared memory (64x512
 # at 3 stages, 128x512 at 3), no spills (128x512 with 4 warps spills), and no wgmma that

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Check, then time, every Triton kernel of zerod.engine.kernels on the GPU.
 
-One call on the device H200 (see gpu/kernels_device.sh):
+One call on the device H200 (see gpu/kernels.sh triton):
   1. the ceilings: device-to-device copy bandwidth (read + write bytes);
   2. every kernel against the torch references on fresh random inputs
      (tests/kernel_checks.py; 8B shapes included) - nothing is timed if one fails;

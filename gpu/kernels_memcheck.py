@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Launch each Triton kernel of zerod.engine.kernels once, on small shapes, and check it.
 
-Run under compute-sanitizer (gpu/kernels_device.sh):
+Run under compute-sanitizer (gpu/kernels.sh triton):
   PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck --error-exitcode 9 \
       python3 gpu/kernels_memcheck.py
 With the caching allocator off every tensor is its own cudaMalloc, so a read or

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Markdown tables from a kernels_bench.py result (bench.json), for docs/perf.md.
 
-    python gpu/kernels_table.py gpu/results/kernels/<run>/bench.json
+    python gpu/kernels_table.py $OUT/bench.json     (what `bash gpu/kernels.sh triton` wrote)
 Per (kernel, shape): the default variant (what the engine runs), the best variant
 timed, achieved GB/s or TFLOP/s, the torch reference and the ratio.
 """

@@ -1,4 +1,4 @@
-"""Helpers of gpu/lora_bench.sh.
+"""Helpers of gpu/serving.sh lora.
 
     python3 gpu/lora_bench.py adapters MODEL_DIR OUT_DIR N RANK
         N PEFT adapters (adapter_config.json + adapter_model.safetensors, random bf16

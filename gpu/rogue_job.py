@@ -1,4 +1,4 @@
-"""A rogue GPU job for the latency evidence (gpu/latency_evidence.sh): holds GIB of GPU memory
+"""A rogue GPU job for the latency evidence (gpu/daemon.sh latency): holds GIB of GPU memory
 and runs bf16 matmuls in a loop, as a stray training or benchmark job would, for SECONDS.
 
     python3 gpu/rogue_job.py [GIB] [SECONDS]

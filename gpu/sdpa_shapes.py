@@ -3,15 +3,13 @@
 The engine's fresh prompts go through F.scaled_dot_product_attention one sequence at a
 time (engine/model/decoder.py `_sdpa_varlen`), so every new prompt length is a new shape. A
 backend that builds a plan per shape (cuDNN's attention does) pays that on the step
-thread's CPU the first time: the third session's slow launches (100-154 ms of the step
-thread's own CPU, steps prefilling new prompts of varied lengths) and each FP8 server's
-first 16K prompts (0.6-1.1 s to launch) would fit.
+thread's CPU the first time, stalling every stream (docs/perf.md "Step stalls").
 
 For the 8B attention shape (32 query heads, 8 KV heads, head_dim 128, bf16, causal, GQA)
 and lengths the ramp's chunks had: per backend (the default's choice, then each one
 forced) the host milliseconds of the first and the third call at each length, and the
 device milliseconds of the third; then the default with engine/model/decoder.py's padded
-lengths (`sdpa_length`, what SDPA_PAD_LENGTHS would do). Last, a verdict line.
+lengths (`sdpa_length`, what SDPA_PAD_LENGTHS does). Last, a verdict line.
 
     python3 gpu/sdpa_shapes.py [OUT.json]
 """

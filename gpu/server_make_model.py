@@ -24,7 +24,7 @@ SHAPES = {
     "8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
                max_position_embeddings=32768),
-    # Llama-3-70B (tensor parallelism: gpu/tp_bench.sh)
+    # Llama-3-70B (tensor parallelism: gpu/tp.sh)
     "70b": dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
                 num_attention_heads=64, num_key_value_heads=8, vocab_size=128256,
                 max_position_embeddings=8192),

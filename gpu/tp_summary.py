@@ -1,4 +1,4 @@
-"""The short table of gpu/tp_bench.sh: tensor-parallel figures against the issue's targets.
+"""The short table of gpu/tp.sh: tensor-parallel figures against docs/perf.md's targets ("Targets").
 
     python3 gpu/tp_summary.py RESULTS_DIR SMALL_SHAPE BIG_SHAPE
 """

@@ -123,7 +123,7 @@ def test_no_regression_while_load_ramps_8_to_200_streams_and_back():
 
 
 class StagedLoad(SimEngine):
-    """The H200 ramp's shape (gpu/ramp.sh, docs/perf.md): closed-loop clients of N
+    """The H200 ramp's shape (`gpu/daemon.sh ramp`, docs/perf.md "Latency regression"): closed-loop clients of N
     streams per stage; a stage's clients are killed and the next stage's N arrive at
     once. A scrape between stages sees no request; the burst's first tokens queue
     behind N prefills (TTFT up to ~N x 3 ms) and stall every running stream's steps
@@ -230,7 +230,7 @@ def test_a_rogue_job_is_named_within_20_s_and_not_learned_as_normal():
 
 
 class StallTail(SimEngine):
-    """The H200's shape at 32 streams (gpu/results/daemon/2026-12-01-ramp/run3-e6b9444):
+    """The H200's shape at 32 streams (the ramp's scrapes, gpu/results/daemon.md):
     95 % of ITL observations in the 5-10 ms histogram bucket (a step of ~5.5 ms), and a
     tail set by the steps that launch a new request's prefill on the CPU (15-40 ms, 0.7 %;
     the H200 had 0.8-0.9 % over 10 ms).
@@ -249,7 +249,7 @@ class StallTail(SimEngine):
 
 
 def test_a_rogue_job_is_named_within_20_s_when_the_tail_is_the_engines_own_launches():
-    """The H200 run at e6b9444 (gpu/results/latency/): the minute's ITL p99 went from
+    """The H200 rogue-job run judged by the p99 alone (docs/perf.md "Latency regression"): the minute's ITL p99 went from
     10.0 ms (the 5-10 ms bucket's edge) to 14.9 ms under the rogue job, 1.49x for a 2.3x
     slowdown, and no LatencyRegression came within 45 s. The mean of the last seconds
     is exact and moved 2.3x."""

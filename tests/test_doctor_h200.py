@@ -1,20 +1,22 @@
-"""What the device H200 returned (gpu/results/doctor/): the saved snapshot replays to the
-report doctor printed there, and the recorded facts look like a real NVML host."""
+"""What the device H200 returned (`gpu/daemon.sh doctor`, gpu/results/daemon.md): the saved
+snapshot (tests/fixtures/facts/h200.json) replays to the report doctor printed there, and the
+recorded facts look like a real NVML host. The reports and the wall time doctor wrote on the
+device are kept as test data: tests/fixtures/control_api/doctor-h200.json (idle) and
+tests/fixtures/doctor_h200/."""
 
 from __future__ import annotations
 
 import json
 
-from test_checks_helpers import FACTS_DIR, REPO, h200
+from test_checks_helpers import FACTS_DIR, h200
 
 from zerod.checks import run_checks
 
-RESULTS = REPO / "gpu" / "results" / "doctor"
+DEVICE = FACTS_DIR.parent / "doctor_h200"
+IDLE_REPORT = FACTS_DIR.parent / "control_api" / "doctor-h200.json"
 
 
 def test_snapshot_is_the_one_from_the_device():
-    saved = json.loads((RESULTS / "h200-facts.json").read_text())
-    assert json.loads((FACTS_DIR / "h200.json").read_text()) == saved
     f = h200()
     (g,) = f.value("nvml.gpus")
     assert g["name"] == "NVIDIA H200" and g["cc"] == [9, 0] and g["memory"]["total"] > 140 << 30
@@ -23,7 +25,7 @@ def test_snapshot_is_the_one_from_the_device():
 
 
 def test_replay_gives_the_report_printed_on_the_device():
-    there = json.loads((RESULTS / "doctor-idle.json").read_text())
+    there = json.loads(IDLE_REPORT.read_text())
     here = run_checks(h200()).to_dict()
     # the checks added since the device run skip on this snapshot: it lacks their facts
     ids = {c["id"] for c in there["checks"]}
@@ -42,12 +44,12 @@ def test_the_fd_scan_saw_doctor_itself_and_knew_it():
 
 
 def test_walltime_within_budget():
-    w = json.loads((RESULTS / "walltime.json").read_text())
+    w = json.loads((DEVICE / "walltime.json").read_text())
     assert w["median_s"] <= 1.0 and w["exit_codes"] == [0]
 
 
 def test_stand_in_agents_on_the_h200_are_named_with_their_fix():
-    """Second device run (gpu/results/doctor/2026-11-30-f6a34a2/): one process holding
+    """Second device run (`gpu/daemon.sh doctor`, gpu/results/daemon.md): one process holding
     2.5 GiB as dcgm-exporter (in NVML's list) and one that only called nvmlInit as
     datadog-agent (in no NVML list: the fd scan alone finds it)."""
     from test_checks_helpers import load
@@ -63,6 +65,6 @@ def test_stand_in_agents_on_the_h200_are_named_with_their_fix():
     assert procs["dcgm-exporter"]["source"] != "fd" and procs["dcgm-exporter"]["gpu_memory_bytes"] > 2 << 30
     assert procs["datadog-agent"]["source"] == "fd"
     # what doctor printed on the device is what the snapshot replays to
-    there = json.loads((RESULTS / "2026-11-30-f6a34a2" / "doctor-foreign.json").read_text())
+    there = json.loads((DEVICE / "doctor-foreign.json").read_text())
     assert {c["id"]: c["status"] for c in there["checks"]} == {
         c.id: c.status for c in report.checks if c.id in {x["id"] for x in there["checks"]}}

@@ -1,4 +1,4 @@
-"""Engine core on a CUDA GPU (skipped without one; gpu/engine_check.py is the full device run)."""
+"""Engine core on a CUDA GPU (skipped without one; run on the device H200 with `pytest -m gpu`)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Which per-row sampling features the requests in the scheduler use, counted at admission
-and at the end (docs/perf.md section 10): a step skips each feature's per-row scan (penalty,
+and at the end (docs/perf.md "Host time per step"): a step skips each feature's per-row scan (penalty,
 logit_bias, logprobs, prompt-logprob, grammar, min_p, min_tokens rows) when no request uses
 it, and the sort of its rows by sample class when they all share one, so the plain path's
 host time per step does not grow with the API's features.

@@ -156,7 +156,7 @@ def choose_num_splits(batch: int, num_kv_heads: int, max_tokens: int, sm_count: 
     About two programs per SM for batches over 8; four for batches up to 8, where one long
     sequence among short ones must still spread over the GPU by itself (each sequence's
     slice length is ctx/splits, so short sequences leave most of their splits idle).
-    Measured on the H200 (docs/perf.md, 2026-11-30, graph-timed): B=32 at 4K context
+    Measured on the H200 (docs/perf.md "Kernels", graph-timed): B=32 at 4K context
     146 us with 4 splits, 137 us with 2; B=1 at 16K flat from 64 to 128 splits, 43 us at
     16; B=4 with one 16K sequence 32 us with 32 splits, 47 us with 16; B=200 best unsplit.
     """

@@ -13,10 +13,9 @@ not specialised on: a prefill of a row count the warm-up did not run compiles no
 
 Two paths, by the number of rows T (the projection's segments are fused in all):
 - T <= FUSED_MAX_ROWS (decode): the ways of DECODE, timed by gpu/lora_kernels_bench.py
-  (H200, gpu/results/lora/2026-12-01-{e6b9444,a736602}/): splitk-atomic is fastest at
-  1 and 2 rows, two-launch at 4 and 16 rows (8 adapters); a third way, each program
-  walking all of K alone, was fastest nowhere (1.9 ms a batch-1 step against split-K's
-  0.7) and is gone. add_lora takes splitk-atomic up to SPLITK_MAX_ROWS rows and
+  (H200, docs/perf.md "Multi-LoRA"): splitk-atomic is fastest at 1 and 2 rows,
+  two-launch at 4 and 16 rows (8 adapters); each program walking all of K alone is
+  fastest nowhere (1.9 ms a batch-1 step against split-K's 0.7). add_lora takes splitk-atomic up to SPLITK_MAX_ROWS rows and
   two-launch above.
   "splitk-atomic": ONE launch, grid (row tiles, column tiles, K splits). Each
     program computes its rows' x A_segᵀ over its K chunk only, times B_segᵀ of its
@@ -32,7 +31,7 @@ A plain projection above SPLITK_MAX_ROWS rows needs no shrink kernel: its produc
 every slot's shrink in its tail columns (engine/lora/slabs.py), and `lora_expand_slots`
 reads each row's own slot from there (the same expand kernel, one "partial", a column
 offset per slot). H200, a 200-row decode step over 8 adapters: +1,197 µs against +2,977
-with the shrink kernel (gpu/results/lora/2026-12-02-carried/).
+with the shrink kernel (docs/perf.md "Multi-LoRA").
 """
 
 from __future__ import annotations
@@ -48,7 +47,7 @@ FUSED_MAX_ROWS = 16
 DECODE_MAX_ROWS = 256   # the largest decode graph: up to it, the big-decode tiling below (measured at 64, 200)
 SPLITK_MAX_ROWS = 2     # the rows up to which add_lora takes splitk-atomic (measured: above)
 OVERLAP_MAX_ROWS = DECODE_MAX_ROWS   # forwards whose own-shrink deltas run beside the base products (lora/slabs.py)
-DECODE_BLOCK_M = 16     # rows per tile up to DECODE_MAX_ROWS (gpu/lora_parts_bench.py sweeps 16 / 32)
+DECODE_BLOCK_M = 16     # rows per tile up to DECODE_MAX_ROWS (32 speeds the shrink, slows the expand more)
 TARGET_PROGRAMS = 256   # splitk-atomic, the prefill shrink: ~2 programs an SM of an H200 (132 SMs)
 MIN_CHUNK = 512         # ... K per split at least (each split rounds its partial into y)
 MAX_CHUNK = 2048        # ... and at most (a program's serial K steps)
@@ -262,8 +261,8 @@ def _col_tiles(segments: tuple[int, ...], bn: int) -> tuple[tuple[int, ...], tup
 
 
 # split-K's column tile for wide projections: gpu/lora_kernels_bench.py's sweep on the H200
-# (8B shape, rank 16, 1-2 rows) put 512 first at both, ~100 µs a decode step under 256
-# (gpu/results/lora/2026-12-01-a8540cc/).
+# (8B shape, rank 16, 1-2 rows) puts 512 first at both, ~100 µs a decode step under 256
+# (docs/perf.md "Multi-LoRA").
 SPLITK_BN = 512
 
 
@@ -316,14 +315,14 @@ def lora_splitk(y: torch.Tensor, x: torch.Tensor, A: torch.Tensor, B: torch.Tens
 
 def shrink_splits(T: int, K: int, tiles: int) -> int:
     """The shrink's K splits: enough that a step with a few rows per adapter still fills
-    the GPU (H200: at a 200-row decode step 16 splits cut two-launch's extra 2.2 -> 1.9 ms a
-    step against the 10 of 2048 // T; gpu/results/lora/2026-12-01-a736602/lora_kernels.txt).
-    Above decode sizes, splits until the row tiles make ~TARGET_PROGRAMS programs: a
-    1,000-token prefill over 8 adapters has ~23 tiles of 64 rows, and with 2048 // T splits
-    it ran on a third of the SMs, each program walking half of K (H200: the shrink 2.5-5.2x
-    faster per prefill forward, gpu/results/lora/2026-12-01-prefill-splits/). Each split
-    keeps >= 256 of K. The expand re-reads every split's partials per column tile, so more
-    splits cost it more; that side was not timed against the old rule."""
+    the GPU (H200: at a 200-row decode step 16 splits make two-launch's extra 1.9 ms a
+    step against 2.2 with the 10 of 2048 // T). Above decode sizes, splits until the row
+    tiles make ~TARGET_PROGRAMS programs: a 1,000-token prefill over 8 adapters has ~23
+    tiles of 64 rows, and 2048 // T splits would run it on a third of the SMs, each program
+    walking half of K (H200: the shrink 2.5-5.2x faster per prefill forward with these
+    splits; docs/perf.md "Multi-LoRA"). Each split keeps >= 256 of K. The expand re-reads
+    every split's partials per column tile, so more splits cost it more; that side is not
+    timed against 2048 // T."""
     if T <= DECODE_MAX_ROWS:
         return max(1, min(32, K // 256, max(2048 // max(T, 1), 16)))
     return max(1, min(32, K // 256, triton.cdiv(TARGET_PROGRAMS, max(tiles, 1))))
@@ -353,7 +352,7 @@ def expand_bn(T: int) -> int:
     """The expand's column tile: 256 for big decode steps (H200, 8 adapters: the fastest at
     64 and 200 rows, 11-24 % less than 128), 128 elsewhere. Alone, prefill-sized expands
     (512-4,800 rows) ran 29-44 % faster at 256 columns with 8 warps, but a server with that
-    rule measured no better at 200 streams (gpu/results/lora/2026-12-01-expand/): left as is."""
+    rule measures no better at 200 streams (docs/perf.md "Multi-LoRA"), so 128 stays."""
     return 256 if FUSED_MAX_ROWS < T <= DECODE_MAX_ROWS else 128
 
 

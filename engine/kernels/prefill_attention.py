@@ -153,8 +153,8 @@ def _prefill_kernel(
              o.to(o_ptr.dtype.element_ty), mask=mmask[:, None])
 
 
-# Measured on the H200 (docs/perf.md, 2026-11-30, graph-timed): M=64 N=64 w=4 st=3 against the
-# first default M=128 N=64 w=8 st=3: 1K prompt 51 vs 57 us, 2K chunk after a 14K prefix
+# Measured on the H200 (docs/perf.md "Kernels", graph-timed): M=64 N=64 w=4 st=3 against
+# M=128 N=64 w=8 st=3: 1K prompt 51 vs 57 us, 2K chunk after a 14K prefix
 # 1518 vs 1612 us, 200 x 24-token prompts 156 vs 287 us, 16K prompt 6119 vs 5994 us.
 DEFAULT_BLOCK_M = 64
 DEFAULT_BLOCK_N = 64

@@ -56,7 +56,7 @@ def add_lora_beside(base: Callable[[torch.Tensor], torch.Tensor], x: torch.Tenso
     would each wait for the device on their own: beside the product they run into a zeroed
     buffer that one add then joins (in a CUDA graph: a branch). H200, batch-1 with an
     adapter: 91.4-91.9 % of the base beside, 87.7 % after the product
-    (gpu/results/lora/2026-12-01-e533818/, 2026-12-02-carried/)."""
+    (docs/perf.md "Multi-LoRA")."""
     main = torch.cuda.current_stream(x.device)
     batch.side.wait_stream(main)
     with torch.cuda.stream(batch.side):

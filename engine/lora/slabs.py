@@ -12,8 +12,8 @@ A plain (unquantized) projection's A slab is the tail rows of its own weight: th
 is one [out + E, in] buffer whose first `out` rows are the base matrix, so a forward with
 adapter rows makes one product of x with all of it, base output and every slot's shrink
 at once (one GEMM a few % wider instead of a shrink launch; the H200 figures are in
-docs/perf.md section 16), and a forward without adapters multiplies by the first rows
-alone, as before.
+docs/perf.md "Multi-LoRA"), and a forward without adapters multiplies by the first rows
+alone.
 """
 
 from __future__ import annotations

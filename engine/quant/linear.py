@@ -42,21 +42,21 @@ from .config import QuantConfig
 MIN_CAPABILITY = (8, 9)   # e4m3 tensor cores: Ada (sm_89), Hopper (sm_90) and newer
 # The largest M that takes the W8A16 kernel, per weight scales (per-row, block): where it
 # stops beating activation quantization + the W8A8 GEMM. Measured on the H200
-# (gpu/fp8_gemm_bench.py, gpu/results/fp8/, docs/perf.md sections 11 and 13): per-row
+# (gpu/fp8_gemm_bench.py, docs/perf.md "FP8"): per-row
 # W8A16 wins to M = 16 (102-108 vs 128-135 us a layer), loses at 64 (160 vs 121). Block
 # W8A16 (KERNEL's kernel for block scales) beats block W8A8 to M = 64, loses at 200 (its
 # decode graphs capture since every bucket is warmed first: tests/test_fp8_checkpoints.py).
 W8A16_MAX_M = {"row": 16, "block": 64}
 # A one-token product (batch-1 decode) through cuBLASLt's tensorwise FP8 GEMM: one token's
 # per-token activation scale is a tensor-wide one, the per-channel weight scales multiply
-# the output after. H200 (gpu/results/fp8/2026-12-02-tensorwise/): 86.0 us a layer against
+# the output after. H200 (docs/perf.md "FP8"): 86.0 us a layer against
 # W8A16's 95.7 at M = 1 (cuBLASLt's row-wise kernels: 131.5), batch-1 decode 293.2 against
 # 268.3 tokens/s on two servers of the same call. At M = 4 W8A16 stays (96.2 us).
 M1_TENSORWISE = True
 # Per-token activations quantized by the kernel before the projection (the RMSNorm before
 # qkv and gate_up, SiLU·mul before down: Fp8Acts), not by a launch of their own (o's input,
-# attention's output, still takes one). At batch 1 the 128 quantization launches a step
-# were 195 of its 3,474 us of kernels (gpu/results/fp8/2026-12-02-profile/).
+# attention's output, still takes one): at batch 1, 128 quantization launches of their own
+# take 195 of a step's 3,474 us of kernels (docs/perf.md "FP8").
 FUSED_ACT_QUANT = True
 
 
@@ -187,7 +187,7 @@ class Fp8Linear(Linear):
         the whole tensor's, so cuBLASLt's tensorwise FP8 GEMM, then the weights' per-row
         scales, the cast to the activations' dtype and the bias in one kernel after
         (triton_fp8.scale_columns: torch's mul into a bf16 output took 2.6 us a launch on
-        the H200, more than a float32 mul and a cast, gpu/results/fp8/2026-12-02-fused/);
+        the H200, more than a float32 mul and a cast; docs/perf.md "FP8");
         the same product as w8a8."""
         from . import triton_fp8
 

@@ -13,13 +13,13 @@ the float32 accumulator: once at the end per output channel, or per K tile for
 [bn, bk]-block scales (a K tile never crosses a block).
 
 Two kernels compute it, `KERNEL` picks per kind of weight scales (gpu/fp8_gemm_bench.py
-times both; H200, gpu/results/fp8/2026-12-01-e6b9444/: "ab" for per-channel scales, 95-97
+times both; H200, docs/perf.md "FP8": "ab" for per-channel scales, 95-97
 vs 106-108 us a layer at M = 1-16 with its best tiles; "swap_ab" for block scales, 117-159
 vs 124-192 us at M = 1-64):
 - "ab": acc[BLOCK_M, BLOCK_N] = x tile · wᵀ tile, the weights as the MMA's B operand. At
   BLOCK_M = 16 Triton gives it Ampere's synchronous mma.sync.m16n8k16 (Hopper's wgmma
-  needs 64 rows of A); it read the weights at 1.4-2.5 TB/s on the H200 (docs/perf.md
-  section 11).
+  needs 64 rows of A); it reads the weights at 1.4-2.5 TB/s on the H200 (docs/perf.md
+  "FP8").
 - "swap_ab": yᵀ = (W·s) xᵀ, acc[BLOCK_N, BLOCK_M] = w tile · xᵀ tile, the weights as the
   MMA's A operand (64-128 rows: wgmma's M) and the few activation rows as its N (16 at
   decode). wgmma takes A from registers: a weight tile is loaded as 16-byte vectors along
@@ -30,9 +30,8 @@ vs 124-192 us at M = 1-64):
   Compiled ahead for sm_90a (Triton 3.6, ptxas -v, no GPU): wgmma.m64n16k16 with A in
   registers, 16-byte cp.async for the weights, no spills at any tile the bench sweeps.
 
-A no-tensor-core GEMV kernel for M <= 4 was tried and measured no faster than "ab" at
-M = 1 (96.3 vs 96.0 us a layer on the H200, gpu/results/fp8/2026-12-01-gemv/), so it
-was removed.
+There is no separate no-tensor-core GEMV for M <= 4: on the H200 one measures no faster
+than "ab" at M = 1 (96.3 vs 96.0 us a layer, docs/perf.md "FP8").
 
 Split-K partials are summed by a second kernel, not float32 atomics into a zeroed
 buffer: atomics need the zeroing and a cast to the output dtype (three launches, not

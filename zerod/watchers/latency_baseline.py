@@ -23,7 +23,7 @@ A regression must show beyond the `SPARED` worst intervals of what is compared
 arrivals queues first tokens behind their prefills and stalls every running
 stream's steps for a second or two. That burst is over 1 % of a minute's
 observations, so it alone would set the window's p99 — against a normal in
-which bursts are rarer — though nothing regressed (the H200 ramp, docs/perf.md).
+which bursts are rarer — though nothing regressed (the H200 ramp, docs/perf.md "Latency regression").
 A sustained shift shows in every interval and fires `SPARED` scrape intervals
 later than it would otherwise.
 
