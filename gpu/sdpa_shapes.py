@@ -9,7 +9,7 @@ For the 8B attention shape (32 query heads, 8 KV heads, head_dim 128, bf16, caus
 and lengths the ramp's chunks had: per backend (the default's choice, then each one
 forced) the host milliseconds of the first and the third call at each length, and the
 device milliseconds of the third; then the default with engine/model/decoder.py's padded
-lengths (`sdpa_length`, what SDPA_PAD_LENGTHS does). Last, a verdict line.
+lengths (`sdpa_length`, what Tuning.sdpa_pad_lengths does). Last, a verdict line.
 
     python3 gpu/sdpa_shapes.py [OUT.json]
 """

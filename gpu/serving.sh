@@ -15,7 +15,8 @@
 #   families  the GPU agreement tests per family, then Qwen3-8B, Gemma-2-9B, Mixtral-8x7B shapes
 #   lora      8 rank-16 adapters at 200 streams and batch-1, against the base model
 #   api       penalties + top-5 logprobs at 200 streams, JSON-schema outputs at 64 streams
-#   stalls    the step thread's slow launches under fresh prompts of many lengths
+#   stalls    the no-stall scenarios from READY on (gpu/stalls_probe.py): the code in .before/
+#             (git archive of a reference commit, carried) against this tree, cold and warm starts
 # SMOKE=1 runs most parts on the CPU with tiny shapes (checks the script, measures nothing).
 set -u
 cd "$(dirname "$0")/.."

@@ -1,65 +1,62 @@
 #!/usr/bin/env bash
-# The step thread's slow launches under fresh prompts (H200, ~2 min): a dummy Llama-3-8B
-# server, 128 closed-loop streams of fresh prompts whose lengths are drawn log-uniform from
-# 32-1024 tokens (random ids: no prefix-cache hits), 256 output tokens, so prompts of many
-# lengths are prefilled beside running decodes. The engine logs every launch over 100 ms,
-# split into staging, the step thread's CPU, garbage collection and waiting (GIL, device or
-# a core); the table sums them beside the bench's tokens/s, TTFT p99 and ITL p99.
-# Results: $OUT/step_stalls.tgz (serve log, bench JSON, metrics); the table last.
-# SMOKE=1: the CPU, tiny.
+# bash gpu/serving.sh stalls: the "no stall" figures on the H200 (docs/perf.md, "Step stalls"): the Llama-3-8B shape
+# (dummy bf16 weights), one fresh server per variant, gpu/stalls_probe.py from READY on.
+# Variants: "before" is the tree in .before/ (git archive of the reference commit, carried),
+# "after" this tree; each starts with its own empty Triton cache (cold), then "after" is
+# restarted on its warm cache. ~7 min. Results: $OUT/stalls-*.json, the serve logs, a table.
 set -u
 cd "$(dirname "$0")/../.."
-export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
-FINAL=${OUT:-/tmp/zerod-step-stalls}; mkdir -p "$FINAL"
-W=/tmp/step_stalls; rm -rf "$W"; mkdir -p "$W"
-pack() { tar czf "$FINAL/step_stalls.tgz" -C "$W" .; }
-SHAPE=8b; SERVE_X="--dtype bfloat16 --max-model-len 8192 --max-num-seqs 256"; LOAD_S=${LOAD_S:-60}
-STREAMS=128; OUTLEN=256
-if [ "${SMOKE:-0}" = 1 ]; then
-  SHAPE=tiny; SERVE_X="--dtype float32 --device cpu --max-model-len 1024 --max-num-seqs 64"
-  LOAD_S=${LOAD_S:-10}; STREAMS=16; OUTLEN=32
-fi
-. gpu/parts/wheels.sh psutil   # packages the device image lacks, carried in .whl
-M=/tmp/zerod-dummy-$SHAPE
-$PY gpu/server_make_model.py "$M" --shape $SHAPE > /dev/null || exit 1
-V=shipped
-# shellcheck disable=SC2086
-$PY -m zerod serve --model "$M" --load-format dummy --port 8000 $SERVE_X \
-    --gpu-memory-utilization 0.90 > "$W/serve-$V.log" 2>&1 &
-SPID=$!
-if [ "$($PY gpu/wait_health.py 8000 150 $SPID)" != ok ]; then
-  echo "the server did not start:"; tail -30 "$W/serve-$V.log"; kill $SPID 2>/dev/null; exit 1
-fi
-timeout -k 5 -s INT "$LOAD_S" $PY -m zerod bench --port 8000 --no-progress --input-len-range 32:1024 \
-    --output-len $OUTLEN --max-concurrency $STREAMS --num-prompts $((STREAMS * 8)) \
-    --seed 1 --out "$W/bench-$V.json" > "$W/bench-$V.txt" 2>&1
-curl -s http://127.0.0.1:8000/metrics > "$W/metrics-$V.txt"
-kill -TERM $SPID; wait $SPID
-pack
-$PY - "$W" <<'PYEOF'
-import json, os, re, statistics, sys
-W = sys.argv[1]
-pat = re.compile(r"took (\d+) ms to launch \((\d+) prompt chunks, (\d+) tokens, (\d+) decodes; staging ([\d.]+) ms, "
-                 r"step thread on CPU (\d+) ms, garbage collection (\d+) ms, waiting \(GIL, device or a core\) (\d+) ms"
-                 r"(?:; (\d+) earlier steps unfinished)?")
-print(f"{'variant':18s} {'slow':>5s} {'p50 ms':>7s} {'max ms':>7s} {'cpu':>6s} {'gc':>6s} {'waited':>7s} "
-      f"{'lone 0-decode':>13s} {'behind':>6s} {'tok/s':>8s} {'TTFT p99':>9s} {'ITL p99':>8s}")
-for v in ("shipped",):
-    rows = [tuple(float(x or 0) for x in m.groups()) for m in map(pat.search, open(os.path.join(W, f"serve-{v}.log")))
-            if m]
-    rows = rows[1:] if rows and rows[0][0] > 300 else rows   # a first-step compile is another story
-    try:
-        s = next(iter(json.load(open(os.path.join(W, f"bench-{v}.json")))["scenarios"].values()))
-        tail = f"{s['output_throughput']:8.0f} {s['ttft_ms']['p99']:9.1f} {s['itl_ms']['p99']:8.1f}"
-    except (OSError, ValueError, StopIteration, KeyError, TypeError):
-        tail = "   bench: no result"
-    wall = [r[0] for r in rows]
-    tot = lambda i: sum(r[i] for r in rows)
-    lone = sum(1 for r in rows if r[1] == 1 and r[3] == 0)
-    print(f"{v:18s} {len(rows):5d} {statistics.median(wall) if wall else 0:7.0f} {max(wall, default=0):7.0f} "
-          f"{tot(5):6.0f} {tot(6):6.0f} {tot(7):7.0f} {lone:13d} {sum(r[8] > 0 for r in rows):6d} {tail}")
-print("slow: launches over 100 ms; cpu / gc / waited: their ms summed (step thread CPU, garbage collection,"
-      " waiting for the GIL, the device or a core); lone 0-decode: slow launches of one prompt chunk alone;"
-      " behind: slow launches made while earlier steps were unfinished on the device")
+OUTD=${OUT:-/tmp/zerod-stalls}; mkdir -p "$OUTD"
+. gpu/parts/wheels.sh xgrammar
+M=/tmp/zerod-dummy-8b
+$PY gpu/server_make_model.py "$M" --shape 8b > /dev/null || exit 1
+ROOT=$PWD
+serve() {   # serve DIR NAME CACHE: start, wait for /health, print the seconds to READY
+    local dir=$1 name=$2
+    ( cd "$dir" && TRITON_CACHE_DIR=$3 exec $PY -m zerod serve --model "$M" --load-format dummy --port 8000 \
+        --dtype bfloat16 --max-model-len 17408 --max-num-seqs 256 ) > "$OUTD/serve-$name.log" 2>&1 &
+    SPID=$!
+    local t0=$(date +%s.%N)
+    [ "$($PY gpu/wait_health.py 8000 240 $SPID)" = ok ] || { tail -20 "$OUTD/serve-$name.log"; kill $SPID; return 1; }
+    echo "$name ready_s $(awk "BEGIN{print $(date +%s.%N) - $t0}")" | tee -a "$OUTD/ready.txt"
+}
+stop() { kill -TERM $SPID; wait $SPID 2>/dev/null; }
+for v in before after; do
+    dir=$ROOT; [ $v = before ] && dir=$ROOT/.before
+    serve "$dir" $v /tmp/triton-$v || continue
+    timeout 300 $PY gpu/stalls_probe.py 8000 "$OUTD/stalls-$v.json" ${PHASES:+--phases $PHASES}
+    echo "$v slow-launch log lines: $(grep -c 'to launch' "$OUTD/serve-$v.log")" | tee -a "$OUTD/ready.txt"
+    stop
+done
+serve "$ROOT" after-restart /tmp/triton-after && timeout 60 $PY gpu/stalls_probe.py 8000 "$OUTD/stalls-after-restart.json" --phases first16k,hello
+stop
+gzip -f "$OUTD"/serve-*.log
+$PY - "$OUTD" <<'PYEOF'
+import json, sys, os
+d = sys.argv[1]
+def load(v):
+    p = os.path.join(d, f"stalls-{v}.json")
+    return json.load(open(p)) if os.path.exists(p) else {}
+b, a = load("before"), load("after")
+def g(r, *k):
+    for x in k:
+        r = (r or {}).get(x) if isinstance(r, dict) else None
+    return r
+def f(x):
+    return "-" if x is None else (f"{x:.0f}" if isinstance(x, (int, float)) else ", ".join(f"{y:.0f}" for y in x))
+rows = [("first 16K prompts TTFT ms", ("first16k", "ttft_ms")),
+        ("32 streams + 16K: longest gap ms", ("streams16k", "streams_max_gap_ms")),
+        ("32 streams + 16K: the prompt's TTFT ms", ("streams16k", "prompt_ttft_ms")),
+        ("mix 25: ITL p99 ms", ("mix25", "itl_p99")), ("mix 25: TTFT p99 ms", ("mix25", "ttft_p99")),
+        ("mix 25: max ITL ms", ("mix25", "itl_max")), ("mix 25: gaps > 100 ms", ("mix25", "gaps_over_100ms")),
+        ("mix 10: TTFT p99 ms", ("mix10", "ttft_p99")), ("mix 10: ITL p99 ms", ("mix10", "itl_p99")),
+        ("prefix, first run: TTFT p99 ms", ("prefix", "first", "ttft_p99")),
+        ("prefix, second run: TTFT p99 ms", ("prefix", "second", "ttft_p99")),
+        ("hello TTFT p50 ms", ("hello", "ttft_p50"))]
+print(f"| figure | before | after |\n|---|---|---|")
+for name, k in rows:
+    print(f"| {name} | {f(g(b, *k))} | {f(g(a, *k))} |")
+print("slow steps (after, cumulative at the end of mix25):", g(a, "mix25", "slow_steps_after"))
+print(open(os.path.join(d, "ready.txt")).read())
 PYEOF
