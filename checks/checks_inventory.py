@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import datetime as _dt
 
-from .checks_gpu import label
+from .checks_gpu import gpus
 from .report import FAIL, PASS, SKIP, WARN, Ctx, check
 
 GIB = 1 << 30
@@ -15,6 +15,7 @@ DISK_FAIL_BYTES = 1 << 30  # below this the Triton cache and the state writes fa
 
 @check("gpu.count", "The host shows the GPUs it was built with", "critical")
 def gpu_count(ctx: Ctx):
+    gpus(ctx)  # NVML unusable: fail, as every gpu.* check does
     want = ctx.cfg.expected_gpus
     if want is None:
         return SKIP("no expected count: set [doctor] expected_gpus to catch a GPU that fell off the bus")
@@ -60,6 +61,7 @@ def disk_space(ctx: Ctx):
 
 @check("gpu.stuck_processes", "No process stuck in the driver holding a GPU", "critical")
 def stuck_processes(ctx: Ctx):
+    gpus(ctx)
     doc = ctx.fact("gpu.stuck_processes")
     stuck = doc["stuck"]
     if stuck:
@@ -80,6 +82,7 @@ def _age(started_at) -> str:
 
 @check("gpu.diag", "The last `zerod diag` found the GPUs healthy", "critical")
 def diag_last(ctx: Ctx):
+    gpus(ctx)
     last = ctx.fact("diag.last")
     tests = [t for t in last["tests"]
              if ctx.cfg.gpus is None or t.get("gpu") is None or t["gpu"] in ctx.cfg.gpus]
