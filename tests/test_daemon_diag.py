@@ -18,14 +18,14 @@ from zerod.daemon import Daemon
 
 STAND_IN = r'''
 import json, sys, time
-from zerod.diag.report import Figure, TestResult, make_report
+from zerod.diag.report import Figure, DiagResult, make_report
 log = sys.argv[1]
 with open(log, "a") as f:
     f.write(json.dumps({"argv": sys.argv[2:], "started": time.time()}) + "\n")
 time.sleep(float(sys.argv[2]))
-tests = [TestResult("diag.gemm_bf16", "pass", 0, message="GEMM: 800 TFLOP/s",
+tests = [DiagResult("diag.gemm_bf16", "pass", 0, message="GEMM: 800 TFLOP/s",
                     measured=Figure(801.5, "TFLOP/s"), expected=Figure(989, "TFLOP/s")),
-         TestResult("diag.gemm_bf16", "fail", 1, message="the product is wrong (see the residuals)",
+         DiagResult("diag.gemm_bf16", "fail", 1, message="the product is wrong (see the residuals)",
                     measured=Figure(790.0, "TFLOP/s"), expected=Figure(989, "TFLOP/s"))]
 print(json.dumps(make_report(tests, {"level": "quick", "started_at": time.time(), "time": "now"})))
 with open(log, "a") as f:

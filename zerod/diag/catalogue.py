@@ -49,5 +49,5 @@ TESTS: tuple[DiagTest, ...] = (
 BY_ID = {t.id: t for t in TESTS}
 
 
-def tests_for(level: str) -> list[DiagTest]:
+def for_level(level: str) -> list[DiagTest]:
     return [t for t in TESTS if level in t.levels]

@@ -1,5 +1,5 @@
 """The active tests, through torch on the GPU. Each takes the torch module, the
-GPU's index, its NVML facts and the level's sizes, and returns a TestResult;
+GPU's index, its NVML facts and the level's sizes, and returns a DiagResult;
 timings come from CUDA events around repeated runs after a warm-up."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 from zerod.checks.gpu_specs import GpuSpec, pcie_gb_s
 from zerod.diag import judge, verify
-from zerod.diag.report import Figure, TestResult
+from zerod.diag.report import Figure, DiagResult
 
 GIB = 1 << 30
 
@@ -49,7 +49,7 @@ def _timed(torch, dev: int, fn, iters: int, warmup: int = 2) -> float:
         return start.elapsed_time(end) / 1000.0 / iters
 
 
-def cuda_context(torch, gpu: int) -> TestResult:
+def cuda_context(torch, gpu: int) -> DiagResult:
     t0 = time.perf_counter()
     x = torch.arange(1 << 20, device=f"cuda:{gpu}", dtype=torch.float32)
     total = float((x * 2).sum().item())
@@ -59,13 +59,13 @@ def cuda_context(torch, gpu: int) -> TestResult:
     ev = [{"name": "device", "value": props.name, "source": "torch.cuda.get_device_properties"},
           {"name": "kernel_result", "value": total, "source": f"sum(2*arange(2^20)), expected {want:.0f}"}]
     if total != want:
-        return TestResult("diag.cuda_context", "fail", gpu, message=f"a kernel returned {total:.0f}, not {want:.0f}",
+        return DiagResult("diag.cuda_context", "fail", gpu, message=f"a kernel returned {total:.0f}, not {want:.0f}",
                           evidence=ev)
-    return TestResult("diag.cuda_context", "pass", gpu, message=f"context created, kernel ran in {ms:.0f} ms",
+    return DiagResult("diag.cuda_context", "pass", gpu, message=f"context created, kernel ran in {ms:.0f} ms",
                       evidence=ev)
 
 
-def hbm_bandwidth(torch, gpu: int, spec: GpuSpec | None, sizes: Sizes) -> TestResult:
+def hbm_bandwidth(torch, gpu: int, spec: GpuSpec | None, sizes: Sizes) -> DiagResult:
     n = sizes.copy_bytes // 4
     src = torch.empty(n, dtype=torch.int32, device=f"cuda:{gpu}")
     dst = torch.empty_like(src)
@@ -80,12 +80,12 @@ def hbm_bandwidth(torch, gpu: int, spec: GpuSpec | None, sizes: Sizes) -> TestRe
     msg = judge.describe("copy", gb_s, expected, "GB/s")
     if bad:
         msg = f"the copy came back wrong: {bad} of {n} words differ; " + msg
-    return TestResult("diag.hbm_bandwidth", status, gpu, message=msg, measured=Figure(gb_s, "GB/s"),
+    return DiagResult("diag.hbm_bandwidth", status, gpu, message=msg, measured=Figure(gb_s, "GB/s"),
                       expected=Figure(expected, "GB/s") if expected else None, evidence=ev)
 
 
 def _gemm_verdict(test: str, gpu: int, tflops: float, expected: float | None, residual: float,
-                  tile: float, ev: list[dict]) -> TestResult:
+                  tile: float, ev: list[dict]) -> DiagResult:
     ev += [{"name": "freivalds_residual", "value": round(residual, 4),
             "source": "C·X against A·(B·X) in fp32, over 8 sigmas of bf16 rounding; > 1 is wrong"},
            {"name": "cpu_tile_error", "value": round(tile, 4),
@@ -95,11 +95,11 @@ def _gemm_verdict(test: str, gpu: int, tflops: float, expected: float | None, re
     msg = judge.describe("GEMM", tflops, expected, "TFLOP/s")
     if wrong:
         msg = "the product is wrong (see the residuals); " + msg
-    return TestResult(test, status, gpu, message=msg, measured=Figure(tflops, "TFLOP/s"),
+    return DiagResult(test, status, gpu, message=msg, measured=Figure(tflops, "TFLOP/s"),
                       expected=Figure(expected, "TFLOP/s") if expected else None, evidence=ev)
 
 
-def gemm_bf16(torch, gpu: int, spec: GpuSpec | None, sizes: Sizes) -> TestResult:
+def gemm_bf16(torch, gpu: int, spec: GpuSpec | None, sizes: Sizes) -> DiagResult:
     n, dev = sizes.gemm_n, f"cuda:{gpu}"
     g = torch.Generator(device=dev).manual_seed(1234 + gpu)
     a = torch.randn(n, n, device=dev, dtype=torch.bfloat16, generator=g)
@@ -117,10 +117,10 @@ def fp8_supported(torch, gpu: int) -> bool:
     return torch.cuda.get_device_capability(gpu) >= (8, 9) and hasattr(torch, "float8_e4m3fn")
 
 
-def gemm_fp8(torch, gpu: int, spec: GpuSpec | None, sizes: Sizes) -> TestResult:
+def gemm_fp8(torch, gpu: int, spec: GpuSpec | None, sizes: Sizes) -> DiagResult:
     cap = torch.cuda.get_device_capability(gpu)
     if not fp8_supported(torch, gpu) or (spec is not None and spec.fp8_tflops is None):
-        return TestResult("diag.gemm_fp8", "skip", gpu,
+        return DiagResult("diag.gemm_fp8", "skip", gpu,
                           message=f"no FP8 tensor cores (compute capability {cap[0]}.{cap[1]}; FP8 needs 8.9+)")
     n, dev = sizes.gemm_n, f"cuda:{gpu}"
     g = torch.Generator(device=dev).manual_seed(4321 + gpu)
@@ -149,7 +149,7 @@ def _link_rate(nvml_gpu: dict[str, Any]) -> tuple[float | None, dict]:
     return pcie_gb_s(gen, width), link
 
 
-def pcie(torch, gpu: int, nvml_gpu: dict[str, Any], sizes: Sizes, direction: str) -> TestResult:
+def pcie(torch, gpu: int, nvml_gpu: dict[str, Any], sizes: Sizes, direction: str) -> DiagResult:
     test = "diag.pcie_h2d" if direction == "h2d" else "diag.pcie_d2h"
     n = sizes.host_bytes // 4
     host = torch.empty(n, dtype=torch.int32, pin_memory=True)
@@ -172,13 +172,13 @@ def pcie(torch, gpu: int, nvml_gpu: dict[str, Any], sizes: Sizes, direction: str
     msg = judge.describe(direction, gb_s, expected, "GB/s")
     if bad:
         msg = f"the copy came back wrong: {bad} words differ; " + msg
-    return TestResult(test, status, gpu, message=msg, measured=Figure(gb_s, "GB/s"),
+    return DiagResult(test, status, gpu, message=msg, measured=Figure(gb_s, "GB/s"),
                       expected=Figure(expected, "GB/s") if expected else None, evidence=ev)
 
 
-def p2p(torch, src: int, dst: int, expected: float | None, basis: str, sizes: Sizes) -> TestResult:
+def p2p(torch, src: int, dst: int, expected: float | None, basis: str, sizes: Sizes) -> DiagResult:
     if not torch.cuda.can_device_access_peer(src, dst):
-        return TestResult("diag.p2p_bandwidth", "skip", src, dst,
+        return DiagResult("diag.p2p_bandwidth", "skip", src, dst,
                           message=f"no peer access from GPU {src} to GPU {dst} (doctor's gpu.p2p says why)")
     n = sizes.peer_bytes // 4
     a = torch.empty(n, dtype=torch.int32, device=f"cuda:{src}")
@@ -201,11 +201,11 @@ def p2p(torch, src: int, dst: int, expected: float | None, basis: str, sizes: Si
     msg = judge.describe(f"GPU {src} -> GPU {dst}", gb_s, expected, "GB/s")
     if bad:
         msg = f"the copy came back wrong: {bad} words differ; " + msg
-    return TestResult("diag.p2p_bandwidth", status, src, dst, message=msg, measured=Figure(gb_s, "GB/s"),
+    return DiagResult("diag.p2p_bandwidth", status, src, dst, message=msg, measured=Figure(gb_s, "GB/s"),
                       expected=Figure(expected, "GB/s") if expected else None, evidence=ev)
 
 
-def memory_pattern(torch, gpu: int, sizes: Sizes) -> TestResult:
+def memory_pattern(torch, gpu: int, sizes: Sizes) -> DiagResult:
     free, total = torch.cuda.mem_get_info(gpu)
     chunk = GIB // 4  # int32 words per 1 GiB chunk
     want = int(free * sizes.pattern_fraction) // GIB
@@ -228,16 +228,16 @@ def memory_pattern(torch, gpu: int, sizes: Sizes) -> TestResult:
     ev = [{"name": "tested_bytes", "value": tested, "source": f"of {free} free, {total} in all (cudaMemGetInfo)"},
           {"name": "mismatched_words", "value": bad, "source": "two address-derived patterns, written then read"}]
     if not tested:
-        return TestResult("diag.memory_pattern", "error", gpu, message="could not allocate 1 GiB to test", evidence=ev)
+        return DiagResult("diag.memory_pattern", "error", gpu, message="could not allocate 1 GiB to test", evidence=ev)
     if bad:
-        return TestResult("diag.memory_pattern", "fail", gpu,
+        return DiagResult("diag.memory_pattern", "fail", gpu,
                           message=f"{bad} words read back wrong over {tested / GIB:.0f} GiB", evidence=ev)
-    return TestResult("diag.memory_pattern", "pass", gpu,
+    return DiagResult("diag.memory_pattern", "pass", gpu,
                       message=f"{tested / GIB:.0f} GiB written and read back twice, no error", evidence=ev,
                       measured=Figure(tested / GIB, "GiB"))
 
 
-def gemm_stress(torch, gpu: int, spec: GpuSpec | None, sizes: Sizes, clock_events) -> TestResult:
+def gemm_stress(torch, gpu: int, spec: GpuSpec | None, sizes: Sizes, clock_events) -> DiagResult:
     """bf16 GEMMs for `stress_s`, each tenth checked, the throughput of the last
     second against the first, NVML's clock event reasons sampled meanwhile."""
     n, dev = sizes.gemm_n, f"cuda:{gpu}"
@@ -263,10 +263,10 @@ def gemm_stress(torch, gpu: int, spec: GpuSpec | None, sizes: Sizes, clock_event
           {"name": "worst_residual", "value": round(worst, 4), "source": "Freivalds, every tenth round"},
           {"name": "clock_events_seen", "value": sorted(reasons), "source": "NVML, every tenth round"}]
     if not rates:
-        return TestResult("diag.gemm_stress", "error", gpu, message="no round completed", evidence=ev)
+        return DiagResult("diag.gemm_stress", "error", gpu, message="no round completed", evidence=ev)
     mean = sum(rates) / len(rates)
     if worst > 1.0:
-        return TestResult("diag.gemm_stress", "fail", gpu, evidence=ev, measured=Figure(mean, "TFLOP/s"),
+        return DiagResult("diag.gemm_stress", "fail", gpu, evidence=ev, measured=Figure(mean, "TFLOP/s"),
                           message=f"a product under load was wrong (residual {worst:.2f})")
     expected = spec.bf16_tflops if spec else None
     status = judge.verdict(min(rates[-1], mean), expected)
@@ -275,5 +275,5 @@ def gemm_stress(torch, gpu: int, spec: GpuSpec | None, sizes: Sizes, clock_event
         status = "warn"
     msg = judge.describe(f"{sizes.stress_s:.0f} s of GEMMs", mean, expected, "TFLOP/s") + (
         f"; clocks held down meanwhile: {', '.join(slow)}" if slow else "")
-    return TestResult("diag.gemm_stress", status, gpu, message=msg, measured=Figure(mean, "TFLOP/s"),
+    return DiagResult("diag.gemm_stress", status, gpu, message=msg, measured=Figure(mean, "TFLOP/s"),
                       expected=Figure(expected, "TFLOP/s") if expected else None, evidence=ev)

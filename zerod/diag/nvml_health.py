@@ -51,7 +51,8 @@ def _new_xids(before: dict[str, Any], after: dict[str, Any], bus_id: str | None)
     for x in after["xids"]:
         if (x.get("t_s"), x.get("xid"), x.get("pci")) in seen:
             continue
-        if bus_id and x.get("pci") and normalize_bdf(x["pci"]) != normalize_bdf(bus_id):
+        # the kernel names the device without its function ('0000:19:00'), NVML with it
+        if bus_id and x.get("pci") and not normalize_bdf(bus_id).startswith(normalize_bdf(x["pci"])):
             continue
         out.append(x)
     return out

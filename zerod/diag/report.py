@@ -21,7 +21,7 @@ class Figure:
 
 
 @dataclass
-class TestResult:
+class DiagResult:
     id: str
     status: str
     gpu: int | None = None
@@ -51,7 +51,7 @@ def counts(tests: list[dict]) -> dict[str, int]:
     return {s: sum(1 for t in tests if t["status"] == s) for s in STATUSES}
 
 
-def make_report(tests: list[TestResult], host: dict[str, Any]) -> dict[str, Any]:
+def make_report(tests: list[DiagResult], host: dict[str, Any]) -> dict[str, Any]:
     from zerod import __version__
 
     rows = [t.to_dict() for t in tests]

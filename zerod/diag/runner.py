@@ -15,8 +15,8 @@ from typing import Any, Callable
 
 from zerod.checks.gpu_specs import GpuSpec, pcie_gb_s, spec_for
 from zerod.diag import nvml_health
-from zerod.diag.catalogue import BY_ID, TESTS, tests_for
-from zerod.diag.report import TestResult, make_report
+from zerod.diag.catalogue import BY_ID, TESTS, for_level
+from zerod.diag.report import DiagResult, make_report
 
 ORDER = {t.id: i for i, t in enumerate(TESTS)}
 
@@ -36,7 +36,7 @@ def why_not_runnable(torch_loader: Callable[[], Any]) -> tuple[Any, str | None]:
 
 
 def skipped_report(level: str, reason: str, host: dict[str, Any]) -> dict[str, Any]:
-    return make_report([TestResult(t.id, "skip", message=reason) for t in tests_for(level)], host)
+    return make_report([DiagResult(t.id, "skip", message=reason) for t in for_level(level)], host)
 
 
 def _import_torch():
@@ -97,7 +97,7 @@ def run_diag(level: str, gpus: list[int] | None = None, *, torch_loader: Callabl
     chosen = list(gpus) if gpus is not None else list(range(torch.cuda.device_count()))
     sizes = T.SIZES[level]
     before = nvml_health.snapshot(facts)
-    results: list[TestResult] = []
+    results: list[DiagResult] = []
     host["gpus"] = []
     host["torch"] = torch.__version__
     host["cuda"] = torch.version.cuda
@@ -112,24 +112,24 @@ def run_diag(level: str, gpus: list[int] | None = None, *, torch_loader: Callabl
     after = nvml_health.snapshot()
     for gpu in chosen:
         status, msg, ev = nvml_health.judge(gpu, before, after)
-        results.append(TestResult("diag.health_counters", status, gpu, message=msg, evidence=ev))
+        results.append(DiagResult("diag.health_counters", status, gpu, message=msg, evidence=ev))
     results.sort(key=lambda r: (ORDER[r.id], r.gpu if r.gpu is not None else -1,
                                 r.peer if r.peer is not None else -1))
     host["duration_s"] = round(time.time() - started, 3)
     return make_report(results, host)
 
 
-def _guarded(test_id: str, gpu: int, fn, *args, peer: int | None = None) -> TestResult:
+def _guarded(test_id: str, gpu: int, fn, *args, peer: int | None = None) -> DiagResult:
     t0 = time.perf_counter()
     try:
         r = fn(*args)
     except Exception as exc:  # noqa: BLE001 - a test that raises is that test's error, the others run
-        r = TestResult(test_id, "error", gpu, peer, message=f"{type(exc).__name__}: {str(exc)[:300]}")
+        r = DiagResult(test_id, "error", gpu, peer, message=f"{type(exc).__name__}: {str(exc)[:300]}")
     r.duration_s = time.perf_counter() - t0
     return r
 
 
-def _one_gpu(T, torch, gpu: int, g: dict, spec, sizes, level: str, progress) -> list[TestResult]:
+def _one_gpu(T, torch, gpu: int, g: dict, spec, sizes, level: str, progress) -> list[DiagResult]:
     progress(f"GPU {gpu}: CUDA context")
     ctx = _guarded("diag.cuda_context", gpu, T.cuda_context, torch, gpu)
     out = [ctx]
@@ -143,7 +143,7 @@ def _one_gpu(T, torch, gpu: int, g: dict, spec, sizes, level: str, progress) -> 
                  ("diag.gemm_stress", T.gemm_stress, (torch, gpu, spec, sizes, lambda: _clock_events(gpu)))]
     for test_id, fn, args in plan:
         if ctx.status != "pass":
-            out.append(TestResult(test_id, "skip", gpu, message="no working CUDA context on this GPU"))
+            out.append(DiagResult(test_id, "skip", gpu, message="no working CUDA context on this GPU"))
             continue
         progress(f"GPU {gpu}: {BY_ID[test_id].title}")
         out.append(_guarded(test_id, gpu, fn, *args))
@@ -155,9 +155,9 @@ def _clock_events(gpu: int) -> list[str]:
     return nvml_health.snapshot_gpu_clock_events(gpu) or []
 
 
-def _peers(T, torch, chosen: list[int], nvml_gpus: dict, sizes, progress) -> list[TestResult]:
+def _peers(T, torch, chosen: list[int], nvml_gpus: dict, sizes, progress) -> list[DiagResult]:
     if len(chosen) < 2:
-        return [TestResult("diag.p2p_bandwidth", "skip", chosen[0] if chosen else None,
+        return [DiagResult("diag.p2p_bandwidth", "skip", chosen[0] if chosen else None,
                            message="one GPU: no peer to copy to")]
     out = []
     for src in chosen:
