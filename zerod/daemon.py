@@ -46,6 +46,7 @@ from zerod.watchers.compute_mode import ComputeModeGuard
 from zerod.watchers.engine_metrics import EngineMetricsWatcher
 from zerod.watchers.gpu_processes import GpuProcessWatcher
 from zerod.watchers.latency import LatencyWatcher
+from zerod.watchers.nvml_gpm import GpmWatcher
 from zerod.watchers.nvml_session import NvmlSession
 from zerod.watchers.nvml_stats import NvmlStatsWatcher
 from zerod.watchers.xid_events import XidWatcher
@@ -145,7 +146,8 @@ class Daemon:
             engines=lambda: [(s.spec, s.pid) for s in self.supervisors], nvml_ok=lambda: self.nvml.ok,
             roots=self._proc_roots, scan=self._scan, nvml_session=self.nvml)
         xid = XidWatcher(self.nvml, book, cfg)
-        self.watchers = [nvml_stats, processes, xid]
+        gpm = GpmWatcher(self.nvml, cfg)
+        self.watchers = [nvml_stats, processes, xid, gpm]
         engines = []
         for sup, preflight in zip(self.supervisors, self.preflights):
             engines.append(self._engine_parts(sup, preflight, processes, preset))
@@ -164,6 +166,7 @@ class Daemon:
         self.views = Views(self.host, self.started_at, cfg.allow_write_actions, book, self.preflight,
                            self.supervisor, nvml_stats, xid, processes, first.engine_metrics, first.latency,
                            self.watchers, first.compute_mode, engines)
+        self.views.gpm = gpm
         self.views.diag = DiagService(book, diag_result_path(cfg.state_dir or None),
                                       engines=lambda: [e.status() for e in engines],
                                       **({"command": self._diag_command} if self._diag_command else {}))

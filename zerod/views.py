@@ -119,6 +119,7 @@ class Views:
     # every engine, the first being the one above; built from it when not given
     engines: list[EngineView] = field(default_factory=list)
     diag: Any = None  # zerod.diag.service.DiagService: the last `zerod diag`, runs on request
+    gpm: Any = None  # zerod.watchers.nvml_gpm.GpmWatcher: SM, tensor and DRAM activity where supported
 
     def __post_init__(self) -> None:
         if not self.engines:
@@ -173,6 +174,8 @@ class Views:
             g["xid_events_total"] = xids.get(g["index"], {})
             g["exclusive_gpu"] = held.get(g["index"], {}).get("exclusive_gpu", False)
             g["exclusive_refused"] = held.get(g["index"], {}).get("exclusive_refused")
+            if self.gpm is not None:
+                g.update(self.gpm.snapshot(g["index"]))
         return doc
 
     def processes_doc(self) -> dict[str, Any]:
@@ -229,6 +232,8 @@ class Views:
         yield from self._process_utilization()
         if self.diag is not None:
             yield from self.diag.collect()
+        if self.gpm is not None:
+            yield from self.gpm.collect()
         runs = CounterMetricFamily("zerod_watcher_runs", "Watcher polls.", labels=["watcher"])
         errors = CounterMetricFamily("zerod_watcher_errors", "Watcher polls that failed.", labels=["watcher"])
         busy = CounterMetricFamily("zerod_watcher_busy_seconds", "Wall time spent in watcher polls.",
