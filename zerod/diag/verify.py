@@ -35,8 +35,8 @@ def gemm_tile_error(torch, a, b, c) -> float:
     """The first TILE×TILE block of C against float64 on the CPU: the worst element's
     error over bf16's rounding bound (> 1: wrong)."""
     t = min(TILE, c.shape[0], c.shape[1])
-    ref = a[:t].double().cpu() @ b[:, :t].double().cpu()
-    got = c[:t, :t].double().cpu()
+    ref = a[:t].float().cpu().double() @ b[:, :t].float().cpu().double()  # float8 upcasts through float32
+    got = c[:t, :t].float().cpu().double()
     bound = 2 * BF16_UNIT_ROUNDOFF * ref.abs() + 1e-3 * float(ref.abs().mean()) + 1e-6
     return float(((got - ref).abs() / bound).max().item())
 
