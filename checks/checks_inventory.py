@@ -82,11 +82,18 @@ def _age(started_at) -> str:
 
 @check("gpu.diag", "The last `zerod diag` found the GPUs healthy", "critical")
 def diag_last(ctx: Ctx):
-    gpus(ctx)
+    now = {g.get("index"): g.get("uuid") for g in gpus(ctx)}
     last = ctx.fact("diag.last")
+    # a board replaced since the run: its index now names another GPU, whose result that is not
+    replaced = {g["index"] for g in last.get("gpus") or []
+                if g.get("uuid") and g.get("index") in now and now[g["index"]] not in (None, g["uuid"])}
     tests = [t for t in last["tests"]
-             if ctx.cfg.gpus is None or t.get("gpu") is None or t["gpu"] in ctx.cfg.gpus]
+             if (ctx.cfg.gpus is None or t.get("gpu") is None or t["gpu"] in ctx.cfg.gpus)
+             and t.get("gpu") not in replaced and t.get("peer") not in replaced]
     when = f"`zerod diag --level {last.get('level')}` ({last.get('time')}{_age(last.get('started_at'))})"
+    if replaced and not tests:
+        return SKIP(f"{when} ran on other boards (GPU {', '.join(map(str, sorted(replaced)))} has another "
+                    f"UUID now): run `zerod diag` again")
     bad = [t for t in tests if t["status"] in ("fail", "warn", "error")]
 
     def where(t):
@@ -94,7 +101,7 @@ def diag_last(ctx: Ctx):
             f" -> {t['peer']}" if t.get("peer") is not None else "")
 
     text = "; ".join(f"{t['id']}{where(t)} {t['status']}: {t['message']}" for t in bad)
-    fix = "`zerod diag -v` shows each test's fix; run `zerod diag --level full` on the GPU named"
+    fix = "`zerod diag` prints each test's fix; run `zerod diag --level full` on the GPU named"
     if any(t["status"] == "fail" for t in bad):
         return FAIL(f"{when}: {text}", fix)
     if bad:

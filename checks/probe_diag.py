@@ -27,5 +27,6 @@ def probe(facts: Facts, roots: Roots, state_dir: str | None) -> None:
     host = doc.get("host") or {}
     facts.put("diag.last", {
         "time": host.get("time"), "started_at": host.get("started_at"), "level": host.get("level"),
+        "gpus": [{"index": g.get("index"), "uuid": g.get("uuid")} for g in host.get("gpus") or []],
         "tests": [{k: t.get(k) for k in ("id", "gpu", "peer", "status", "message")} for t in doc["tests"]],
     }, where)

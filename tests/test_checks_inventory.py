@@ -80,6 +80,16 @@ def test_diag_result_of_another_gpu_does_not_count_for_this_engine():
     assert result(f, "gpu.diag").status == "fail"
 
 
+def test_diag_result_of_a_replaced_board_does_not_count():
+    uuid = h200().value("nvml.gpus")[0]["uuid"]
+    failing = _diag(("diag.gemm_bf16", 0, "fail", "wrong"))
+    same = edit(h200(), "diag.last", {**failing, "gpus": [{"index": 0, "uuid": uuid}]})
+    assert result(same, "gpu.diag").status == "fail"
+    other = edit(h200(), "diag.last", {**failing, "gpus": [{"index": 0, "uuid": "GPU-replaced-since"}]})
+    r = result(other, "gpu.diag")
+    assert r.status == "skip" and "has another UUID now" in r.message
+
+
 def test_no_diag_result_skips_and_names_the_file(tmp_path):
     facts = h200()
     probe_diag(facts, Roots(), str(tmp_path))
@@ -95,7 +105,7 @@ def test_probe_reads_the_kept_report(tmp_path):
     facts = h200()
     probe_diag(facts, Roots(), str(tmp_path))
     last = facts.value("diag.last")
-    assert last["level"] == "full" and last["tests"] == [
+    assert last["level"] == "full" and last["gpus"] == [] and last["tests"] == [
         {"id": "diag.gemm_bf16", "gpu": 0, "peer": None, "status": "fail", "message": "wrong"}]
     (tmp_path / "diag.json").write_text("not json")
     facts = h200()
