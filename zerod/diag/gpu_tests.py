@@ -4,6 +4,7 @@ timings come from CUDA events around repeated runs after a warm-up."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -51,15 +52,16 @@ def _timed(torch, dev: int, fn, iters: int, warmup: int = 2) -> float:
 
 def cuda_context(torch, gpu: int) -> DiagResult:
     t0 = time.perf_counter()
-    x = torch.arange(1 << 20, device=f"cuda:{gpu}", dtype=torch.float32)
-    total = float((x * 2).sum().item())
-    want = float((1 << 20) * ((1 << 20) - 1))  # 2 * sum(0..n-1)
+    n = 1 << 20
+    x = torch.arange(n, device=f"cuda:{gpu}", dtype=torch.int64)
+    total = int((x * 2).sum().item())  # integers: exact, so any other answer is wrong
+    want = n * (n - 1)  # 2 * sum(0..n-1)
     ms = (time.perf_counter() - t0) * 1000
     props = torch.cuda.get_device_properties(gpu)
     ev = [{"name": "device", "value": props.name, "source": "torch.cuda.get_device_properties"},
-          {"name": "kernel_result", "value": total, "source": f"sum(2*arange(2^20)), expected {want:.0f}"}]
+          {"name": "kernel_result", "value": total, "source": f"sum(2*arange(2^20)), expected {want}"}]
     if total != want:
-        return DiagResult("diag.cuda_context", "fail", gpu, message=f"a kernel returned {total:.0f}, not {want:.0f}",
+        return DiagResult("diag.cuda_context", "fail", gpu, message=f"a kernel returned {total}, not {want}",
                           evidence=ev)
     return DiagResult("diag.cuda_context", "pass", gpu, message=f"context created, kernel ran in {ms:.0f} ms",
                       evidence=ev)
@@ -105,12 +107,27 @@ def gemm_bf16(torch, gpu: int, spec: GpuSpec | None, sizes: Sizes) -> DiagResult
     a = torch.randn(n, n, device=dev, dtype=torch.bfloat16, generator=g)
     b = torch.randn(n, n, device=dev, dtype=torch.bfloat16, generator=g)
     c = torch.empty(n, n, device=dev, dtype=torch.bfloat16)
-    s = _timed(torch, gpu, lambda: torch.matmul(a, b, out=c), sizes.gemm_iters)
+    with _full_precision_reduction(torch):
+        s = _timed(torch, gpu, lambda: torch.matmul(a, b, out=c), sizes.gemm_iters)
     tflops = 2 * n ** 3 / s / 1e12
     residual = verify.gemm_residual(torch, a, b, c)
     tile = verify.gemm_tile_error(torch, a, b, c)
     ev = [{"name": "shape", "value": [n, n, n], "source": "torch.matmul, bf16 in and out"}]
     return _gemm_verdict("diag.gemm_bf16", gpu, tflops, spec.bf16_tflops if spec else None, residual, tile, ev)
+
+
+@contextlib.contextmanager
+def _full_precision_reduction(torch):
+    """bf16 GEMMs reduce split-K partial sums in fp32 while measured: the reference's
+    tolerance models one rounding of the output, and the figure is the tensor cores', not
+    a heuristic's."""
+    m = torch.backends.cuda.matmul
+    saved = m.allow_bf16_reduced_precision_reduction
+    m.allow_bf16_reduced_precision_reduction = False
+    try:
+        yield
+    finally:
+        m.allow_bf16_reduced_precision_reduction = saved
 
 
 def fp8_supported(torch, gpu: int) -> bool:
@@ -136,8 +153,8 @@ def gemm_fp8(torch, gpu: int, spec: GpuSpec | None, sizes: Sizes) -> DiagResult:
     s = _timed(torch, gpu, run, sizes.gemm_iters)
     tflops = 2 * n ** 3 / s / 1e12
     c = out["c"]
-    residual = verify.gemm_residual(torch, a, bt.t(), c)
-    tile = verify.gemm_tile_error(torch, a, bt.t(), c)
+    residual = verify.gemm_residual(torch, a, bt.t(), c, extra_rel=verify.FP8_ACCUMULATION_REL)
+    tile = verify.gemm_tile_error(torch, a, bt.t(), c, extra_rel=verify.FP8_ACCUMULATION_REL)
     ev = [{"name": "shape", "value": [n, n, n], "source": "torch._scaled_mm, e4m3 in, bf16 out, unit scales"}]
     return _gemm_verdict("diag.gemm_fp8", gpu, tflops, spec.fp8_tflops if spec else None, residual, tile, ev)
 
@@ -251,7 +268,8 @@ def gemm_stress(torch, gpu: int, spec: GpuSpec | None, sizes: Sizes, clock_event
     end = time.monotonic() + sizes.stress_s
     i = 0
     while time.monotonic() < end:
-        s = _timed(torch, gpu, lambda: torch.matmul(a, b, out=c), 10, warmup=0)
+        with _full_precision_reduction(torch):
+            s = _timed(torch, gpu, lambda: torch.matmul(a, b, out=c), 10, warmup=0)
         rates.append(2 * n ** 3 / s / 1e12)
         if i % 10 == 0:
             worst = max(worst, verify.gemm_residual(torch, a, b, c, seed=i))
