@@ -5,7 +5,6 @@ of the last two on a made-up /proc and state directory."""
 from __future__ import annotations
 
 import json
-import os
 import time
 
 import pytest

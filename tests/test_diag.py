@@ -7,7 +7,6 @@ after) on the CPU, with results made wrong on purpose."""
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
