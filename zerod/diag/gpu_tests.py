@@ -11,7 +11,8 @@ from typing import Any
 
 from zerod.checks.gpu_specs import GpuSpec, pcie_gb_s
 from zerod.diag import judge, verify
-from zerod.diag.report import Figure, DiagResult
+from zerod.diag.nvml_health import HW_SLOWDOWN_REASONS
+from zerod.diag.report import DiagResult, Figure
 
 GIB = 1 << 30
 
@@ -288,7 +289,7 @@ def gemm_stress(torch, gpu: int, spec: GpuSpec | None, sizes: Sizes, clock_event
                           message=f"a product under load was wrong (residual {worst:.2f})")
     expected = spec.bf16_tflops if spec else None
     status = judge.verdict(min(rates[-1], mean), expected)
-    slow = sorted(reasons & {"hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"})
+    slow = sorted(reasons & set(HW_SLOWDOWN_REASONS))
     if slow and status == "pass":
         status = "warn"
     msg = judge.describe(f"{sizes.stress_s:.0f} s of GEMMs", mean, expected, "TFLOP/s") + (

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from zerod.checks.clock_events import reasons_from_mask
+from zerod.checks.clock_events import CLOCK_EVENTS, reasons_from_mask
 from zerod.checks.facts import Facts, Roots
 from zerod.checks.pci import normalize_bdf
 from zerod.checks.probe_nvml import probe as probe_nvml
 from zerod.checks.probe_procfs import probe_xids
 from zerod.checks.xid import describe as describe_xid
 
-SLOWDOWN_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown", "sw_thermal_slowdown")
+# the reasons doctor's gpu.clock_events judges (the GPU runs below its clocks)
+SLOWDOWN_REASONS = tuple(e.name for e in CLOCK_EVENTS.values() if e.level is not None)
+HW_SLOWDOWN_REASONS = tuple(e.name for e in CLOCK_EVENTS.values() if e.level == "fail")
 
 
 def read_nvml() -> Facts:

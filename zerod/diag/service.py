@@ -22,10 +22,10 @@ from prometheus_client.core import GaugeMetricFamily
 from zerod.alerts import AlertBook
 from zerod.diag import busy, store
 from zerod.diag.catalogue import LEVELS
+from zerod.preflight import CHECK_STATUS_VALUE  # zerod_diag_test_status uses zerod_check_status's scale
 
 log = logging.getLogger("zerod.diag")
 
-STATUS_VALUE = {"pass": 0, "skip": 0, "warn": 1, "error": 1, "fail": 2}  # zerod_check_status's scale
 TIMEOUT_S = {"quick": 60.0, "full": 360.0}  # per GPU, with the child's start-up and torch's import
 COMMAND = (sys.executable, "-m", "zerod", "diag")
 
@@ -167,7 +167,7 @@ class DiagService:
         for t in (self.last or {}).get("tests") or []:
             lv = [t["id"], "" if t.get("gpu") is None else str(t["gpu"]),
                   "" if t.get("peer") is None else str(t["peer"])]
-            status.add_metric(lv, float(STATUS_VALUE.get(t["status"], 1)))
+            status.add_metric(lv, float(CHECK_STATUS_VALUE.get(t["status"], 1)))
             for fam, key in ((measured, "measured"), (expected, "expected")):
                 fig = t.get(key)
                 if fig:
