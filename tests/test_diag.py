@@ -238,3 +238,82 @@ def test_health_counters_before_and_after():
     status, msg, _ = nvml_health.judge(0, before, _counters(clock_events=["hw_thermal_slowdown"]))
     assert status == "warn" and "hw_thermal_slowdown" in msg
     assert nvml_health.judge(1, before, _counters())[0] == "error"
+
+
+# -- the run's order of work, with stand-ins for torch and the GPU tests --------------------------
+
+def _fake_torch(n_gpus: int):
+    import types
+
+    cuda = types.SimpleNamespace(is_available=lambda: True, device_count=lambda: n_gpus,
+                                 get_device_name=lambda i: "NVIDIA H200", empty_cache=lambda: None)
+    return types.SimpleNamespace(cuda=cuda, version=types.SimpleNamespace(cuda="12.8"), __version__="2.13.0+cu128")
+
+
+def test_run_order_context_failure_errors_pairs_and_counters(monkeypatch):
+    from zerod.diag import gpu_tests as T
+    from zerod.diag import runner
+    from zerod.diag.report import DiagResult, Figure
+
+    monkeypatch.setattr(nvml_health, "read_nvml", _two_gpus)
+    snaps = iter([_counters(), _counters(ecc_uncorrected_volatile=1)])
+    monkeypatch.setattr(nvml_health, "snapshot", lambda facts=None, roots=None: {
+        **(s := next(snaps)), "gpus": {0: s["gpus"][0], 1: s["gpus"][0]}})
+    monkeypatch.setattr(runner, "_nvlink_links", lambda gpu: 18)
+    calls = []
+
+    def ok(test_id):
+        def fn(torch, gpu, *rest):
+            calls.append((test_id, gpu))
+            return DiagResult(test_id, "pass", gpu, message="fine", measured=Figure(1.0, "x"))
+        return fn
+
+    monkeypatch.setattr(T, "cuda_context", lambda torch, gpu: DiagResult(
+        "diag.cuda_context", "pass" if gpu == 0 else "fail", gpu, message="ctx"))
+    monkeypatch.setattr(T, "hbm_bandwidth", ok("diag.hbm_bandwidth"))
+    monkeypatch.setattr(T, "gemm_bf16", lambda *a: 1 / 0)  # a test that raises
+    monkeypatch.setattr(T, "gemm_fp8", ok("diag.gemm_fp8"))
+    monkeypatch.setattr(T, "pcie", lambda torch, gpu, g, sizes, d: ok(f"diag.pcie_{d}")(torch, gpu))
+    monkeypatch.setattr(T, "memory_pattern", ok("diag.memory_pattern"))
+    monkeypatch.setattr(T, "gemm_stress", ok("diag.gemm_stress"))
+    peers = []
+    monkeypatch.setattr(T, "p2p", lambda torch, s, d, expected, basis, sizes: peers.append((s, d, expected, basis))
+                        or DiagResult("diag.p2p_bandwidth", "pass", s, d, message="fine"))
+    report = runner.run_diag("full", torch_loader=lambda: _fake_torch(2))
+    rows = [(t["id"], t["gpu"], t["peer"], t["status"]) for t in report["tests"]]
+    # GPU 1's context failed: its other tests are skipped, not run
+    assert ("diag.cuda_context", 1, None, "fail") in rows
+    assert all(g == 0 for _, g in calls)
+    assert ("diag.hbm_bandwidth", 1, None, "skip") in rows and ("diag.gemm_stress", 1, None, "skip") in rows
+    # the test that raised is that test's error, the ones after it still ran
+    [bf16] = [t for t in report["tests"] if t["id"] == "diag.gemm_bf16" and t["gpu"] == 0]
+    assert bf16["status"] == "error" and "ZeroDivisionError" in bf16["message"] and bf16["remediation"]
+    assert ("diag.gemm_stress", 0) in calls
+    # both directions of the pair, against 18 NVLinks
+    assert [(s, d) for s, d, _, _ in peers] == [(0, 1), (1, 0)] and peers[0][2] == 450.0
+    # the counters rose during the run: both GPUs fail diag.health_counters
+    assert [r for r in rows if r[0] == "diag.health_counters"] == [
+        ("diag.health_counters", 0, None, "fail"), ("diag.health_counters", 1, None, "fail")]
+    # the report lists tests in catalogue order, GPU by GPU
+    order = [t.id for t in TESTS]
+    assert [order.index(r[0]) for r in rows] == sorted(order.index(r[0]) for r in rows)
+    assert report["summary"]["exit_code"] == 2
+    assert [g["spec"]["model"] for g in report["host"]["gpus"]] == ["H200 SXM", "H200 SXM"]
+
+
+def test_text_report_shows_figures_and_fixes():
+    from zerod.diag.render import render
+    from zerod.diag.report import DiagResult, Figure, make_report
+
+    report = make_report([
+        DiagResult("diag.hbm_bandwidth", "warn", 0, message="copy: 2,400.0 GB/s, 50 % of the spec 4,800 GB/s",
+                   measured=Figure(2400.0, "GB/s"), expected=Figure(4800, "GB/s")),
+        DiagResult("diag.p2p_bandwidth", "pass", 0, 1, message="GPU 0 -> GPU 1: 390.0 GB/s")],
+        {"level": "quick", "hostname": "h", "time": "t", "duration_s": 12.0,
+         "gpus": [{"index": 0, "name": "NVIDIA H200", "spec": {"model": "H200 SXM"}}]})
+    text = render(report)
+    assert "GPU 0: NVIDIA H200 (spec figures: H200 SXM)" in text
+    assert "WARN diag.hbm_bandwidth" in text and "50 % of the spec" in text
+    assert "gpu 0->1" in text and "fix: look at `zerod doctor`" in text
+    assert text.splitlines()[-1] == "2 tests: 1 ok, 1 warn, 0 fail, 0 skipped, 0 errors -> exit 1"
+    assert all(len(line) <= 80 for line in text.splitlines()[1:]), text
