@@ -70,9 +70,12 @@ class DoctorConfig:
                 raise bad(key, f"must be a dotted version like 5.15, got {v!r}")
         if self.memlock_min_bytes < 0 or self.xid_window_s <= 0 or self.max_num_seqs <= 0:
             raise bad("memlock_min_bytes/xid_window_s/max_num_seqs", "must be positive")
-        if self.expected_gpus is not None and (not isinstance(self.expected_gpus, int) or self.expected_gpus < 1):
+        def whole(v) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        if self.expected_gpus is not None and (not whole(self.expected_gpus) or self.expected_gpus < 1):
             raise bad("expected_gpus", f"must be a whole number >= 1, got {self.expected_gpus!r}")
-        if not isinstance(self.min_free_disk_bytes, int) or self.min_free_disk_bytes < 0:
+        if not whole(self.min_free_disk_bytes) or self.min_free_disk_bytes < 0:
             raise bad("min_free_disk_bytes", f"must be a whole number of bytes >= 0, got {self.min_free_disk_bytes!r}")
         if self.max_model_len is not None and self.max_model_len <= 0:
             raise bad("max_model_len", "must be positive")

@@ -141,6 +141,9 @@ def test_stuck_probe_reads_state_twice(tmp_path):
 
 
 def test_config_keys_are_checked():
-    with pytest.raises(ValueError, match="expected_gpus"):
-        DoctorConfig.from_dict({"expected_gpus": 0})
+    for bad in (0, True, "8"):
+        with pytest.raises(ValueError, match="expected_gpus"):
+            DoctorConfig.from_dict({"expected_gpus": bad})
+    with pytest.raises(ValueError, match="min_free_disk_bytes"):
+        DoctorConfig.from_dict({"min_free_disk_bytes": -1})
     assert DoctorConfig.from_config({"daemon": {"state_dir": "/srv/state"}}).state_dir == "/srv/state"
