@@ -58,7 +58,7 @@ def _daemon_settings(config: str | None) -> tuple[str, str | None]:
 
 @click.command(epilog=EPILOG, context_settings=CONTEXT_SETTINGS)
 @click.option("--level", type=click.Choice(["quick", "full"]), default="quick", show_default=True,
-              help="quick: about 30 s a GPU; full: adds a memory pattern test and sustained GEMMs (a few minutes).")
+              help="quick: sized for 30 s a GPU; full: adds a memory pattern test and 30 s of checked GEMMs a GPU.")
 @click.option("--gpus", "gpus_text", metavar="LIST", help="GPU indexes (NVML's), e.g. 0,1 or 0-3. Default: all.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
 @click.option("--force", is_flag=True, help="Test GPUs an engine serves on (its latency suffers meanwhile).")
