@@ -9,7 +9,7 @@ sizing formula (`zerod.engine.spec.sizing`), so doctor sizes a model as the engi
 """
 
 from . import (  # noqa: F401 - register the checks
-    checks_gpu, checks_gpu_state, checks_host, checks_links, checks_platform, checks_service)
+    checks_gpu, checks_gpu_state, checks_host, checks_inventory, checks_links, checks_platform, checks_service)
 from .config import DoctorConfig, DoctorConfigError
 from .facts import Fact, Facts, Roots
 from .probe import probe_facts

@@ -42,6 +42,11 @@ class DoctorConfig:
     thp_allowed: tuple[str, ...] = ("madvise", "never")
     cpu_governor: str = "performance"
     xid_window_s: int = 3600
+    expected_gpus: int | None = None  # gpu.count: how many GPUs this host should show; None: not checked
+    min_free_disk_bytes: int = 10 << 30  # host.disk_space: less free under the model or a cache directory warns
+    # Where the last `zerod diag` result is kept (gpu.diag): [daemon] state_dir; None: the default
+    # (zerod.checks.state_dir).
+    state_dir: str | None = None
     # Processes allowed on the GPU besides zerod: fnmatch patterns matched against
     # the process name, argv[0], the command line, the systemd unit and the container.
     allowed_gpu_processes: tuple[str, ...] = ()
@@ -65,6 +70,13 @@ class DoctorConfig:
                 raise bad(key, f"must be a dotted version like 5.15, got {v!r}")
         if self.memlock_min_bytes < 0 or self.xid_window_s <= 0 or self.max_num_seqs <= 0:
             raise bad("memlock_min_bytes/xid_window_s/max_num_seqs", "must be positive")
+        def whole(v) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        if self.expected_gpus is not None and (not whole(self.expected_gpus) or self.expected_gpus < 1):
+            raise bad("expected_gpus", f"must be a whole number >= 1, got {self.expected_gpus!r}")
+        if not whole(self.min_free_disk_bytes) or self.min_free_disk_bytes < 0:
+            raise bad("min_free_disk_bytes", f"must be a whole number of bytes >= 0, got {self.min_free_disk_bytes!r}")
         if self.max_model_len is not None and self.max_model_len <= 0:
             raise bad("max_model_len", "must be positive")
         for cid, reason in self.waivers.items():
@@ -125,4 +137,7 @@ class DoctorConfig:
         env = (config.get("daemon") or {}).get("engine_env")
         if isinstance(env, dict) and "engine_env" not in doctor:
             doctor["engine_env"] = env
+        state = (config.get("daemon") or {}).get("state_dir")
+        if isinstance(state, str) and state and "state_dir" not in doctor:
+            doctor["state_dir"] = state
         return cls.from_dict(doctor, engine=config.get("engine"))

@@ -6,8 +6,8 @@ import datetime as _dt
 import os
 import time
 
-from . import (probe_container, probe_links, probe_model, probe_net, probe_nvml, probe_procfs, probe_sysfs,
-               probe_torch)
+from . import (probe_container, probe_diag, probe_disk, probe_links, probe_model, probe_net, probe_nvml,
+               probe_procfs, probe_stuck, probe_sysfs, probe_torch)
 from .config import DoctorConfig
 from .facts import Facts, Roots, read_text
 from .gpu_processes import scan_gpu_processes
@@ -43,10 +43,13 @@ def probe_facts(roots: Roots | dict | None = None, config: DoctorConfig | None =
     step("links", probe_links.probe, roots)  # NVLink, P2P, IOMMU, NCCL variables: what TP needs
     step("container", probe_container.probe, roots)  # after NVML: the GPUs are up when it opens them
     step("processes", _processes, roots)
+    step("stuck", probe_stuck.probe, roots)
     step("fabric", _fabric_manager, roots)
     step("torch", probe_torch.probe)
     step("net", probe_net.probe)
     step("model", probe_model.probe, cfg.model)
+    step("diag", probe_diag.probe, roots, cfg.state_dir)
+    step("disk", probe_disk.probe, roots, cfg.model, cfg.state_dir)
     facts.host["kernel"] = facts.value("kernel.release")
     return facts
 

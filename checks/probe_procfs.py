@@ -25,7 +25,7 @@ def probe(facts: Facts, roots: Roots) -> None:
     read_into(facts, "mem.swap", roots.proc("meminfo"), _swap)
     read_into(facts, "mem.swap_devices", roots.proc("swaps"), _swaps)
     read_into(facts, "vm.swappiness", roots.proc("sys/vm/swappiness"), _int)
-    _xids(facts, roots)
+    probe_xids(facts, roots)
 
 
 def _int(s: str) -> int:
@@ -111,7 +111,7 @@ def _kernel_config(facts: Facts, roots: Roots, release: str | None) -> None:
                missing=all("does not exist" in t for t in tried))
 
 
-def _xids(facts: Facts, roots: Roots) -> None:
+def probe_xids(facts: Facts, roots: Roots) -> None:
     """NVIDIA Xid lines from the kernel ring buffer (/dev/kmsg, read without blocking)."""
     path = roots.root("dev/kmsg")
     try:

@@ -18,8 +18,9 @@ CATALOGUE = (
     "gpu.clock_events", "gpu.mig_mode", "gpu.compute_mode", "gpu.fabric_manager",
     "gpu.nvlink", "gpu.p2p",
     "gpu.foreign_processes", "gpu.memory_headroom", "gpu.xid_recent",
+    "gpu.count", "gpu.stuck_processes", "gpu.diag",
     "kernel.version", "kernel.io_uring", "kernel.numa_balancing", "numa.gpu_affinity",
-    "host.iommu", "host.container_runtime",
+    "host.iommu", "host.container_runtime", "host.disk_space",
     "mem.memlock", "mem.transparent_hugepages", "mem.swap", "cpu.governor", "net.bind_exposure",
     "engine.config",
 )
@@ -164,6 +165,16 @@ def select_checks(only: Iterable[str] | None = None, skip: Iterable[str] | None 
     return chosen - (_select(ids, skip) if skip else set())
 
 
+def exit_code_of(counts: dict[str, int]) -> int:
+    """0 all pass (skips allowed), 1 warnings only (a check that could not run
+    counts as a warning), 2 any failure. `zerod diag` exits by the same rule."""
+    if counts.get("fail"):
+        return 2
+    if counts.get("warn") or counts.get("error"):
+        return 1
+    return 0
+
+
 @dataclass
 class Report:
     checks: list[CheckResult]
@@ -177,14 +188,7 @@ class Report:
 
     @property
     def exit_code(self) -> int:
-        """0 all pass (skips allowed), 1 warnings only (a check that could not run
-        counts as a warning), 2 any failure."""
-        c = self.counts
-        if c["fail"]:
-            return 2
-        if c["warn"] or c["error"]:
-            return 1
-        return 0
+        return exit_code_of(self.counts)
 
     def failing(self) -> list[CheckResult]:
         return [c for c in self.checks if c.status == "fail"]

@@ -15,7 +15,7 @@ GiB = 1 << 30
 
 def test_catalogue_matches_design_ids():
     assert set(REGISTRY) == set(CATALOGUE)
-    assert len(CATALOGUE) == 30
+    assert len(CATALOGUE) == 34
     for cid, chk in REGISTRY.items():
         assert chk.severity in ("critical", "major", "minor")
         assert chk.title
@@ -29,7 +29,8 @@ def test_real_h200_snapshot_passes_everything():
     # not an NVSwitch box, no cpufreq in the VM, no model configured, one GPU (no peer); and what the
     # snapshot predates (h200-fleet.json, in test_checks_platform.py, has most of it)
     assert skipped == {"gpu.fabric_manager", "gpu.nvlink", "gpu.p2p", "cpu.governor", "engine.config", "gpu.recovery_action",
-                       "gpu.firmware", "gpu.compute_mode", "host.iommu", "host.container_runtime", "mem.swap"}
+                       "gpu.firmware", "gpu.compute_mode", "host.iommu", "host.container_runtime", "mem.swap",
+                       "gpu.count", "gpu.stuck_processes", "gpu.diag", "host.disk_space"}
     assert report.exit_code == 0
 
 
@@ -95,9 +96,10 @@ def test_check_on_broken_host(cid, broken, status, words):
 
 
 def test_every_check_has_a_failing_case():
+    from test_checks_inventory import BROKEN as INVENTORY
     from test_checks_platform import BROKEN as PLATFORM
 
-    covered = {b[0] for b in BROKEN + PLATFORM} | {"gpu.driver_loaded", "gpu.foreign_processes",
+    covered = {b[0] for b in BROKEN + PLATFORM + INVENTORY} | {"gpu.driver_loaded", "gpu.foreign_processes",
                                                     "net.bind_exposure", "engine.config",  # own snapshots below
                                                     "gpu.nvlink", "gpu.p2p"}  # test_checks_links.py
     assert covered == set(CATALOGUE)

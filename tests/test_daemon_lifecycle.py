@@ -289,13 +289,19 @@ port = {port}
 [daemon]
 control_socket = "{tmp_path / 'control.sock'}"
 metrics_port = -1
+state_dir = "{tmp_path}"
 engine_command = ["{sys.executable}", "{script}", "{port}", "{state}"]
 """)
     try:
         d.wait_message("READY=1", timeout=30)
         _, st = d.api()
         assert set(st) == {"version", "host", "daemon_pid", "started_at", "uptime_s", "write_actions",
-                           "paused", "engine", "preflight", "engines"}
+                           "paused", "engine", "preflight", "engines", "diag"}
+        assert st["diag"] == {"running": False, "last": None, "last_error": None}  # no diag kept in tmp_path
+        assert d.api("/v1/diag")[1] == {"running": None, "last": None, "last_error": None,
+                                        "path": str(tmp_path / "diag.json")}
+        code, body = d.api("/v1/diag", method="POST", body={"level": "quick"})
+        assert code == 403 and "write actions are disabled" in body["error"]
         assert set(st["engine"]) == {"state", "up", "pid", "kind", "url", "model", "restarts", "numa_node", "cpus"}
         [only] = st["engines"]  # the one [engine] engine, named "default", the same as "engine"
         assert only["name"] == "default" and {k: only[k] for k in st["engine"]} == st["engine"]

@@ -96,7 +96,7 @@ def test_human_output_grouped_80_columns_no_colour():
         assert f"\n{area}\n" in out
     assert re.search(r"FAIL gpu\.driver_loaded +no NVIDIA driver found", out)
     assert "fix: install the NVIDIA" in out
-    assert re.search(r"30 checks: \d+ ok, \d+ warn, \d+ fail, \d+ skipped, \d+ errors -> exit 2", out)
+    assert re.search(r"34 checks: \d+ ok, \d+ warn, \d+ fail, \d+ skipped, \d+ errors -> exit 2", out)
 
 
 def test_exit_codes_from_snapshots(tmp_path):

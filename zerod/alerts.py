@@ -27,7 +27,7 @@ ALERT_NAMES = (
     "PreflightFailed", "EngineDown", "EngineRestarted", "ForeignGpuProcess",
     "AllocatorRetries", "StreamErrors", "XidError", "GpuThrottled", "EccErrors",
     "PcieReplays", "GpuHot", "LatencyRegression", "NvmlUnavailable", "GpuLost",
-    "ExclusiveGpuRefused", "EngineLinkDown",
+    "ExclusiveGpuRefused", "EngineLinkDown", "GpuDiagFailed",
 )
 SEVERITIES = ("critical", "warning", "info")
 

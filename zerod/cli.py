@@ -18,6 +18,7 @@ from zerod import __version__
 COMMANDS: dict[str, str] = {
     "doctor": "zerod.cmd_doctor:doctor",
     "harden": "zerod.cmd_doctor:harden",
+    "diag": "zerod.cmd_diag:diag",
     "serve": "zerod.engine.cli:serve",
     "bench": "zerod.bench.cli:bench",
     "run": "zerod.cmd_run:run",
@@ -29,6 +30,7 @@ COMMANDS: dict[str, str] = {
 HELP = {
     "doctor": "Preflight: read the host and say, check by check, what is wrong and the fix.",
     "harden": "Plan (default), apply or roll back the host fixes that are safe to automate.",
+    "diag": "Active GPU tests: HBM, GEMM checked against a reference, PCIe and peer bandwidth.",
     "serve": "Run the bundled OpenAI-compatible engine alone.",
     "bench": "Drive a running engine over HTTP and report TTFT, ITL and throughput.",
     "run": "The daemon in the foreground (what systemd starts).",

@@ -77,6 +77,47 @@ def make_app(views: Views) -> web.Application:
         log.warning("control API: sent SIG%s to foreign GPU process %d", name, pid)
         return web.json_response({"ok": True, "pid": pid, "signal": name})
 
+    async def diag_doc(_req):
+        if views.diag is None:
+            return web.json_response({"error": "this daemon runs no diag"}, status=404)
+        return web.json_response(views.diag.doc())
+
+    async def diag_run(req):
+        from zerod.diag.service import DiagRefused
+
+        if views.diag is None:
+            return web.json_response({"error": "this daemon runs no diag"}, status=404)
+        if not views.allow_write_actions:
+            return web.json_response(
+                {"error": "write actions are disabled; set [daemon] allow_write_actions = true to enable them"},
+                status=403)
+        try:
+            body = await req.json() if req.can_read_body else {}
+        except Exception:
+            body = None
+        if not isinstance(body, dict):
+            return web.json_response({"error": "body must be a JSON object: {\"level\": \"quick\", "
+                                               "\"gpus\": [0], \"force\": false}"}, status=400)
+        unknown = sorted(set(body) - {"level", "gpus", "force"})
+        if unknown:
+            return web.json_response({"error": f"unknown field(s) {', '.join(unknown)}; known: level, gpus, force"},
+                                     status=400)
+        gpus, force = body.get("gpus"), body.get("force", False)
+        if gpus is not None and (not isinstance(gpus, list) or not all(
+                isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in gpus) or not gpus):
+            return web.json_response({"error": "gpus must be a non-empty list of GPU indexes"}, status=400)
+        if not isinstance(force, bool):
+            return web.json_response({"error": "force must be true or false"}, status=400)
+        try:
+            running = views.diag.start(body.get("level", "quick"), sorted(set(gpus)) if gpus else None, force)
+        except ValueError as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        except DiagRefused as exc:
+            return web.json_response({"error": str(exc)}, status=409)
+        log.warning("control API: zerod diag --level %s started (gpus %s%s)", running["level"],
+                    running["gpus"] if running["gpus"] is not None else "all", ", forced" if force else "")
+        return web.json_response({"ok": True, "running": running}, status=202)
+
     @web.middleware
     async def errors(req, handler):
         try:
@@ -98,6 +139,8 @@ def make_app(views: Views) -> web.Application:
     app.router.add_get("/v1/engine", engine_doc(views.engine))
     app.router.add_get("/v1/engines", doc(views.engines_doc))
     app.router.add_post("/v1/processes/{pid}/signal", signal_process)
+    app.router.add_get("/v1/diag", diag_doc)
+    app.router.add_post("/v1/diag", diag_run)
     return app
 
 

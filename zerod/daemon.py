@@ -32,7 +32,9 @@ from typing import Any
 
 from zerod import numa
 from zerod.alerts import AlertBook, AlertmanagerPusher
+from zerod.checks.state_dir import diag_result_path
 from zerod.daemon_config import AlertsConfig, DaemonConfig
+from zerod.diag.service import DiagService
 from zerod.engines import PRESETS
 from zerod.fleet import EngineSpec, engine_specs
 from zerod.preflight import Preflight, PreflightRefused, RecheckWatcher
@@ -44,6 +46,7 @@ from zerod.watchers.compute_mode import ComputeModeGuard
 from zerod.watchers.engine_metrics import EngineMetricsWatcher
 from zerod.watchers.gpu_processes import GpuProcessWatcher
 from zerod.watchers.latency import LatencyWatcher
+from zerod.watchers.nvml_gpm import GpmWatcher
 from zerod.watchers.nvml_session import NvmlSession
 from zerod.watchers.nvml_stats import NvmlStatsWatcher
 from zerod.watchers.xid_events import XidWatcher
@@ -58,7 +61,7 @@ class Daemon:
     def __init__(self, config: dict[str, dict[str, Any]], demo: bool = False, *,
                  nvml: Any = None, scan: Any = None, proc_roots: Any = None,
                  notifier: Notifier | None = None, sysfs: str = "/sys",
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, diag_command: tuple[str, ...] | None = None) -> None:
         self.cfg = DaemonConfig.from_dict(config.get("daemon"))
         self.alerts_cfg = AlertsConfig.from_dict(config.get("alerts"))
         self.specs = engine_specs(config, self.cfg.gpu_index)
@@ -80,6 +83,8 @@ class Daemon:
         self.sysfs = sysfs
         self._scan = scan
         self._proc_roots = proc_roots
+        self._diag_command = diag_command  # tests stand a script in for `python -m zerod diag`
+        self._first_diag: asyncio.Task | None = None
         self.supervisor: EngineSupervisor | None = None  # the first engine's
         self.supervisors: list[EngineSupervisor] = []
         self.watchers: list[Watcher] = []
@@ -141,7 +146,8 @@ class Daemon:
             engines=lambda: [(s.spec, s.pid) for s in self.supervisors], nvml_ok=lambda: self.nvml.ok,
             roots=self._proc_roots, scan=self._scan, nvml_session=self.nvml)
         xid = XidWatcher(self.nvml, book, cfg)
-        self.watchers = [nvml_stats, processes, xid]
+        gpm = GpmWatcher(self.nvml, cfg)
+        self.watchers = [nvml_stats, processes, xid, gpm]
         engines = []
         for sup, preflight in zip(self.supervisors, self.preflights):
             engines.append(self._engine_parts(sup, preflight, processes, preset))
@@ -160,6 +166,10 @@ class Daemon:
         self.views = Views(self.host, self.started_at, cfg.allow_write_actions, book, self.preflight,
                            self.supervisor, nvml_stats, xid, processes, first.engine_metrics, first.latency,
                            self.watchers, first.compute_mode, engines)
+        self.views.gpm = gpm
+        self.views.diag = DiagService(book, diag_result_path(cfg.state_dir or None),
+                                      engines=lambda: [e.status() for e in engines],
+                                      **({"command": self._diag_command} if self._diag_command else {}))
         return self.views
 
     def _engine_parts(self, sup: EngineSupervisor, preflight: Preflight, processes: GpuProcessWatcher,
@@ -345,7 +355,9 @@ class Daemon:
                                         self.alerts_cfg.resend_interval_s, self.alerts_cfg.timeout_s,
                                         self.alerts_cfg.labels, instance=self.host)
             tasks.append(asyncio.create_task(pusher.run(), name="alertmanager"))
-        tasks += [asyncio.create_task(s.run(), name="supervisor" + s.named.replace(" ", ":"))
+        if self.cfg.diag_on_start:  # the watchers and the watchdog run meanwhile; the engines wait for it
+            self._first_diag = asyncio.create_task(self._diag_before_engines(), name="diag-on-start")
+        tasks += [asyncio.create_task(self._supervise(s), name="supervisor" + s.named.replace(" ", ":"))
                   for s in self.supervisors]
         tasks += [asyncio.create_task(self._run_watcher(w, pool), name=w.name) for w in self.watchers]
         tick = asyncio.create_task(self._tick(), name="tick")
@@ -370,6 +382,18 @@ class Daemon:
         await self._stop_engines()
         return EX_OK
 
+    async def _diag_before_engines(self) -> None:
+        gpus = sorted({g for spec in self.specs for g in spec.gpus})
+        self._set_status(f"zerod diag --level quick on GPU {', '.join(map(str, gpus))} before the engines start")
+        await self.views.diag.run("quick", gpus)
+
+    async def _supervise(self, sup: EngineSupervisor) -> None:
+        """The engine's supervisor, once the diag on start (if any) has ended, whatever it found
+        (a failing test raises GpuDiagFailed; the engine starts all the same)."""
+        if self._first_diag is not None:
+            await asyncio.shield(self._first_diag)
+        await sup.run()
+
     async def _stop_engines(self) -> None:
         """Every engine drains at once (each within drain_timeout_s)."""
         rcs = await asyncio.gather(*(s.stop() for s in self.supervisors))
@@ -378,9 +402,13 @@ class Daemon:
         log.info("daemon exits")
 
     async def _cleanup(self, loop, pool, tasks: list[asyncio.Task], runners: list) -> None:
+        if self._first_diag is not None:
+            tasks.append(self._first_diag)
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self.views is not None and self.views.diag is not None:
+            await self.views.diag.close()
         await asyncio.gather(*(s.stop(drain_timeout_s=5.0) for s in self.supervisors
                                if s.proc and s.proc.poll() is None))
         if self.views is not None:

@@ -89,6 +89,9 @@ class DaemonConfig:
     # preflight
     preflight: bool = setting(True)
     recheck_interval_s: float = setting(300.0, ge=1.0)
+    diag_on_start: bool = setting(False)  # `zerod diag --level quick` on the engines' GPUs before they start
+    # what outlives the daemon (the last diag result); "": zerod.checks.state_dir's default
+    state_dir: str = setting("", check=lambda v: None if not v or os.path.isabs(v) else "must be an absolute path")
     # the engine
     engine: str = setting("zerod", choices=ENGINE_KINDS)  # zerod.engines: command line, health, metric names
     engine_command: list[str] | None = setting(None, check=_command)  # default: zerod serve + [engine]

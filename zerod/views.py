@@ -118,6 +118,8 @@ class Views:
     compute_mode: ComputeModeGuard | None = None  # [daemon] exclusive_gpu
     # every engine, the first being the one above; built from it when not given
     engines: list[EngineView] = field(default_factory=list)
+    diag: Any = None  # zerod.diag.service.DiagService: the last `zerod diag`, runs on request
+    gpm: Any = None  # zerod.watchers.nvml_gpm.GpmWatcher: SM, tensor and DRAM activity where supported
 
     def __post_init__(self) -> None:
         if not self.engines:
@@ -140,7 +142,8 @@ class Views:
                 "started_at": self.started_at, "uptime_s": round(time.time() - self.started_at, 1),
                 "write_actions": self.allow_write_actions, "paused": False,
                 "engine": {k: first[k] for k in ENGINE_KEYS}, "preflight": self._preflight_summary(),
-                "engines": [e.status() for e in self.engines]}
+                "engines": [e.status() for e in self.engines],
+                "diag": self.diag.status() if self.diag is not None else None}
 
     def _preflight_summary(self) -> dict[str, Any] | None:
         """Every engine's preflight counted together (the worst exit code)."""
@@ -171,6 +174,8 @@ class Views:
             g["xid_events_total"] = xids.get(g["index"], {})
             g["exclusive_gpu"] = held.get(g["index"], {}).get("exclusive_gpu", False)
             g["exclusive_refused"] = held.get(g["index"], {}).get("exclusive_refused")
+            if self.gpm is not None:
+                g.update(self.gpm.snapshot(g["index"]))
         return doc
 
     def processes_doc(self) -> dict[str, Any]:
@@ -225,6 +230,10 @@ class Views:
         yield from _merged(f for e in self.engines for f in e.preflight.collect())
         yield from collect_engines([e.supervisor for e in self.engines])
         yield from self._process_utilization()
+        if self.diag is not None:
+            yield from self.diag.collect()
+        if self.gpm is not None:
+            yield from self.gpm.collect()
         runs = CounterMetricFamily("zerod_watcher_runs", "Watcher polls.", labels=["watcher"])
         errors = CounterMetricFamily("zerod_watcher_errors", "Watcher polls that failed.", labels=["watcher"])
         busy = CounterMetricFamily("zerod_watcher_busy_seconds", "Wall time spent in watcher polls.",

@@ -46,6 +46,9 @@ GPU_GAUGES = (
 PARITY_GAUGES = (
     ("zerod_gpu_memory_clock_hertz", "GPU memory clock.", "mem_clock_mhz", 1e6),
     ("zerod_gpu_memory_temperature_celsius", "HBM temperature.", "memory_temperature_celsius", 1),
+    ("zerod_gpu_memory_copy_utilization_ratio",
+     "Share of NVML's last sample period the memory was read or written (DCGM_FI_DEV_MEM_COPY_UTIL).",
+     "memory_copy_utilization_ratio", 1),
 )
 NVLINK_ERRORS = ("crc_flit", "crc_data", "replay", "recovery")
 _TEMPERATURE_GPU = 0
@@ -229,6 +232,7 @@ class NvmlStatsWatcher(Watcher):
         g = {
             "index": dev.index, "uuid": dev.uuid, "name": dev.name,
             "utilization_ratio": (util.gpu / 100.0) if util is not None else None,
+            "memory_copy_utilization_ratio": (util.memory / 100.0) if util is not None else None,
             "memory_used_bytes": int(mem.used), "memory_total_bytes": int(mem.total),
             "temperature_celsius": int(temp) if temp is not None else None,
             "power_watts": power_mw / 1000.0 if power_mw is not None else None,
