@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -140,6 +141,10 @@ class GrammarState:
 # thread, 0.9 ms on two; bench/mask_fill.py), and a pool stalls on a busy host.
 POOL_ROWS = 128
 _POOLS: dict[bool, Any] = {}   # xgrammar BatchGrammarMatchers: one thread / a pool
+# A batch matcher is not safe to fill from two threads at once, and the pools are the
+# process's: the step thread and an engine's start-up warm-up (or a second engine in the
+# same process) take turns. Uncontended on a serving engine's step thread.
+_POOLS_LOCK = threading.Lock()
 
 
 def _batch(rows: int) -> Any:
@@ -170,7 +175,8 @@ def fill_masks(states: list[GrammarState], bitmask: Any, indices: list[int]) -> 
             live.append(g.matcher)
             rows.append(i)
     if live:
-        _batch(len(live)).batch_fill_next_token_bitmask(live, bitmask, rows)
+        with _POOLS_LOCK:
+            _batch(len(live)).batch_fill_next_token_bitmask(live, bitmask, rows)
 
 
 def warm(compiler: GrammarCompiler) -> None:
