@@ -395,7 +395,7 @@ def test_long_prompt_goes_in_whole_only_while_nothing_decodes(ckpt):
 def test_staged_fields_are_16_byte_aligned():
     """Triton specialises kernels on 16-byte pointer alignment: every staged field starts
     on a 16-byte boundary, whatever the sizes before it."""
-    from zerod.engine.runner.model_runner import Staging
+    from zerod.engine.runner.staging import Staging
 
     st = Staging(256, 1, torch.device("cpu"), pin=False)
     pk = st.packer(0)

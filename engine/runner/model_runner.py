@@ -39,13 +39,18 @@ from ..model.decoder import AttnMeta, LlamaModel
 from ..sampling import prompt_logprobs as plp
 from ..sampling.logprobs import logprobs_of
 from ..core.output import HostRing, LogprobSegment
-from ..sampling.penalties import MAX_LOGIT_BIAS, PenaltyTables, uses_penalty
+from ..sampling.penalties import MAX_LOGIT_BIAS, uses_penalty
 from ..core.request import Request
 from ..core.row_features import Uses
 from ..sampling.sampler import sample
 from ..core.scheduler import Batch, Chunk
 from ..sampling.grammar_mask import GrammarRows, MaskStaging, apply_bitmask
-from ..tuning import Tuning
+
+from . import graphs
+from .graphs import prefill_graph_sizes
+from .slot_tables import SlotTables
+from .staging import (DecodeInputs, LogitRules, LogprobRows, Packer, PrefillInputs, SlotUpload, Staging,
+                      StepInputs)
 from .warmup import Warmup
 
 log = logging.getLogger("zerod.engine")
@@ -53,180 +58,6 @@ log = logging.getLogger("zerod.engine")
 
 def _sample_class(r: Request) -> int:
     return r.sample_class
-
-
-def prefill_graph_sizes(tuning: Tuning, cap: int, max_model_len: int) -> list[int]:
-    """The padded token counts prefill graphs are captured for: Tuning's sizes up to the
-    step's prompt budget, and the budget plus one page of padding, so a chunk of the full
-    budget fits beside the dummy sequence that pads the graph."""
-    sizes = [t for t in tuning.prefill_graph_tokens if t <= cap]
-    if sizes and cap <= max(tuning.prefill_graph_tokens) and cap + 16 not in sizes:
-        sizes.append(cap + 16)
-    return [t for t in sizes if t < max_model_len]
-
-
-def graph_buckets(max_bs: int) -> list[int]:
-    out = [b for b in (1, 2, 4, 8) if b <= max_bs]
-    b = 16
-    while b <= max_bs:
-        out.append(b)
-        b += 16 if b < 128 else 32
-    if out[-1] != max_bs:
-        out.append(max_bs)
-    return out
-
-
-# ---------------------------------------------------------------------- staging
-
-class Staging:
-    """One pinned host buffer per ring slot and one device buffer, in 8-byte words.
-
-    A ring slot's buffer is filled again only once the poller has seen that slot's step
-    finish, so its copy has been read. The device buffer is shared: each step's copy is
-    queued after the previous step's kernels."""
-
-    def __init__(self, words: int, depth: int, device: torch.device, pin: bool):
-        self.host = [torch.zeros(words, dtype=torch.int64, pin_memory=pin) for _ in range(depth)]
-        self.dev = torch.zeros(words, dtype=torch.int64, device=device)
-        self._dev_views = (self.dev, self.dev.view(torch.int32), self.dev.view(torch.float32))
-        self._host_views = []
-        for h in self.host:
-            a = h.numpy()
-            self._host_views.append((a, a.view(np.int32), a.view(np.float32)))
-
-    def packer(self, ring_idx: int) -> Packer:
-        return Packer(self.host[ring_idx], self._host_views[ring_idx], self._dev_views)
-
-
-class Packer:
-    """Packs one step's inputs field by field. Each call writes the values into the pinned
-    buffer and returns the field's device view, which holds them once ship() has queued
-    the copy (a view launches nothing; the data arrives in stream order).
-
-    Every field starts on a 16-byte boundary: Triton specialises a kernel on whether each
-    pointer argument is 16-byte aligned, so views at odd offsets would compile new variants
-    while serving (measured on the H200: 0.7-1 s stalls in the first bursts)."""
-
-    __slots__ = ("host", "h64", "h32", "hf32", "d64", "d32", "df32", "used")
-
-    def __init__(self, host: torch.Tensor, host_views, dev_views):
-        self.host = host
-        self.h64, self.h32, self.hf32 = host_views
-        self.d64, self.d32, self.df32 = dev_views
-        self.used = 0                          # words
-
-    def _start(self) -> int:
-        """The next 16-byte boundary, in words."""
-        self.used += self.used & 1
-        return self.used
-
-    def int64(self, values) -> torch.Tensor:
-        o, n = self._start(), len(values)
-        self.h64[o:o + n] = values
-        self.used = o + n
-        return self.d64[o:o + n]
-
-    def int32(self, values) -> torch.Tensor:
-        o, n = 2 * self._start(), len(values)
-        self.h32[o:o + n] = values
-        self.used += (n + 1) // 2
-        return self.d32[o:o + n]
-
-    def float32(self, values) -> torch.Tensor:
-        o, n = 2 * self._start(), len(values)
-        self.hf32[o:o + n] = values
-        self.used += (n + 1) // 2
-        return self.df32[o:o + n]
-
-    def ship(self) -> None:
-        if self.used:
-            self.d64[:self.used].copy_(self.host[:self.used], non_blocking=True)
-
-
-@dataclass
-class SlotUpload:
-    """Slot-table rows of the requests whose first chunk runs in this step."""
-    slots: torch.Tensor          # int64 [A]
-    bt_rows: torch.Tensor        # int64 [P]: block-table row (slot) of each page
-    bt_cols: torch.Tensor        # int64 [P]: its column
-    bt_pages: torch.Tensor       # int32 [P]: the page
-    prompt_len: torch.Tensor     # int64 [A]
-    top_k: torch.Tensor          # int64 [A]
-    seed: torch.Tensor           # int64 [A]
-    min_tokens: torch.Tensor     # int64 [A]
-    temperature: torch.Tensor    # float32 [A]
-    top_p: torch.Tensor          # float32 [A]
-    min_p: torch.Tensor          # float32 [A]
-    presence: torch.Tensor       # float32 [A]
-    frequency: torch.Tensor      # float32 [A]
-    repetition: torch.Tensor     # float32 [A]
-    bias_slots: torch.Tensor | None  # int64 [Ab]: the new requests with a logit_bias
-    bias_ids: torch.Tensor | None    # int64 [Ab, MAX_LOGIT_BIAS]
-    bias_vals: torch.Tensor | None   # float32 [Ab, MAX_LOGIT_BIAS]
-    lora_slot: torch.Tensor | None = None  # int32 [A]: each one's adapter slot (with LoRA)
-
-
-@dataclass
-class PrefillInputs:
-    tokens: torch.Tensor         # int64 [T]
-    positions: torch.Tensor      # int64 [T]
-    slot_mapping: torch.Tensor   # int64 [T]
-    cu_seqlens: torch.Tensor     # int32 [C+1]
-    context_lens: torch.Tensor   # int32 [C]
-    slots: torch.Tensor          # int64 [C]
-    sample_idx: torch.Tensor     # int64 [S]: token rows of the chunks that complete a prompt
-    sample_slots: torch.Tensor   # int64 [S]: their slots
-    sample_reqs: list[Request]   # their requests, grouped by sample class
-    logit_rules: LogitRules      # penalties / logit_bias of the sampled rows
-    logprob_rows: LogprobRows | None  # the sampled rows that asked for logprobs
-    tok_slots: torch.Tensor | None  # int64 [n_real]: the slot of each real prompt token
-    #                               (None: no chunk's request uses penalties, no history kept)
-    n_real: int                  # tokens that are the prompts' (not padding)
-    seqlens: list[int]           # host copy of the chunk lengths
-    width: int                   # block-table columns the chunks need
-    no_prefix: bool              # every chunk starts at position 0
-    padded: int                  # > 0: the chunks padded to this many tokens (a CUDA graph)
-    grammar: GrammarRows | None = None  # the sampled rows with a structured-output mask
-    prompt_rows: plp.PromptRows | None = None  # the prompt rows whose logprobs were asked for
-    lora_rows: torch.Tensor | None = None  # int32 [T]: each token's adapter slot (None: no adapter)
-
-
-@dataclass
-class LogitRules:
-    """Which sampled rows get penalties / a logit_bias (None: no row)."""
-    pen_rows: torch.Tensor | None    # int64 [P]
-    pen_width: int                   # the longest history of those rows
-    bias_rows: torch.Tensor | None   # int64 [Q]
-
-
-@dataclass
-class LogprobRows:
-    """The sampled rows that asked for logprobs (host list and its device copy)."""
-    host: list[int]
-    dev: torch.Tensor            # int64 [L]
-    k: int                       # the most top alternatives any of them asked for
-
-
-@dataclass
-class DecodeInputs:
-    slots: torch.Tensor          # int64 [B]
-    positions: torch.Tensor      # int64 [B]
-    reqs: list[Request]          # grouped by sample class
-    logit_rules: LogitRules
-    logprob_rows: LogprobRows | None
-    grammar: GrammarRows | None = None  # the rows with a structured-output mask
-    width: int = 0               # block-table columns an eager decode reads (no paged kernel)
-    lora: bool = False           # some row has a LoRA adapter
-
-
-@dataclass
-class StepInputs:
-    upload: SlotUpload | None
-    prefill: PrefillInputs | None
-    decode: DecodeInputs | None
-    uses: Uses                   # the features some request may use (row_features.py)
-    masked: list[Request] | None = None   # the sampled rows with a grammar (MaskStaging order)
-    words: int = 0               # packed staging words (tensor parallelism ships them)
 
 
 class ModelRunner:
@@ -246,18 +77,7 @@ class ModelRunner:
         dev = device
         model.cos_sin = cos_sin_cache(mc, max_model_len + 1, model.dtype, dev)
         # per-slot device tables (written in a request's first step)
-        self.block_table = torch.zeros(S + 1, self.W, dtype=torch.int32, device=dev)
-        self.prompt_len = torch.zeros(S + 1, dtype=torch.int64, device=dev)
-        self.top_k = torch.zeros(S + 1, dtype=torch.int64, device=dev)
-        self.seed = torch.zeros(S + 1, dtype=torch.int64, device=dev)
-        self.min_tokens = torch.zeros(S + 1, dtype=torch.int64, device=dev)
-        self.temperature = torch.zeros(S + 1, dtype=torch.float32, device=dev)
-        self.top_p = torch.ones(S + 1, dtype=torch.float32, device=dev)
-        self.min_p = torch.zeros(S + 1, dtype=torch.float32, device=dev)
-        self.pen = PenaltyTables(S + 1, max_model_len, dev)
-        self.last_tokens = torch.zeros(S + 1, dtype=torch.int64, device=dev)
-        self.lora_slot = torch.zeros(S + 1, dtype=torch.int32, device=dev)
-        self.eos = torch.tensor(eos_ids or [0], dtype=torch.int64, device=dev)
+        self.tables = SlotTables(S, self.W, max_model_len, eos_ids, dev)
         # host ring of sampled ids + pinned input staging, one per ring slot
         self.ring = HostRing(cfg.ring_depth, S, device, prompt_rows=cfg.prefill_token_cap)
         self.masks = MaskStaging(cfg.ring_depth, S, device)
@@ -469,7 +289,7 @@ class ModelRunner:
         if self.channel is not None:   # tensor parallelism: the other ranks run the same forward
             self.channel.send_step(x)
         if x.upload is not None:
-            self._write_slot_tables(x.upload)
+            self.tables.write(x.upload)
         ring_tokens = self.ring.tokens[ring_idx]
         segments = self.ring.segments[ring_idx]
         segments.clear()
@@ -481,7 +301,7 @@ class ModelRunner:
         # CPU while the GPU runs the forwards (MaskStaging.fill waits for the last step's
         # ids).
         if p is not None and p.tok_slots is not None:   # the penalties' token history
-            self.pen.record(p.tok_slots, p.positions[:p.n_real], p.tokens[:p.n_real])
+            self.tables.pen.record(p.tok_slots, p.positions[:p.n_real], p.tokens[:p.n_real])
         p_logits = self.prefill_logits(p, ring_idx) if p is not None else None
         d_logits = self.decode_logits(d) if d is not None else None
         if x.masked is not None:
@@ -494,7 +314,7 @@ class ModelRunner:
             self._copy_logprobs(ring_idx, 0, p_logits, prefill_tok, p.logprob_rows)
             rows += p.sample_reqs
         if d_logits is not None:
-            gen = d.positions - self.prompt_len.index_select(0, d.slots) + 1
+            gen = d.positions - self.tables.prompt_len.index_select(0, d.slots) + 1
             final = self._logit_rules(d_logits, d.slots, d.logit_rules, seq_lens=d.positions + 1)
             decode_tok = self._sample(final, d.slots, gen, d.reqs, x.uses, d.grammar)
             ring_tokens[len(rows):len(rows) + len(d.reqs)].copy_(decode_tok, non_blocking=True)
@@ -505,14 +325,14 @@ class ModelRunner:
         # the next step's decode inputs, written last: a step that raised before here
         # left last_tokens as it was, so it can be redone
         if prefill_tok is not None:
-            self.last_tokens.index_copy_(0, x.prefill.sample_slots, prefill_tok)
+            self.tables.last_tokens.index_copy_(0, x.prefill.sample_slots, prefill_tok)
             if x.prefill.logit_rules.pen_rows is not None:   # a history only where penalties read it
-                self.pen.record(x.prefill.sample_slots,
-                                self.prompt_len.index_select(0, x.prefill.sample_slots), prefill_tok)
+                self.tables.pen.record(x.prefill.sample_slots,
+                                self.tables.prompt_len.index_select(0, x.prefill.sample_slots), prefill_tok)
         if decode_tok is not None:
-            self.last_tokens.index_copy_(0, x.decode.slots, decode_tok)
+            self.tables.last_tokens.index_copy_(0, x.decode.slots, decode_tok)
             if x.decode.logit_rules.pen_rows is not None:
-                self.pen.record(x.decode.slots, x.decode.positions + 1, decode_tok)
+                self.tables.pen.record(x.decode.slots, x.decode.positions + 1, decode_tok)
         if x.masked is not None:   # their matchers take these ids in the next masked step's fill
             self.masks.launched(ring_tokens, [(i, r) for i, r in enumerate(rows) if r.grammar is not None])
         return rows
@@ -538,24 +358,6 @@ class ModelRunner:
         if self.cuda:
             torch.cuda.current_stream(self.device).synchronize()
 
-    def _write_slot_tables(self, u: SlotUpload) -> None:
-        self.block_table.index_put_((u.bt_rows, u.bt_cols), u.bt_pages)
-        self.prompt_len.index_copy_(0, u.slots, u.prompt_len)
-        self.top_k.index_copy_(0, u.slots, u.top_k)
-        self.seed.index_copy_(0, u.slots, u.seed)
-        self.min_tokens.index_copy_(0, u.slots, u.min_tokens)
-        self.temperature.index_copy_(0, u.slots, u.temperature)
-        self.top_p.index_copy_(0, u.slots, u.top_p)
-        self.min_p.index_copy_(0, u.slots, u.min_p)
-        self.pen.presence.index_copy_(0, u.slots, u.presence)
-        self.pen.frequency.index_copy_(0, u.slots, u.frequency)
-        self.pen.repetition.index_copy_(0, u.slots, u.repetition)
-        if u.lora_slot is not None:
-            self.lora_slot.index_copy_(0, u.slots, u.lora_slot)
-        if u.bias_slots is not None:
-            self.pen.bias_ids.index_copy_(0, u.bias_slots, u.bias_ids)
-            self.pen.bias_vals.index_copy_(0, u.bias_slots, u.bias_vals)
-
     def prefill_logits(self, p: PrefillInputs, ring_idx: int = -1) -> torch.Tensor | None:
         """The forward of the step's prompt chunks: the raw logits of the rows that complete
         a prompt (None: no chunk does). Every tensor-parallel rank runs it; prompt logprobs
@@ -565,7 +367,7 @@ class ModelRunner:
             # graph replayed after it in the same step cannot overwrite it
             hidden = self._prefill_padded(p)
         else:
-            meta = AttnMeta(slot_mapping=p.slot_mapping, block_tables=self.block_table[p.slots, :p.width],
+            meta = AttnMeta(slot_mapping=p.slot_mapping, block_tables=self.tables.block_table[p.slots, :p.width],
                             context_lens=p.context_lens, cu_seqlens_q=p.cu_seqlens,
                             no_prefix=p.no_prefix, seqlens_q=p.seqlens)
             hidden = self._forward(p.tokens, p.positions, meta, p.lora_rows)
@@ -582,11 +384,11 @@ class ModelRunner:
         prefill's rows, whose history is their prompt)."""
         if rules.pen_rows is not None:
             s = slots.index_select(0, rules.pen_rows)
-            prompt = self.prompt_len.index_select(0, s)
+            prompt = self.tables.prompt_len.index_select(0, s)
             lens = prompt if seq_lens is None else seq_lens.index_select(0, rules.pen_rows)
-            logits = self.pen.apply(logits, rules.pen_rows, s, lens, prompt, rules.pen_width)
+            logits = self.tables.pen.apply(logits, rules.pen_rows, s, lens, prompt, rules.pen_width)
         if rules.bias_rows is not None:
-            logits = self.pen.add_bias(logits, rules.bias_rows, slots.index_select(0, rules.bias_rows))
+            logits = self.tables.pen.add_bias(logits, rules.bias_rows, slots.index_select(0, rules.bias_rows))
         return logits
 
     def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, meta: AttnMeta,
@@ -619,7 +421,7 @@ class ModelRunner:
         self.p_ctx.copy_(p.context_lens)
         # rows past the chunks: stale, never read (their sequences are empty; the dummy's
         # row, the last, stays zero)
-        torch.index_select(self.block_table, 0, p.slots, out=self.p_bt[:p.slots.numel()])
+        torch.index_select(self.tables.block_table, 0, p.slots, out=self.p_bt[:p.slots.numel()])
         lora = p.lora_rows is not None
         if lora:
             self.p_lora[:T].copy_(p.lora_rows)
@@ -635,31 +437,6 @@ class ModelRunner:
                         context_lens=self.p_ctx, cu_seqlens_q=self.p_cu)
         return self._forward(self.p_toks[:T], self.p_pos[:T], meta, self.p_lora[:T] if lora else None)
 
-    def _capture_prefill_graphs(self) -> None:
-        """A graph per padded token count (and per LoRA path), in a memory pool of their
-        own, captured on a dummy prompt of one token."""
-        G, pool = self.tuning.prefill_graph_seqs, None
-        ways = self._graph_sets(self.pgraphs, self.lora_pgraphs)
-        for T in self.pgraph_sizes:
-            self.p_toks[:T].zero_()
-            self.p_pos[:T].copy_(torch.cat([torch.zeros(1, dtype=torch.int64, device=self.device),
-                                            torch.arange(T - 1, dtype=torch.int64, device=self.device)]))
-            self.p_smap[:T].copy_(self.p_pos[:T] % self.ps)
-            self.p_lora[:T].zero_()
-            self.p_cu.copy_(torch.tensor([0] + [1] * G + [T], dtype=torch.int32))
-            self.p_ctx.copy_(torch.tensor([1] + [0] * (G - 1) + [T - 1], dtype=torch.int32))
-            self.p_bt.zero_()
-            for lora, graphs in ways:
-                for _ in range(2):  # Triton compiles / autotunes outside the capture
-                    self._prefill_padded_forward(T, lora)
-                torch.cuda.synchronize()
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, pool=pool):
-                    hidden = self._prefill_padded_forward(T, lora)
-                pool = g.pool()
-                graphs[T] = (g, hidden)
-        self.pad_prefill = bool(self.pgraphs)
-
     def _sample(self, logits: torch.Tensor, slots: torch.Tensor, gen: torch.Tensor,
                 reqs: list[Request], u: Uses, grammar: GrammarRows | None = None) -> torch.Tensor:
         if grammar is not None:   # structured outputs: before every other sampling rule
@@ -673,23 +450,23 @@ class ModelRunner:
             n_random = len(reqs) if u.one_class < 2 else 0
         need_min = u.min_tokens and any(r.params.min_tokens > 0 for r in reqs)
         need_min_p = u.min_p and any(r.params.min_p > 0.0 for r in reqs[:n_filter])
-        return sample(logits, self.temperature.index_select(0, slots), self.top_p.index_select(0, slots),
-                      self.top_k.index_select(0, slots), self.seed.index_select(0, slots), gen,
+        return sample(logits, self.tables.temperature.index_select(0, slots), self.tables.top_p.index_select(0, slots),
+                      self.tables.top_k.index_select(0, slots), self.tables.seed.index_select(0, slots), gen,
                       n_random=n_random, n_filter=n_filter,
-                      suppress_ids=self.eos if need_min else None,
-                      suppress_rows=(gen < self.min_tokens.index_select(0, slots)) if need_min else None,
-                      min_p=self.min_p.index_select(0, slots) if need_min_p else None)
+                      suppress_ids=self.tables.eos if need_min else None,
+                      suppress_rows=(gen < self.tables.min_tokens.index_select(0, slots)) if need_min else None,
+                      min_p=self.tables.min_p.index_select(0, slots) if need_min_p else None)
 
     # ------------------------------------------------------------------ decode
     def _decode_forward(self, slots: torch.Tensor, pos: torch.Tensor, w: int,
                         lora: bool = False) -> torch.Tensor:
-        ids = self.last_tokens.index_select(0, slots)
-        bt = self.block_table.index_select(0, slots)[:, :w]
-        pg = self.block_table.index_select(0, slots).gather(1, (pos // self.ps).unsqueeze(1)).squeeze(1)
+        ids = self.tables.last_tokens.index_select(0, slots)
+        bt = self.tables.block_table.index_select(0, slots)[:, :w]
+        pg = self.tables.block_table.index_select(0, slots).gather(1, (pos // self.ps).unsqueeze(1)).squeeze(1)
         smap = pg.long() * self.ps + pos % self.ps
         meta = AttnMeta(slot_mapping=smap, block_tables=bt, context_lens=(pos + 1).to(torch.int32),
                         cu_seqlens_q=None)
-        hidden = self._forward(ids, pos, meta, self.lora_slot.index_select(0, slots) if lora else None)
+        hidden = self._forward(ids, pos, meta, self.tables.lora_slot.index_select(0, slots) if lora else None)
         return self.model.logits(hidden)
 
     def decode_logits(self, d: DecodeInputs) -> torch.Tensor:
@@ -709,66 +486,9 @@ class ModelRunner:
             return out[:B]
         return self._decode_forward(slots, pos, d.width, d.lora)
 
-    def _graph_sets(self, plain: dict, with_lora: dict) -> tuple[tuple[bool, dict], ...]:
-        """(LoRA path, where its graphs go) for each set a capture makes: the LoRA one only
-        with --enable-lora."""
-        return ((False, plain), (True, with_lora)) if self.lora is not None else ((False, plain),)
-
-    @torch.inference_mode()
     def capture_graphs(self) -> None:
-        """Capture decode (embedding -> logits) per batch bucket; on failure stay eager."""
-        if not self.cuda or self.cfg.enforce_eager:
-            return
-        if not self.model.ops.has_kernel("decode_attention") and self.W * self.ps > 8192:
-            log.warning("no paged decode kernel and max_model_len %d > 8192: decode runs eager",
-                        self.max_model_len)
-            return
-        buckets = graph_buckets(min(self.cfg.cuda_graph_max_bs, self.cfg.max_num_seqs))
-        pool = None
-        try:
-            self.g_slots.fill_(self.pad_slot)
-            self.g_pos.zero_()
-            ways = self._graph_sets(self.graphs, self.lora_graphs)
-            # warm up every bucket eagerly first (cuBLAS handles, and each Triton variant a
-            # bucket's size selects: batch 1 is its own specialisation, and the FP8 / LoRA
-            # kernels pick tiles by rows), so nothing compiles while a graph is captured
-            for lora, _ in ways:
-                for bs in [buckets[-1]] + buckets:
-                    self._decode_forward(self.g_slots[:bs], self.g_pos[:bs], self.W, lora)
-            torch.cuda.synchronize()
-            for lora, graphs in ways:
-                for bs in reversed(buckets):
-                    g = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(g, pool=pool):
-                        out = self._decode_forward(self.g_slots[:bs], self.g_pos[:bs], self.W, lora)
-                    pool = g.pool()
-                    graphs[bs] = (g, out)
-            torch.cuda.synchronize()
-            self.buckets = buckets
-            log.info("captured decode CUDA graphs for batch sizes %s", buckets)
-        except Exception as exc:  # noqa: BLE001
-            if self.model.tp is not None:   # the ranks must all replay or all run eager
-                raise
-            log.warning("CUDA graph capture failed (%s); decode runs eager", exc)
-            self.graphs.clear()
-            self.lora_graphs.clear()
-            self.buckets = []
-            torch.cuda.synchronize()
-            return
-        if not self.model.ops.has_kernel("prefill_attention"):
-            return  # the padded batch needs the paged prefill kernel (graph-safe, no host sync)
-        try:
-            self._capture_prefill_graphs()
-            log.info("captured prefill CUDA graphs for %s padded tokens, up to %d prompt chunks%s",
-                     sorted(self.pgraphs), self.tuning.prefill_graph_seqs, " (and with LoRA rows)" if self.lora_pgraphs else "")
-        except Exception as exc:  # noqa: BLE001
-            if self.model.tp is not None:
-                raise
-            log.warning("prefill CUDA graph capture failed (%s); prompts prefill eager", exc)
-            self.pgraphs.clear()
-            self.lora_pgraphs.clear()
-            self.pad_prefill = False
-            torch.cuda.synchronize()
+        """Capture the decode and prefill CUDA graphs (graphs.py); on failure stay eager."""
+        graphs.capture(self)
 
     # ------------------------------------------------------------------ checks
     @torch.inference_mode()

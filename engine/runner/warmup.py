@@ -128,17 +128,17 @@ class Warmup:
         V = logits.shape[1]
         rows = torch.arange(B, device=dev)
         lens = torch.ones(B, dtype=torch.int64, device=dev)
-        x = r.pen.apply(logits, rows, slots, lens, lens, 1)
-        x = r.pen.add_bias(x, rows, slots)
+        x = r.tables.pen.apply(logits, rows, slots, lens, lens, 1)
+        x = r.tables.pen.add_bias(x, rows, slots)
         x = apply_bitmask(x, rows, torch.full((B, (V + 31) // 32), -1, dtype=torch.int32, device=dev))
         gen = torch.zeros(B, dtype=torch.int64, device=dev)
         for n_random, n_filter, rules in ((0, 0, False), (B, 0, False), (B, B, False), (B, B, True)):
-            tok = sample(x, r.temperature.index_select(0, slots) + 1.0, r.top_p.index_select(0, slots) * 0.9,
-                         r.top_k.index_select(0, slots) + 5, r.seed.index_select(0, slots), gen,
+            tok = sample(x, r.tables.temperature.index_select(0, slots) + 1.0, r.tables.top_p.index_select(0, slots) * 0.9,
+                         r.tables.top_k.index_select(0, slots) + 5, r.tables.seed.index_select(0, slots), gen,
                          n_random=n_random, n_filter=n_filter,
-                         suppress_ids=r.eos if rules else None,
+                         suppress_ids=r.tables.eos if rules else None,
                          suppress_rows=(gen < 1) if rules else None,
-                         min_p=r.min_p.index_select(0, slots) + 0.1 if rules else None)
+                         min_p=r.tables.min_p.index_select(0, slots) + 0.1 if rules else None)
             logprobs_of(x, tok, 5)
 
     def _sdpa_plans(self) -> list[int]:

@@ -1,6 +1,6 @@
 """What crosses from rank 0 to the other tensor-parallel ranks each step, without pickling.
 
-Rank 0 packs a step as it always does (model_runner.Staging / Packer: named fields in one
+Rank 0 packs a step as it always does (runner/staging.py's Staging / Packer: named fields in one
 buffer, copied to the device in one go). Then, per step:
 
 1. a fixed-size int64 header over the host (gloo) group: the packed word count, which
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..runner.model_runner import DecodeInputs, PrefillInputs, StepInputs
+from ..runner.staging import DecodeInputs, PrefillInputs, StepInputs
 
 STOP, STEP = 0, 1
 _HAS_UPLOAD, _HAS_PREFILL, _HAS_DECODE = 1, 2, 4

@@ -67,7 +67,7 @@ def serve(rank: int, cfg: EngineConfig, model_dir: Path, device_type: str, init_
         while (step := channel.recv_step()) is not None:
             if step.block_table is not None:
                 rows, cols, pages = step.block_table
-                runner.block_table.index_put_((rows, cols), pages)
+                runner.tables.block_table.index_put_((rows, cols), pages)
             if step.prefill is not None:
                 runner.prefill_logits(step.prefill)
             if step.decode is not None:
@@ -77,9 +77,9 @@ def serve(rank: int, cfg: EngineConfig, model_dir: Path, device_type: str, init_
                 s = 0
                 if step.prefill is not None:
                     s = step.prefill.sample_idx.numel()
-                    runner.last_tokens.index_copy_(0, step.prefill.sample_slots, ids[:s])
+                    runner.tables.last_tokens.index_copy_(0, step.prefill.sample_slots, ids[:s])
                 if step.decode is not None:
-                    runner.last_tokens.index_copy_(0, step.decode.slots, ids[s:])
+                    runner.tables.last_tokens.index_copy_(0, step.decode.slots, ids[s:])
     finally:
         tp.destroy()
 

@@ -1,0 +1,125 @@
+"""The CUDA graphs of a runner, captured once at start: decode (embedding -> logits) per
+batch-size bucket, and prefill per padded token count (Tuning.prefill_graph_tokens), each
+with and without the LoRA path when adapters are on. The runner replays them
+(`ModelRunner.decode_logits`, `_prefill_padded`); capturing is here."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from ..tuning import Tuning
+
+log = logging.getLogger("zerod.engine")
+
+
+def prefill_graph_sizes(tuning: Tuning, cap: int, max_model_len: int) -> list[int]:
+    """The padded token counts prefill graphs are captured for: Tuning's sizes up to the
+    step's prompt budget, and the budget plus one page of padding, so a chunk of the full
+    budget fits beside the dummy sequence that pads the graph."""
+    sizes = [t for t in tuning.prefill_graph_tokens if t <= cap]
+    if sizes and cap <= max(tuning.prefill_graph_tokens) and cap + 16 not in sizes:
+        sizes.append(cap + 16)
+    return [t for t in sizes if t < max_model_len]
+
+
+def graph_buckets(max_bs: int) -> list[int]:
+    out = [b for b in (1, 2, 4, 8) if b <= max_bs]
+    b = 16
+    while b <= max_bs:
+        out.append(b)
+        b += 16 if b < 128 else 32
+    if out[-1] != max_bs:
+        out.append(max_bs)
+    return out
+
+
+def graph_sets(r, plain: dict, with_lora: dict) -> tuple[tuple[bool, dict], ...]:
+    """(LoRA path, where its graphs go) for each set a capture makes: the LoRA one only
+    with --enable-lora."""
+    return ((False, plain), (True, with_lora)) if r.lora is not None else ((False, plain),)
+
+@torch.inference_mode()
+
+
+def capture(r) -> None:
+    """Capture decode (embedding -> logits) per batch bucket; on failure stay eager."""
+    if not r.cuda or r.cfg.enforce_eager:
+        return
+    if not r.model.ops.has_kernel("decode_attention") and r.W * r.ps > 8192:
+        log.warning("no paged decode kernel and max_model_len %d > 8192: decode runs eager",
+                    r.max_model_len)
+        return
+    buckets = graph_buckets(min(r.cfg.cuda_graph_max_bs, r.cfg.max_num_seqs))
+    pool = None
+    try:
+        r.g_slots.fill_(r.pad_slot)
+        r.g_pos.zero_()
+        ways = graph_sets(r, r.graphs, r.lora_graphs)
+        # warm up every bucket eagerly first (cuBLAS handles, and each Triton variant a
+        # bucket's size selects: batch 1 is its own specialisation, and the FP8 / LoRA
+        # kernels pick tiles by rows), so nothing compiles while a graph is captured
+        for lora, _ in ways:
+            for bs in [buckets[-1]] + buckets:
+                r._decode_forward(r.g_slots[:bs], r.g_pos[:bs], r.W, lora)
+        torch.cuda.synchronize()
+        for lora, graphs in ways:
+            for bs in reversed(buckets):
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, pool=pool):
+                    out = r._decode_forward(r.g_slots[:bs], r.g_pos[:bs], r.W, lora)
+                pool = g.pool()
+                graphs[bs] = (g, out)
+        torch.cuda.synchronize()
+        r.buckets = buckets
+        log.info("captured decode CUDA graphs for batch sizes %s", buckets)
+    except Exception as exc:  # noqa: BLE001
+        if r.model.tp is not None:   # the ranks must all replay or all run eager
+            raise
+        log.warning("CUDA graph capture failed (%s); decode runs eager", exc)
+        r.graphs.clear()
+        r.lora_graphs.clear()
+        r.buckets = []
+        torch.cuda.synchronize()
+        return
+    if not r.model.ops.has_kernel("prefill_attention"):
+        return  # the padded batch needs the paged prefill kernel (graph-safe, no host sync)
+    try:
+        capture_prefill(r)
+        log.info("captured prefill CUDA graphs for %s padded tokens, up to %d prompt chunks%s",
+                 sorted(r.pgraphs), r.tuning.prefill_graph_seqs, " (and with LoRA rows)" if r.lora_pgraphs else "")
+    except Exception as exc:  # noqa: BLE001
+        if r.model.tp is not None:
+            raise
+        log.warning("prefill CUDA graph capture failed (%s); prompts prefill eager", exc)
+        r.pgraphs.clear()
+        r.lora_pgraphs.clear()
+        r.pad_prefill = False
+        torch.cuda.synchronize()
+
+
+def capture_prefill(r) -> None:
+    """A graph per padded token count (and per LoRA path), in a memory pool of their
+    own, captured on a dummy prompt of one token."""
+    G, pool = r.tuning.prefill_graph_seqs, None
+    ways = graph_sets(r, r.pgraphs, r.lora_pgraphs)
+    for T in r.pgraph_sizes:
+        r.p_toks[:T].zero_()
+        r.p_pos[:T].copy_(torch.cat([torch.zeros(1, dtype=torch.int64, device=r.device),
+                                        torch.arange(T - 1, dtype=torch.int64, device=r.device)]))
+        r.p_smap[:T].copy_(r.p_pos[:T] % r.ps)
+        r.p_lora[:T].zero_()
+        r.p_cu.copy_(torch.tensor([0] + [1] * G + [T], dtype=torch.int32))
+        r.p_ctx.copy_(torch.tensor([1] + [0] * (G - 1) + [T - 1], dtype=torch.int32))
+        r.p_bt.zero_()
+        for lora, graphs in ways:
+            for _ in range(2):  # Triton compiles / autotunes outside the capture
+                r._prefill_padded_forward(T, lora)
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=pool):
+                hidden = r._prefill_padded_forward(T, lora)
+            pool = g.pool()
+            graphs[T] = (g, hidden)
+    r.pad_prefill = bool(r.pgraphs)
