@@ -65,7 +65,7 @@ def test_metric_names_labels_and_values():
 def test_scrape_reads_the_snapshot_not_the_host():
     v = _views()
     reg = make_registry(v)
-    v.nvml_stats.gpus[0]["temperature_celsius"] = 77
+    v.nvml_stats.gpus[0].temperature_celsius = 77
     assert 'zerod_gpu_temperature_celsius{gpu="0",uuid="GPU-0000"} 77.0' in render(reg).decode()
 
 
@@ -82,7 +82,7 @@ def test_gpus_doc_carries_each_gpu_s_xid_counts_once():
     assert [g["xid_events_total"] for g in doc["gpus"]] == [{}, {"79": 1}]
     v.xid.record(1, 79)
     assert v.gpus()["gpus"][1]["xid_events_total"] == {"79": 2}
-    assert "xid_events_total" not in v.nvml_stats.gpus[1]  # the XID watcher owns them
+    assert "xid_events_total" not in v.nvml_stats.gpus[1].as_json()  # the XID watcher owns them
 
 
 def test_a_lost_gpu_keeps_its_xid_series():

@@ -203,8 +203,8 @@ class Views:
                 acc[0] += s_ratio
                 acc[1] += m_ratio
             for (role, name), (s_sum, m_sum) in sorted(sums.items()):
-                sm.add_metric([str(gpu), g["uuid"], role, name], s_sum)
-                mem.add_metric([str(gpu), g["uuid"], role, name], m_sum)
+                sm.add_metric([str(gpu), g.uuid, role, name], s_sum)
+                mem.add_metric([str(gpu), g.uuid, role, name], m_sum)
         yield from (sm, mem)
 
     def alerts(self) -> dict[str, Any]:

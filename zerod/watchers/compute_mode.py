@@ -35,7 +35,8 @@ from zerod.checks.compute_mode import EXCLUSIVE_PROCESS, NO_PERMISSION
 from zerod.checks.compute_mode import name as mode_name
 from zerod.daemon_config import DaemonConfig
 from zerod.watchers import Watcher
-from zerod.watchers.nvml_session import NvmlSession, error_value, is_not_supported
+from zerod.checks.gpu_reading import error_value, is_not_supported
+from zerod.watchers.nvml_session import NvmlSession
 
 log = logging.getLogger("zerod.compute_mode")
 

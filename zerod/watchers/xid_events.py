@@ -19,7 +19,8 @@ from prometheus_client.core import CounterMetricFamily
 from zerod.alerts import AlertBook
 from zerod.daemon_config import DaemonConfig
 from zerod.watchers import Watcher
-from zerod.watchers.nvml_session import NvmlSession, error_value, is_not_supported
+from zerod.checks.gpu_reading import error_value, is_not_supported
+from zerod.watchers.nvml_session import NvmlSession
 
 log = logging.getLogger("zerod.xid")
 
