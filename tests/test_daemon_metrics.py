@@ -15,7 +15,7 @@ from zerod.daemon_config import DaemonConfig
 from zerod.daemon_metrics import make_registry, render
 from zerod.preflight import Preflight
 from zerod.supervisor import EngineSupervisor
-from zerod.views import Views
+from zerod.views import EngineView, Views
 from zerod.watchers.engine_metrics import EngineMetricsWatcher
 from zerod.watchers.gpu_processes import GpuProcessWatcher
 from zerod.watchers.latency import LatencyWatcher
@@ -37,8 +37,9 @@ def _views(nvml=None) -> Views:
     sup = EngineSupervisor(["true"], "http://127.0.0.1:1", cfg, book)
     engine_metrics = EngineMetricsWatcher(book, cfg, sup.url, engine_pid=lambda: None)
     latency = LatencyWatcher(book, cfg, engine_metrics)
-    views = Views("gpu-host-1", 1000.0, False, book, Preflight({}, book, enabled=False), sup, nvml_stats, xid,
-                  processes, engine_metrics, latency, [nvml_stats, processes, xid, engine_metrics, latency])
+    engine = EngineView(sup, engine_metrics, latency, Preflight({}, book, enabled=False))
+    views = Views("gpu-host-1", 1000.0, False, book, nvml_stats, xid, processes,
+                  [nvml_stats, processes, xid, engine_metrics, latency], [engine])
     nvml_stats.poll()
     xid.record(1, 79)
     processes.poll()

@@ -25,6 +25,7 @@ from zerod.alerts import AlertBook
 from zerod.checks.clock_events import CLOCK_EVENT_REASONS
 from zerod.checks.gpu_reading import GpuReading, NvmlReader, is_gpu_lost
 from zerod.daemon_config import DaemonConfig
+from zerod.registry import AlertRule, owns
 from zerod.watchers import Watcher
 from zerod.watchers.nvml_session import NvmlSession
 
@@ -47,6 +48,37 @@ PARITY_GAUGES = (
     ("zerod_gpu_memory_temperature_celsius", "HBM temperature.", "memory_temperature_celsius", 1),
 )
 HISTORY_QUANTITIES = ("utilization_ratio", "memory_used_bytes", "temperature_celsius", "power_watts")
+CLOCK_EVENT_ACTIVE = "zerod_gpu_clock_event_active"
+PCIE_REPLAYS = "zerod_gpu_pcie_replays"
+ENERGY = "zerod_gpu_energy_joules"
+COMPUTE_MODE = "zerod_gpu_compute_mode"
+REMAPPED_ROWS = "zerod_gpu_remapped_rows"
+REMAP_PENDING = "zerod_gpu_row_remap_pending"
+REMAP_FAILED = "zerod_gpu_row_remap_failed"
+NVLINK_BYTES = "zerod_gpu_nvlink_bytes"
+NVLINK_ERRORS = "zerod_gpu_nvlink_errors"
+MIG_ENABLED = "zerod_gpu_mig_enabled"
+MIG_MEMORY_USED = "zerod_gpu_mig_memory_used_bytes"
+MIG_MEMORY_TOTAL = "zerod_gpu_mig_memory_total_bytes"
+NVML_UP = "zerod_nvml_up"
+_MIG_IDS = ["gpu_instance", "compute_instance"]
+# family -> (kind, help, labels beside gpu and uuid); the per-GPU gauges first, in their order
+FAMILIES = {
+    **{name: (GaugeMetricFamily, doc, []) for name, doc, _, _ in GPU_GAUGES + PARITY_GAUGES},
+    CLOCK_EVENT_ACTIVE: (GaugeMetricFamily, "1 while NVML reports this clocks event (throttle) reason.", ["reason"]),
+    PCIE_REPLAYS: (CounterMetricFamily, "PCIe replay counter (NVML).", []),
+    ENERGY: (CounterMetricFamily, "Energy the GPU used since the driver loaded.", []),
+    COMPUTE_MODE: (GaugeMetricFamily,
+                   "NVML compute mode: 0 Default, 1 Exclusive_Thread, 2 Prohibited, 3 Exclusive_Process.", []),
+    REMAPPED_ROWS: (GaugeMetricFamily, "Rows remapped, by the error that caused it.", ["cause"]),
+    REMAP_PENDING: (GaugeMetricFamily, "1 while a row remap waits for a GPU reset.", []),
+    REMAP_FAILED: (GaugeMetricFamily, "1 when a row remap has failed.", []),
+    NVLINK_BYTES: (CounterMetricFamily, "NVLink data bytes over every link.", ["direction"]),
+    NVLINK_ERRORS: (CounterMetricFamily, "NVLink errors over every link, by type.", ["type"]),
+    MIG_ENABLED: (GaugeMetricFamily, "1 when MIG mode is enabled.", []),
+    MIG_MEMORY_USED: (GaugeMetricFamily, "Memory in use in a MIG instance.", _MIG_IDS),
+    MIG_MEMORY_TOTAL: (GaugeMetricFamily, "Memory of a MIG instance.", _MIG_IDS),
+}
 
 REASON_FIX = {
     "hw_slowdown": "HW slowdown (thermal or power brake signal from the board): check cooling and the PSU; nvidia-smi -q -d PERFORMANCE",
@@ -57,6 +89,17 @@ REASON_FIX = {
 }
 
 
+@owns(metrics=(*FAMILIES, NVML_UP), alerts=(
+    AlertRule("GpuThrottled", "warning", "a reason of `throttle_alert_reasons` held `throttle_for_s` "
+              "(`sw_power_cap` alone is normal under load)"),
+    AlertRule("GpuHot", "warning", "GPU temperature at or above `temperature_max_celsius` (3 °C hysteresis)"),
+    AlertRule("EccErrors", "critical", "volatile uncorrected ECC errors, a pending or a failed row remap"),
+    AlertRule("PcieReplays", "warning", "the PCIe replay counter went up (held `counter_alert_hold_s`)"),
+    AlertRule("NvmlUnavailable", "critical", "NVML cannot start (no driver or library: says which); "
+              "info with `--demo`"),
+    AlertRule("GpuLost", "critical", "`NVML_ERROR_GPU_IS_LOST`: the GPU fell off the bus",
+              prometheus_rule=False),  # a lost GPU shows as NVML errors: only the daemon sees it
+))
 class NvmlStatsWatcher(Watcher):
     name = "nvml_stats"
 
@@ -91,71 +134,45 @@ class NvmlStatsWatcher(Watcher):
 
     def collect(self):
         """The GPU series of /metrics, from the last poll: `gpu` and `uuid` labels, never a pid."""
-        labels = ["gpu", "uuid"]
-        families = [(GaugeMetricFamily(name, doc, labels=labels), key, scale)
-                    for name, doc, key, scale in GPU_GAUGES + PARITY_GAUGES]
-        events = GaugeMetricFamily("zerod_gpu_clock_event_active",
-                                   "1 while NVML reports this clocks event (throttle) reason.",
-                                   labels=labels + ["reason"])
-        replays = CounterMetricFamily("zerod_gpu_pcie_replays", "PCIe replay counter (NVML).", labels=labels)
-        energy = CounterMetricFamily("zerod_gpu_energy_joules", "Energy the GPU used since the driver loaded.",
-                                     labels=labels)
-        mode = GaugeMetricFamily("zerod_gpu_compute_mode",
-                                 "NVML compute mode: 0 Default, 1 Exclusive_Thread, 2 Prohibited, 3 Exclusive_Process.",
-                                 labels=labels)
-        remapped = GaugeMetricFamily("zerod_gpu_remapped_rows", "Rows remapped, by the error that caused it.",
-                                     labels=labels + ["cause"])
-        pending = GaugeMetricFamily("zerod_gpu_row_remap_pending", "1 while a row remap waits for a GPU reset.",
-                                    labels=labels)
-        failed = GaugeMetricFamily("zerod_gpu_row_remap_failed", "1 when a row remap has failed.", labels=labels)
-        nvlink = CounterMetricFamily("zerod_gpu_nvlink_bytes", "NVLink data bytes over every link.",
-                                     labels=labels + ["direction"])
-        nvlink_err = CounterMetricFamily("zerod_gpu_nvlink_errors", "NVLink errors over every link, by type.",
-                                         labels=labels + ["type"])
-        mig_on = GaugeMetricFamily("zerod_gpu_mig_enabled", "1 when MIG mode is enabled.", labels=labels)
-        mig_mem = GaugeMetricFamily("zerod_gpu_mig_memory_used_bytes", "Memory in use in a MIG instance.",
-                                    labels=labels + ["gpu_instance", "compute_instance"])
-        mig_total = GaugeMetricFamily("zerod_gpu_mig_memory_total_bytes", "Memory of a MIG instance.",
-                                      labels=labels + ["gpu_instance", "compute_instance"])
+        fam = {name: kind(name, doc, labels=["gpu", "uuid", *extra]) for name, (kind, doc, extra) in FAMILIES.items()}
+        gauges = [(fam[name], key, scale) for name, _, key, scale in GPU_GAUGES + PARITY_GAUGES]
         for idx in sorted(self.gpus):
             g = self.gpus[idx]
             lv = [str(idx), g.uuid]
-            for fam, key, scale in families:
+            for family, key, scale in gauges:
                 if getattr(g, key) is not None:
-                    fam.add_metric(lv, float(getattr(g, key)) * scale)
+                    family.add_metric(lv, float(getattr(g, key)) * scale)
             active = set(g.clock_events_active)
             for reason in CLOCK_EVENT_REASONS.values():
-                events.add_metric(lv + [reason], 1.0 if reason in active else 0.0)
+                fam[CLOCK_EVENT_ACTIVE].add_metric(lv + [reason], 1.0 if reason in active else 0.0)
             if g.pcie_replays_total is not None:
-                replays.add_metric(lv, float(g.pcie_replays_total))
+                fam[PCIE_REPLAYS].add_metric(lv, float(g.pcie_replays_total))
             if g.energy_joules_total is not None:
-                energy.add_metric(lv, g.energy_joules_total)
+                fam[ENERGY].add_metric(lv, g.energy_joules_total)
             if g.compute_mode is not None:
-                mode.add_metric(lv, float(g.compute_mode))
+                fam[COMPUTE_MODE].add_metric(lv, float(g.compute_mode))
             rr = g.remapped_rows
             if rr is not None:
-                remapped.add_metric(lv + ["correctable"], float(rr.corrected))
-                remapped.add_metric(lv + ["uncorrectable"], float(rr.uncorrected))
-                pending.add_metric(lv, float(rr.pending))
-                failed.add_metric(lv, float(rr.failure))
+                fam[REMAPPED_ROWS].add_metric(lv + ["correctable"], float(rr.corrected))
+                fam[REMAPPED_ROWS].add_metric(lv + ["uncorrectable"], float(rr.uncorrected))
+                fam[REMAP_PENDING].add_metric(lv, float(rr.pending))
+                fam[REMAP_FAILED].add_metric(lv, float(rr.failure))
             nv = g.nvlink
             if nv is not None:
                 for direction, n in (("tx", nv.tx_bytes_total), ("rx", nv.rx_bytes_total)):
                     if n is not None:
-                        nvlink.add_metric(lv + [direction], float(n))
+                        fam[NVLINK_BYTES].add_metric(lv + [direction], float(n))
                 for kind, n in nv.errors_total.items():
-                    nvlink_err.add_metric(lv + [kind], float(n))
+                    fam[NVLINK_ERRORS].add_metric(lv + [kind], float(n))
             if g.mig_enabled is not None:
-                mig_on.add_metric(lv, float(g.mig_enabled))
+                fam[MIG_ENABLED].add_metric(lv, float(g.mig_enabled))
             for m in g.mig_instances:
                 ids = [str(m.gpu_instance), str(m.compute_instance)]
                 if m.memory_used_bytes is not None:
-                    mig_mem.add_metric(lv + ids, float(m.memory_used_bytes))
-                    mig_total.add_metric(lv + ids, float(m.memory_total_bytes))
-        yield from (fam for fam, _, _ in families)
-        yield from (events, replays, energy, mode, remapped, pending, failed, nvlink, nvlink_err,
-                    mig_on, mig_mem, mig_total)
-        yield GaugeMetricFamily("zerod_nvml_up", "1 when NVML answers (0: no driver, library or GPU).",
+                    fam[MIG_MEMORY_USED].add_metric(lv + ids, float(m.memory_used_bytes))
+                    fam[MIG_MEMORY_TOTAL].add_metric(lv + ids, float(m.memory_total_bytes))
+        yield from fam.values()
+        yield GaugeMetricFamily(NVML_UP, "1 when NVML answers (0: no driver, library or GPU).",
                                 value=1.0 if self.session.ok else 0.0)
 
     def poll(self) -> None:
