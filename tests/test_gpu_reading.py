@@ -67,3 +67,14 @@ def test_an_unsupported_call_is_asked_once_per_gpu():
     for _ in range(3):
         g = r.read(0, N.gpus[0])
     assert len(asked) == 1 and g.remapped_rows is None and "not supported" in g.errors["remapped_rows"]
+
+
+def test_doctor_and_daemon_say_alike_why_nvml_cannot_start():
+    N = fake_nvml(1)
+    N.init_error = 9  # NVML_ERROR_DRIVER_NOT_LOADED
+    s = NvmlSession(N, retry_s=0)
+    assert not s.ensure()
+    assert s.error == "no NVIDIA driver found: the nvidia kernel module is not loaded"
+    from zerod.checks.gpu_reading import explain_init_error
+
+    assert explain_init_error(N.NVMLError(9)) == ("no_driver", s.error)
