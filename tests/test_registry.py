@@ -164,3 +164,9 @@ def test_the_daemon_builds_polls_and_serves_a_registered_watcher(plugin, tmp_pat
     built = [w for w in d.watchers if isinstance(w, plugin)]
     assert [w.engine.name for w in built] == ["a", "b"] and built == d.registered
     assert [len(f.samples) for f in views.collect() if f.name == "zerod_test_plugin_ticks"] == [2]
+
+
+def test_the_alerts_latency_names_as_causes_exist():
+    from zerod.watchers.latency import CAUSE_ALERTS
+
+    assert set(CAUSE_ALERTS) <= set(alert_names())
