@@ -22,6 +22,7 @@ from prometheus_client.core import GaugeMetricFamily
 from zerod.alerts import AlertBook
 from zerod.diag import busy, store
 from zerod.diag.catalogue import LEVELS
+from zerod.registry import AlertRule, owns
 from zerod.preflight import CHECK_STATUS_VALUE  # zerod_diag_test_status uses zerod_check_status's scale
 
 log = logging.getLogger("zerod.diag")
@@ -43,6 +44,10 @@ def summary(report: dict[str, Any] | None) -> dict[str, Any] | None:
             "duration_s": h.get("duration_s"), **(report.get("summary") or {})}
 
 
+@owns(metrics=("zerod_diag_test_status", "zerod_diag_measured", "zerod_diag_expected",
+                "zerod_diag_last_run_timestamp_seconds", "zerod_diag_running"),
+      alerts=(AlertRule("GpuDiagFailed", "warning", "a `zerod diag` test failed or warned on a GPU: "
+                        "its figure against the spec, or a wrong answer"),))
 class DiagService:
     def __init__(self, book: AlertBook, path: str, engines: Callable[[], list[dict[str, Any]]],
                  command: tuple[str, ...] = COMMAND) -> None:

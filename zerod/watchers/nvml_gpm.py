@@ -16,6 +16,7 @@ from typing import Any
 from prometheus_client.core import GaugeMetricFamily
 
 from zerod.daemon_config import DaemonConfig
+from zerod.registry import owns
 from zerod.watchers import Watcher
 from zerod.watchers.nvml_session import NvmlSession
 
@@ -35,6 +36,7 @@ GPM_METRICS = (
 KEYS = tuple(k for k, _, _, _ in GPM_METRICS)
 
 
+@owns(metrics=("zerod_gpu_gpm_supported", *(metric for _, _, metric, _ in GPM_METRICS)))
 class GpmWatcher(Watcher):
     name = "nvml_gpm"
 

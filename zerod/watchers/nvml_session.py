@@ -13,16 +13,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-log = logging.getLogger("zerod.nvml")
+from zerod.checks.gpu_reading import explain_init_error, text
 
-NVML_ERROR_NOT_SUPPORTED = 3
-NVML_ERROR_GPU_IS_LOST = 15
-NVML_ERROR_DRIVER_NOT_LOADED = 9
-NVML_ERROR_LIBRARY_NOT_FOUND = 12
+log = logging.getLogger("zerod.nvml")
 
 
 def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
+    return str(text(v))
 
 
 @dataclass
@@ -33,18 +30,6 @@ class Device:
     name: str
     bus_id: str | None
     memory_total_bytes: int | None
-
-
-def error_value(exc: BaseException) -> int | None:
-    return getattr(exc, "value", None)
-
-
-def is_gpu_lost(exc: BaseException) -> bool:
-    return error_value(exc) == NVML_ERROR_GPU_IS_LOST
-
-
-def is_not_supported(exc: BaseException) -> bool:
-    return error_value(exc) == NVML_ERROR_NOT_SUPPORTED
 
 
 class NvmlSession:
@@ -141,11 +126,6 @@ def _try(fn, default):
 
 
 def _explain(exc: BaseException) -> str:
-    if isinstance(exc, ImportError):
-        return f"the NVML Python bindings are not installed ({exc}); pip install nvidia-ml-py"
-    v = error_value(exc)
-    if v == NVML_ERROR_LIBRARY_NOT_FOUND:
-        return "libnvidia-ml.so not found: no NVIDIA driver installed here"
-    if v == NVML_ERROR_DRIVER_NOT_LOADED:
-        return "the NVIDIA kernel driver is not loaded"
-    return f"{type(exc).__name__}: {exc}"
+    """Doctor's words for why NVML cannot start (zerod.checks.gpu_reading), else the error itself."""
+    kind, why = explain_init_error(exc)
+    return why if kind != "nvml_error" else f"{type(exc).__name__}: {exc}"
