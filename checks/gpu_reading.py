@@ -136,7 +136,7 @@ class GpuReading:
     uuid: str | None = None
     name: str | None = None
     utilization_ratio: float | None = None
-    memory_utilization_ratio: float | None = None
+    memory_copy_utilization_ratio: float | None = None
     memory_used_bytes: int | None = None
     memory_free_bytes: int | None = None
     memory_total_bytes: int | None = None
@@ -181,6 +181,7 @@ class GpuReading:
             "remapped_rows": None if rr is None else {"corrected": rr.corrected, "uncorrected": rr.uncorrected,
                                                       "pending": rr.pending, "failure": rr.failure},
             "memory_temperature_celsius": self.memory_temperature_celsius,
+            "memory_copy_utilization_ratio": self.memory_copy_utilization_ratio,
             "energy_joules_total": self.energy_joules_total,
             "compute_mode": compute_mode_name(self.compute_mode) if self.compute_mode is not None else None,
             "nvlink": None if nv is None else {"tx_bytes_total": nv.tx_bytes_total,
@@ -330,7 +331,7 @@ class NvmlReader:
             g.name = get("name", "nvmlDeviceGetName", conv=lambda v: str(text(v)))
         util = get("utilization", "nvmlDeviceGetUtilizationRates")
         if util is not None:
-            g.utilization_ratio, g.memory_utilization_ratio = util.gpu / 100.0, util.memory / 100.0
+            g.utilization_ratio, g.memory_copy_utilization_ratio = util.gpu / 100.0, util.memory / 100.0
         mem = get("memory", "nvmlDeviceGetMemoryInfo")
         if mem is not None:
             g.memory_used_bytes, g.memory_total_bytes = int(mem.used), int(mem.total)

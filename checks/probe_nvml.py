@@ -112,7 +112,7 @@ def _facts_of(g: GpuReading, inv: GpuInventory) -> dict[str, Any]:
         "pcie_width": inv.pcie_width_lanes, "pcie_width_max": inv.pcie_width_max_lanes,
         "pcie_replay": g.pcie_replays_total, "pstate": inv.performance_state,
         "util": None if g.utilization_ratio is None else {
-            "gpu": _percent(g.utilization_ratio), "memory": _percent(g.memory_utilization_ratio)},
+            "gpu": _percent(g.utilization_ratio), "memory": _percent(g.memory_copy_utilization_ratio)},
         "clock_events": g.clock_events_mask,
         "remapped_rows": None if rr is None else {"correctable": rr.corrected, "uncorrectable": rr.uncorrected,
                                                   "pending": rr.pending, "failure": rr.failure},

@@ -56,6 +56,7 @@ def test_gpm_ratios_where_supported_and_memory_copy_utilization():
     views = _views(N)
     gpm = GpmWatcher(views.nvml_stats.session, DaemonConfig.from_dict({}))
     views.gpm = gpm
+    views.watchers.append(gpm)
     gpm.poll()
     assert gpm.snapshot(0) == dict.fromkeys(("sm_activity_ratio", "sm_occupancy_ratio", "tensor_pipe_activity_ratio",
                                              "dram_bandwidth_utilization_ratio"))  # one sample: no interval yet

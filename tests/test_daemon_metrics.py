@@ -4,6 +4,8 @@ counts merged into the GPU rows once, and `promtool check metrics` passes."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import shutil
 import subprocess
 
@@ -19,7 +21,9 @@ from zerod.views import EngineView, Views
 from zerod.watchers.engine_metrics import EngineMetricsWatcher
 from zerod.watchers.gpu_processes import GpuProcessWatcher
 from zerod.watchers.latency import LatencyWatcher
+from zerod.watchers.nvml_gpm import GpmWatcher
 from zerod.watchers.nvml_session import NvmlSession
+from zerod.diag.service import DiagService
 from zerod.watchers.nvml_stats import NvmlStatsWatcher
 from zerod.watchers.xid_events import XidWatcher
 from test_daemon_watchers import fake_nvml  # noqa: E402  (same folder)
@@ -40,6 +44,9 @@ def _views(nvml=None) -> Views:
     engine = EngineView(sup, engine_metrics, latency, Preflight({}, book, enabled=False))
     views = Views("gpu-host-1", 1000.0, False, book, nvml_stats, xid, processes,
                   [nvml_stats, processes, xid, engine_metrics, latency], [engine])
+    views.gpm = GpmWatcher(session, cfg)
+    views.watchers.append(views.gpm)
+    views.diag = DiagService(book, Path("/nonexistent/zerod-diag.json"), engines=lambda: [])
     nvml_stats.poll()
     xid.record(1, 79)
     processes.poll()

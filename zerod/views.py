@@ -120,7 +120,7 @@ class Views:
     watchers: list[Watcher]
     engines: list[EngineView]  # every engine; the first answers for "the engine"
     diag: Any = None  # zerod.diag.service.DiagService: the last `zerod diag`, runs on request
-    gpm: Any = None  # zerod.watchers.nvml_gpm.GpmWatcher: SM, tensor and DRAM activity where supported
+    gpm: Any = None  # zerod.watchers.nvml_gpm.GpmWatcher (also a watcher: its series come with theirs)
 
     def __post_init__(self) -> None:
         if not self.engines:
@@ -236,8 +236,6 @@ class Views:
         yield from self._process_utilization()
         if self.diag is not None:
             yield from self.diag.collect()
-        if self.gpm is not None:
-            yield from self.gpm.collect()
         runs = CounterMetricFamily(WATCHER_RUNS, "Watcher polls.", labels=["watcher"])
         errors = CounterMetricFamily(WATCHER_ERRORS, "Watcher polls that failed.", labels=["watcher"])
         busy = CounterMetricFamily(WATCHER_BUSY, "Wall time spent in watcher polls.",

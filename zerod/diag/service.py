@@ -46,7 +46,7 @@ def summary(report: dict[str, Any] | None) -> dict[str, Any] | None:
 
 @owns(metrics=("zerod_diag_test_status", "zerod_diag_measured", "zerod_diag_expected",
                 "zerod_diag_last_run_timestamp_seconds", "zerod_diag_running"),
-      alerts=(AlertRule("GpuDiagFailed", "warning", "a `zerod diag` test failed or warned on a GPU: "
+      alerts=(AlertRule("GpuDiagFailed", "critical", "a `zerod diag` test failed or warned on a GPU: "
                         "its figure against the spec, or a wrong answer"),))
 class DiagService:
     def __init__(self, book: AlertBook, path: str, engines: Callable[[], list[dict[str, Any]]],
@@ -179,8 +179,10 @@ class DiagService:
                     fam.add_metric(lv + [fig["unit"]], float(fig["value"]))
         yield from (status, measured, expected)
         started = ((self.last or {}).get("host") or {}).get("started_at")
+        last_run = GaugeMetricFamily("zerod_diag_last_run_timestamp_seconds",
+                                     "When the last zerod diag run started (Unix time).", labels=[])
         if started is not None:
-            yield GaugeMetricFamily("zerod_diag_last_run_timestamp_seconds",
-                                    "When the last zerod diag run started (Unix time).", value=float(started))
+            last_run.add_metric([], float(started))
+        yield last_run
         yield GaugeMetricFamily("zerod_diag_running", "1 while a zerod diag run is going.",
                                 value=1.0 if self.running is not None else 0.0)

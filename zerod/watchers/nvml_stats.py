@@ -48,7 +48,7 @@ PARITY_GAUGES = (
     ("zerod_gpu_memory_temperature_celsius", "HBM temperature.", "memory_temperature_celsius", 1),
     ("zerod_gpu_memory_copy_utilization_ratio",
      "Share of NVML's last sample period the memory was read or written (DCGM_FI_DEV_MEM_COPY_UTIL).",
-     "memory_utilization_ratio", 1),
+     "memory_copy_utilization_ratio", 1),
 )
 HISTORY_QUANTITIES = ("utilization_ratio", "memory_used_bytes", "temperature_celsius", "power_watts")
 CLOCK_EVENT_ACTIVE = "zerod_gpu_clock_event_active"
