@@ -14,6 +14,7 @@ import stat
 
 from aiohttp import web
 
+from zerod.history import HistoryError, NoSuchSeries
 from zerod.views import NoSuchEngine, Views
 from zerod.watchers.gpu_processes import process_start_time
 
@@ -77,6 +78,17 @@ def make_app(views: Views) -> web.Application:
         log.warning("control API: sent SIG%s to foreign GPU process %d", name, pid)
         return web.json_response({"ok": True, "pid": pid, "signal": name})
 
+    async def history(req):
+        if views.history is None:
+            return web.json_response({"error": "this daemon keeps no history"}, status=404)
+        q = req.query
+        try:
+            return web.json_response(views.history.query(q.get("seconds"), q.get("points"), q.get("engine")))
+        except HistoryError as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        except NoSuchSeries as exc:
+            return web.json_response({"error": str(exc)}, status=404)
+
     @web.middleware
     async def errors(req, handler):
         try:
@@ -97,6 +109,7 @@ def make_app(views: Views) -> web.Application:
     app.router.add_get("/v1/alerts", doc(views.alerts))
     app.router.add_get("/v1/engine", engine_doc(views.engine))
     app.router.add_get("/v1/engines", doc(views.engines_doc))
+    app.router.add_get("/v1/history", history)
     app.router.add_post("/v1/processes/{pid}/signal", signal_process)
     return app
 

@@ -39,6 +39,7 @@ from zerod.preflight import Preflight, PreflightRefused, RecheckWatcher
 from zerod.sdnotify import Notifier
 from zerod.supervisor import EngineSupervisor, api_key_credential, engine_argv, engine_env, engine_url
 from zerod.views import EngineView, Views
+from zerod.history import HistoryRecorder
 from zerod.watchers import Watcher
 from zerod.watchers.compute_mode import ComputeModeGuard
 from zerod.watchers.engine_metrics import EngineMetricsWatcher
@@ -156,10 +157,13 @@ class Daemon:
             self.netlink = NetlinkWatcher(book, cfg.watch_interval_s, str(self.engine_section.get("host", "127.0.0.1")),
                                           self.preflight.recheck_bind_exposure)
             self.watchers.append(self.netlink)
+        history = HistoryRecorder(cfg.watch_interval_s, lambda: nvml_stats.gpus,
+                                  lambda: [(e.name, e.latency.figures) for e in engines])
+        self.watchers.append(history)
         first = engines[0]
         self.views = Views(self.host, self.started_at, cfg.allow_write_actions, book, self.preflight,
                            self.supervisor, nvml_stats, xid, processes, first.engine_metrics, first.latency,
-                           self.watchers, first.compute_mode, engines)
+                           self.watchers, first.compute_mode, engines, history)
         return self.views
 
     def _engine_parts(self, sup: EngineSupervisor, preflight: Preflight, processes: GpuProcessWatcher,

@@ -23,6 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 
 from zerod import __version__
 from zerod.alerts import AlertBook
+from zerod.history import HistoryRecorder
 from zerod.engine import metrics as names
 from zerod.preflight import Preflight
 from zerod.supervisor import EngineSupervisor, collect_engines
@@ -118,6 +119,7 @@ class Views:
     compute_mode: ComputeModeGuard | None = None  # [daemon] exclusive_gpu
     # every engine, the first being the one above; built from it when not given
     engines: list[EngineView] = field(default_factory=list)
+    history: HistoryRecorder | None = None  # GET /v1/history: the daemon's hour of samples
 
     def __post_init__(self) -> None:
         if not self.engines:
