@@ -74,7 +74,7 @@ async def test_shows_the_recorded_data(daemon):
         assert "2 firing" in text_of(app.query_one(StatusBar))
         procs = app.query_one(ProcessTable)
         assert rows(procs) == ["2211", "48211", "48190", "1312"]  # foreign first, then the engine
-        assert "foreign" in str(procs.get_row("2211")[2]) and "engine" in str(procs.get_row("48211")[2])
+        assert str(procs.get_row("2211")[2]) == "⚠ agent" and "engine" in str(procs.get_row("48211")[2])
         alerts = app.query_one(AlertTable)
         assert rows(alerts) == ["LatencyRegression/itl", "ForeignGpuProcess/2211", "ForeignGpuProcess/1877"]
         assert "firing" in str(alerts.get_row("LatencyRegression/itl")[0])
@@ -324,13 +324,13 @@ async def test_adapts_when_the_terminal_shrinks(daemon):
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: app.snapshot is not None)
         table = app.query_one(ProcessTable)
-        assert len(table.columns) == 7 and app.screen.has_class("-wide")
+        assert len(table.columns) == 9 and app.screen.has_class("-wide")
         await pilot.resize_terminal(80, 24)
         await until(pilot, lambda: len(table.columns) == 4)
         assert app.screen.has_class("-narrow") and app.screen.has_class("-short")
         assert rows(table) == ["2211", "48211", "48190", "1312"]
         await pilot.resize_terminal(120, 40)
-        await until(pilot, lambda: len(table.columns) == 7)
+        await until(pilot, lambda: len(table.columns) == 9)
 
 
 async def test_another_engine_and_the_learned_normal_are_shown(daemon):

@@ -145,10 +145,14 @@ class GpuList(VerticalScroll):
     GpuRow per GPU inside a single border above that. A line of its own when NVML is
     unavailable."""
 
+    chosen: set[int] = set()
+
     def compose(self) -> ComposeResult:
         yield Line("waiting for the daemon…", classes="gpu-note")
 
-    def show(self, gpus: dict[str, Any], narrow: bool) -> None:
+    def show(self, gpus: dict[str, Any], narrow: bool, chosen: set[int] | None = None) -> None:
+        """`chosen`: the GPUs of the engine the Engine panel shows, highlighted (several engines)."""
+        self.chosen = chosen or set()
         items = [g for g in (gpus.get("gpus") or []) if isinstance(g, dict)]
         nvml = gpus.get("nvml") or {}
         note = self.query_one(".gpu-note", Line)
@@ -182,3 +186,4 @@ class GpuList(VerticalScroll):
     def _fill(self, kind, items, narrow) -> None:
         for w, g in zip(self.query(kind), items):
             w.show(g, narrow)
+            w.set_class(g.get("index") in self.chosen, "-chosen")

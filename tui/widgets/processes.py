@@ -36,7 +36,7 @@ class ProcessTable(DataTable):
         self.gpu: int | None = None
         self.sort_key = pv.DEFAULT_SORT
         self.sort_flipped = False  # against the column's natural direction
-        self.tree = False
+        self.as_tree = False
         self.several_engines = False
         self.now = 0.0
         self._shape: tuple | None = None
@@ -64,7 +64,7 @@ class ProcessTable(DataTable):
         """The table's view in words, for its title: sort, tree, filter."""
         col = pv.BY_KEY[self.sort_key]
         parts = [f"sort {col.label.lower()} {'▼' if self.sort_reverse else '▲'}"]
-        if self.tree:
+        if self.as_tree:
             parts.append("tree")
         return " · ".join(parts)
 
@@ -87,7 +87,7 @@ class ProcessTable(DataTable):
     def visible(self, procs: list[dict[str, Any]], now: float) -> list[pv.TreeRow]:
         keep = self.current_filter()
         rows = pv.sort_rows([p for p in procs if keep(p)], self.sort_key, self.sort_reverse, now)
-        if self.tree:
+        if self.as_tree:
             return pv.tree(rows)
         return [pv.TreeRow(p, 0, True, False) for p in rows]
 
