@@ -28,7 +28,7 @@ from zerod.tui.widgets.alerts import AlertTable
 from zerod.tui.widgets.banner import Banner, banner_text, standalone_text
 from zerod.tui.widgets.engine import EnginePanel
 from zerod.tui.widgets.engines import EngineList
-from zerod.tui.widgets.gpu import GpuList
+from zerod.tui.widgets.gpu import GpuList, grid_fits
 from zerod.tui.widgets.line import set_title
 from zerod.tui.widgets.preflight import PreflightPanel
 from zerod.tui.widgets.processes import FilterInput, ProcessTable
@@ -260,6 +260,8 @@ class ZerodTop(App[None]):
         self.main.query_one(EnginePanel).show({**snap.status, "engine": chosen}, chosen, snap.alerts, narrow)
         self.main.query_one(EngineList).show(snap.status, narrow, chosen.get("name"))
         gpus_of = {g for g in (chosen.get("gpus") or []) if isinstance(g, int)} if len(docs) > 1 else set()
+        n_gpus = len([g for g in (snap.gpus.get("gpus") or []) if isinstance(g, dict)])
+        self.main.set_class(grid_fits(n_gpus, self.size.width, self.size.height), "-gpu-grid")
         self.main.query_one(GpuList).show(snap.gpus, narrow, gpus_of)
         self._render_processes(snap)
         alerts = [a for a in (snap.alerts.get("alerts") or []) if isinstance(a, dict)]
@@ -470,13 +472,6 @@ class ZerodTop(App[None]):
             pass
 
 
-def run(socket_path: str = DEFAULT_SOCKET, interval: float = 1.0, standalone: bool = True) -> None:
-    local = None
-    if standalone:
-        from zerod.tui.local_source import START_HINT, LocalSource
-
-        source = LocalSource()
-        local = source.snapshot
-        ZerodTop(socket_path, interval=interval, local=local, start_hint=START_HINT).run()
-        return
-    ZerodTop(socket_path, interval=interval).run()
+def run(socket_path: str = DEFAULT_SOCKET, interval: float = 1.0,
+        local: Callable[[float], Snapshot] | None = None, start_hint: str = "") -> None:
+    ZerodTop(socket_path, interval=interval, local=local, start_hint=start_hint).run()
