@@ -20,7 +20,7 @@ from zerod.tui import format as fmt
 from zerod.tui.client import ControlClient, ControlError
 from zerod.tui.widgets.spark import BARS, levels
 
-WINDOWS = (60.0, 300.0, 900.0, 3600.0)  # the zoom steps, seconds
+WINDOWS = (60.0, 300.0, 600.0, 1800.0, 3600.0)  # the zoom steps, seconds
 LABEL, VALUE = 8, 24                      # columns beside the sparkline
 # (series, title, low bound, high bound or the key of a GPU's bound, how to show one value)
 GPU_SERIES = (

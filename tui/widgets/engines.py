@@ -40,7 +40,8 @@ class EngineList(Vertical):
 
     def show(self, status: dict[str, Any], narrow: bool, chosen: str | None = None) -> None:
         engines = [e for e in (status.get("engines") or []) if isinstance(e, dict)]
-        self.display = len(engines) > 1
+        # below 32 rows the processes need the lines: the Engine panel's title says which engine it shows
+        self.display = len(engines) > 1 and self.app.size.height >= 32
         if not self.display:
             return
         rows = list(self.query(Line))
