@@ -284,7 +284,7 @@ def test_cli_top_passes_the_socket(monkeypatch):
     from zerod.cli import cli
 
     seen = {}
-    monkeypatch.setattr(tui_app, "run", lambda path, interval=1.0: seen.update(path=path, interval=interval))
+    monkeypatch.setattr(tui_app, "run", lambda path, interval=1.0, **kw: seen.update(path=path, interval=interval))
     result = CliRunner().invoke(cli, ["top", "--socket", "/tmp/x.sock", "--interval", "0.5"])
     assert result.exit_code == 0, result.output
     assert seen == {"path": "/tmp/x.sock", "interval": 0.5}
@@ -297,7 +297,7 @@ def test_cli_top_reads_the_socket_from_the_config(monkeypatch, tmp_path):
     from zerod.cli import cli
 
     seen = {}
-    monkeypatch.setattr(tui_app, "run", lambda path, interval=1.0: seen.update(path=path))
+    monkeypatch.setattr(tui_app, "run", lambda path, interval=1.0, **kw: seen.update(path=path))
     monkeypatch.delenv("ZEROD_CONTROL_SOCKET", raising=False)
     cfg = tmp_path / "zerod.toml"
     cfg.write_text('[daemon]\ncontrol_socket = "/tmp/from-config.sock"\n')
