@@ -7,12 +7,13 @@ after it is well under a millisecond, so the session is kept for the process.
 
 from __future__ import annotations
 
-import ctypes
 import threading
 from typing import Any
 
 from .facts import Facts
-from .pci import normalize_bdf
+from .gpu_reading import (NVML_ERROR_DRIVER_NOT_LOADED, NVML_ERROR_GPU_IS_LOST, NVML_ERROR_LIB_RM_VERSION_MISMATCH,
+                          NVML_ERROR_LIBRARY_NOT_FOUND, NVML_ERROR_NO_PERMISSION, GpuInventory, GpuReading,
+                          NvmlReader, text)
 
 _lock = threading.Lock()
 _session: Any = None  # the pynvml module once nvmlInit succeeded
@@ -20,12 +21,12 @@ _init_error: dict | None = None
 
 # NVML return codes that say *why* NVML is unusable.
 _WHY = {
-    9: ("no_driver", "no NVIDIA driver found: the nvidia kernel module is not loaded"),
-    12: ("no_driver", "no NVIDIA driver found: libnvidia-ml.so.1 is not installed"),
-    18: ("mismatch", "driver/library version mismatch: the loaded nvidia kernel module and "
+    NVML_ERROR_DRIVER_NOT_LOADED: ("no_driver", "no NVIDIA driver found: the nvidia kernel module is not loaded"),
+    NVML_ERROR_LIBRARY_NOT_FOUND: ("no_driver", "no NVIDIA driver found: libnvidia-ml.so.1 is not installed"),
+    NVML_ERROR_LIB_RM_VERSION_MISMATCH: ("mismatch", "driver/library version mismatch: the loaded nvidia kernel module and "
                      "libnvidia-ml differ (a driver upgrade without a reboot)"),
-    4: ("no_permission", "no permission to open the NVIDIA devices (/dev/nvidia*)"),
-    17: ("gpu_lost", "a GPU has fallen off the bus (NVML_ERROR_GPU_IS_LOST)"),
+    NVML_ERROR_NO_PERMISSION: ("no_permission", "no permission to open the NVIDIA devices (/dev/nvidia*)"),
+    NVML_ERROR_GPU_IS_LOST: ("gpu_lost", "a GPU has fallen off the bus (NVML_ERROR_GPU_IS_LOST)"),
 }
 
 
@@ -61,10 +62,6 @@ def session():
         return N
 
 
-def _s(v: Any) -> Any:
-    return v.decode() if isinstance(v, bytes) else v
-
-
 def probe(facts: Facts) -> None:
     try:
         N = session()
@@ -77,7 +74,7 @@ def probe(facts: Facts) -> None:
                     ("cuda_driver_version", "nvmlSystemGetCudaDriverVersion_v2"),
                     ("nvml_version", "nvmlSystemGetNVMLVersion")):
         try:
-            system[key] = _s(getattr(N, fn)())
+            system[key] = text(getattr(N, fn)())
         except (N.NVMLError, AttributeError) as exc:
             system[key] = None
             system.setdefault("errors", {})[key] = str(exc)
@@ -92,83 +89,57 @@ def probe(facts: Facts) -> None:
     facts.put("nvml.gpus", [_gpu(N, i) for i in range(count)], "nvmlDeviceGet*()")
 
 
-# nvmlValueType_t -> the member of nvmlValue_t that holds it
-_VALUE_FIELD = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+# doctor's facts keep their own keys (fixtures, check code and `zerod doctor --json`
+# rely on them): the reading's quantity -> the fact key that holds it
+_FACT_KEY = {
+    "name": "name", "uuid": "uuid", "minor_number": "minor", "compute_capability": "cc", "bus_id": "bus_id",
+    "memory": "memory", "persistence_mode": "persistence", "mig_mode": "mig", "ecc_mode": "ecc",
+    "pcie_generation": "pcie_gen", "pcie_generation_max": "pcie_gen_max", "pcie_width_lanes": "pcie_width",
+    "pcie_width_max_lanes": "pcie_width_max", "pcie_replays_total": "pcie_replay",
+    "performance_state": "pstate", "utilization": "util", "clock_events": "clock_events",
+    "remapped_rows": "remapped_rows", "retired_pages_pending": "retired_pending",
+    "ecc_volatile_uncorrected": "ecc_uncorrected_volatile", "temperature_celsius": "temperature_c",
+    "power_watts": "power_w", "compute_mode": "compute_mode", "recovery_action": "recovery_action",
+    "vbios_version": "vbios", "inforom_image_version": "inforom_image", "inforom_valid": "inforom_valid",
+    "gsp_firmware_version": "gsp_firmware", "gsp_firmware_mode": "gsp_mode", "fabric": "fabric",
+}
 
 
-def _recovery_action(N, h, d: dict[str, Any]) -> None:
-    """What the driver says the GPU needs (nvidia-smi's "GPU Recovery Action"): a field
-    value from R550 drivers on, absent from older nvidia-ml-py and drivers."""
-    fid = getattr(N, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
-    if fid is None:
-        d["errors"]["recovery_action"] = "this nvidia-ml-py has no NVML_FI_DEV_GET_GPU_RECOVERY_ACTION"
-        return
-    try:
-        (v,) = N.nvmlDeviceGetFieldValues(h, [fid])
-    except N.NVMLError as exc:
-        d["errors"]["recovery_action"] = str(exc)
-        return
-    if v.nvmlReturn != 0:
-        d["errors"]["recovery_action"] = str(N.NVMLError(v.nvmlReturn))
-        return
-    d["recovery_action"] = int(getattr(v.value, _VALUE_FIELD.get(v.valueType, "uiVal")))
+def _percent(ratio: float) -> int:
+    return int(round(ratio * 100))
+
+
+def _facts_of(g: GpuReading, inv: GpuInventory) -> dict[str, Any]:
+    """The reading in doctor's fact keys; a quantity NVML did not give is absent, its reason in errors."""
+    rr = g.remapped_rows
+    values = {
+        "name": g.name, "uuid": g.uuid, "minor": inv.minor_number, "cc": inv.compute_capability,
+        "bus_id": inv.bus_id,
+        "memory": None if g.memory_total_bytes is None else {
+            "total": g.memory_total_bytes, "free": g.memory_free_bytes, "used": g.memory_used_bytes},
+        "persistence": inv.persistence_mode, "mig": g.mig_mode, "ecc": inv.ecc_mode,
+        "pcie_gen": inv.pcie_generation, "pcie_gen_max": inv.pcie_generation_max,
+        "pcie_width": inv.pcie_width_lanes, "pcie_width_max": inv.pcie_width_max_lanes,
+        "pcie_replay": g.pcie_replays_total, "pstate": inv.performance_state,
+        "util": None if g.utilization_ratio is None else {
+            "gpu": _percent(g.utilization_ratio), "memory": _percent(g.memory_utilization_ratio)},
+        "clock_events": g.clock_events_mask,
+        "remapped_rows": None if rr is None else {"correctable": rr.corrected, "uncorrectable": rr.uncorrected,
+                                                  "pending": rr.pending, "failure": rr.failure},
+        "retired_pending": inv.retired_pages_pending, "ecc_uncorrected_volatile": g.ecc_volatile_uncorrected,
+        "temperature_c": g.temperature_celsius, "power_w": g.power_watts, "compute_mode": g.compute_mode,
+        "recovery_action": inv.recovery_action, "vbios": inv.vbios_version,
+        "inforom_image": inv.inforom_image_version, "inforom_valid": inv.inforom_valid,
+        "gsp_firmware": inv.gsp_firmware_version, "gsp_mode": inv.gsp_firmware_mode, "fabric": inv.fabric,
+    }
+    errors = {_FACT_KEY[k]: why for k, why in {**g.errors, **inv.errors}.items() if k in _FACT_KEY}
+    return {**{k: v for k, v in values.items() if v is not None}, "errors": errors}
 
 
 def _gpu(N, index: int) -> dict[str, Any]:
-    d: dict[str, Any] = {"index": index, "errors": {}}
     try:
         h = N.nvmlDeviceGetHandleByIndex(index)
     except N.NVMLError as exc:
-        d["errors"]["handle"] = str(exc)
-        return d
-
-    def get(key: str, fn: str, *args: Any, conv=lambda v: v) -> None:
-        f = getattr(N, fn, None)
-        if f is None:
-            d["errors"][key] = f"{fn} is not in this nvidia-ml-py"
-            return
-        try:
-            d[key] = conv(f(h, *args))
-        except N.NVMLError as exc:
-            d["errors"][key] = str(exc)
-
-    get("name", "nvmlDeviceGetName", conv=_s)
-    get("uuid", "nvmlDeviceGetUUID", conv=_s)
-    get("minor", "nvmlDeviceGetMinorNumber")
-    get("cc", "nvmlDeviceGetCudaComputeCapability", conv=list)
-    get("bus_id", "nvmlDeviceGetPciInfo", conv=lambda p: normalize_bdf(p.busId))
-    get("memory", "nvmlDeviceGetMemoryInfo",
-        conv=lambda m: {"total": m.total, "free": m.free, "used": m.used})
-    get("persistence", "nvmlDeviceGetPersistenceMode")
-    get("mig", "nvmlDeviceGetMigMode", conv=list)
-    get("ecc", "nvmlDeviceGetEccMode", conv=list)
-    get("pcie_gen", "nvmlDeviceGetCurrPcieLinkGeneration")
-    get("pcie_gen_max", "nvmlDeviceGetMaxPcieLinkGeneration")
-    get("pcie_width", "nvmlDeviceGetCurrPcieLinkWidth")
-    get("pcie_width_max", "nvmlDeviceGetMaxPcieLinkWidth")
-    get("pcie_replay", "nvmlDeviceGetPcieReplayCounter")
-    get("pstate", "nvmlDeviceGetPerformanceState")
-    get("util", "nvmlDeviceGetUtilizationRates", conv=lambda u: {"gpu": u.gpu, "memory": u.memory})
-    fn = ("nvmlDeviceGetCurrentClocksEventReasons" if hasattr(N, "nvmlDeviceGetCurrentClocksEventReasons")
-          else "nvmlDeviceGetCurrentClocksThrottleReasons")
-    get("clock_events", fn)
-    get("remapped_rows", "nvmlDeviceGetRemappedRows",
-        conv=lambda r: dict(zip(("correctable", "uncorrectable", "pending", "failure"), r)))
-    get("retired_pending", "nvmlDeviceGetRetiredPagesPendingStatus")
-    get("ecc_uncorrected_volatile", "nvmlDeviceGetTotalEccErrors", 1, 0)  # UNCORRECTED, VOLATILE
-    get("temperature_c", "nvmlDeviceGetTemperature", 0)
-    get("power_w", "nvmlDeviceGetPowerUsage", conv=lambda mw: mw / 1000)
-    get("compute_mode", "nvmlDeviceGetComputeMode")
-    _recovery_action(N, h, d)
-    get("vbios", "nvmlDeviceGetVbiosVersion", conv=_s)
-    get("inforom_image", "nvmlDeviceGetInforomImageVersion", conv=_s)
-    get("inforom_valid", "nvmlDeviceValidateInforom", conv=lambda _: True)  # raises Corrupted infoROM
-    get("gsp_firmware", "nvmlDeviceGetGspFirmwareVersion", conv=_s)
-    get("gsp_mode", "nvmlDeviceGetGspFirmwareMode", conv=list)  # [enabled, default]
-    try:
-        info = N.c_nvmlGpuFabricInfo_t()
-        N.nvmlDeviceGetGpuFabricInfo(h, ctypes.byref(info))
-        d["fabric"] = {"state": info.state, "status": info.status}
-    except (N.NVMLError, AttributeError, TypeError) as exc:
-        d["errors"]["fabric"] = str(exc)
-    return d
+        return {"index": index, "errors": {"handle": str(exc)}}
+    reader = NvmlReader(N, lost_raises=False)
+    return {"index": index, **_facts_of(reader.read(index, h, parity=False), reader.inventory(index, h))}

@@ -14,7 +14,8 @@ import urllib.request
 
 import pytest
 
-from zerod.alerts import ALERT_NAMES, AlertBook, AlertmanagerPusher, logfmt
+from zerod.alerts import AlertBook, AlertmanagerPusher, logfmt
+from zerod.registry import alert_names
 
 
 class Clock:
@@ -37,7 +38,7 @@ def test_fire_update_resolve_and_retention(caplog):
     book.fire("ForeignGpuProcess", "2211", severity="critical", summary="dcgm-exporter (pid 2211) holds GPU 0")
     assert len(book.firing()) == 1 and book.firing()[0].starts_at == 100.0
     assert len([r for r in caplog.records if "state=firing" in r.message]) == 1
-    assert book.firing_counts()["ForeignGpuProcess"] == 1 and set(ALERT_NAMES) <= set(book.firing_counts())
+    assert book.firing_counts()["ForeignGpuProcess"] == 1 and set(alert_names()) <= set(book.firing_counts())
     clock.t += 1
     r = book.resolve("ForeignGpuProcess", "2211")
     assert r.state == "resolved" and r.ends_at == 102.0

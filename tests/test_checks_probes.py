@@ -52,10 +52,10 @@ def test_pci_bus_ids_as_sysfs_names_them():
 
 
 def test_daemon_and_doctor_name_clock_events_alike():
-    from zerod.watchers import nvml_stats
+    from zerod.checks.gpu_reading import GpuReading
 
     mask = 0x8 | 0x20 | 0x100
-    assert nvml_stats.reasons_from_mask(mask) == reasons_from_mask(mask) == [
+    assert GpuReading(index=0, clock_events_mask=mask).clock_events_active == reasons_from_mask(mask) == [
         "hw_slowdown", "sw_thermal_slowdown", "display_clock_setting"]
     assert [CLOCK_EVENTS[b].level for b in (0x8, 0x20, 0x100)] == ["fail", "warn", None]
 

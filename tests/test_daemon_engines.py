@@ -104,7 +104,7 @@ async def test_a_daemon_supervises_a_vllm_shaped_server_and_sees_its_latency_reg
         assert doc["running"] == 32 and doc["waiting"] == 1 and doc["load_bucket"] == "32-47"
         assert 0.005 < doc["itl_p99_s"] <= 0.01 and doc["output_tokens_per_s"] > 500
         assert not [a for a in d.book.firing() if a.alertname == "LatencyRegression"]
-        os.kill(d.supervisor.pid, signal.SIGUSR1)  # three times slower
+        os.kill(d.supervisors[0].pid, signal.SIGUSR1)  # three times slower
         await until(lambda: d.book.get("LatencyRegression", "itl") is not None, 10, "LatencyRegression")
         a = d.book.get("LatencyRegression", "itl")
         assert "its normal" in a.summary and "32-47 concurrent requests" in a.summary

@@ -113,7 +113,7 @@ def test_gpus_doc_says_which_gpu_the_daemon_holds_exclusive():
     engine = Engine()
     g, _ = guard_for(N, engine)
     g.session = views.nvml_stats.session
-    views.compute_mode = g
+    views.engines[0].compute_mode = g
     engine.pid, engine.up = 7, True
     N.gpus[0]["holders"] = [7]
     g.poll()

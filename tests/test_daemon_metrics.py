@@ -15,7 +15,7 @@ from zerod.daemon_config import DaemonConfig
 from zerod.daemon_metrics import make_registry, render
 from zerod.preflight import Preflight
 from zerod.supervisor import EngineSupervisor
-from zerod.views import Views
+from zerod.views import EngineView, Views
 from zerod.watchers.engine_metrics import EngineMetricsWatcher
 from zerod.watchers.gpu_processes import GpuProcessWatcher
 from zerod.watchers.latency import LatencyWatcher
@@ -37,8 +37,9 @@ def _views(nvml=None) -> Views:
     sup = EngineSupervisor(["true"], "http://127.0.0.1:1", cfg, book)
     engine_metrics = EngineMetricsWatcher(book, cfg, sup.url, engine_pid=lambda: None)
     latency = LatencyWatcher(book, cfg, engine_metrics)
-    views = Views("gpu-host-1", 1000.0, False, book, Preflight({}, book, enabled=False), sup, nvml_stats, xid,
-                  processes, engine_metrics, latency, [nvml_stats, processes, xid, engine_metrics, latency])
+    engine = EngineView(sup, engine_metrics, latency, Preflight({}, book, enabled=False))
+    views = Views("gpu-host-1", 1000.0, False, book, nvml_stats, xid, processes,
+                  [nvml_stats, processes, xid, engine_metrics, latency], [engine])
     nvml_stats.poll()
     xid.record(1, 79)
     processes.poll()
@@ -65,7 +66,7 @@ def test_metric_names_labels_and_values():
 def test_scrape_reads_the_snapshot_not_the_host():
     v = _views()
     reg = make_registry(v)
-    v.nvml_stats.gpus[0]["temperature_celsius"] = 77
+    v.nvml_stats.gpus[0].temperature_celsius = 77
     assert 'zerod_gpu_temperature_celsius{gpu="0",uuid="GPU-0000"} 77.0' in render(reg).decode()
 
 
@@ -82,7 +83,7 @@ def test_gpus_doc_carries_each_gpu_s_xid_counts_once():
     assert [g["xid_events_total"] for g in doc["gpus"]] == [{}, {"79": 1}]
     v.xid.record(1, 79)
     assert v.gpus()["gpus"][1]["xid_events_total"] == {"79": 2}
-    assert "xid_events_total" not in v.nvml_stats.gpus[1]  # the XID watcher owns them
+    assert "xid_events_total" not in v.nvml_stats.gpus[1].as_json()  # the XID watcher owns them
 
 
 def test_a_lost_gpu_keeps_its_xid_series():

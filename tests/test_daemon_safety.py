@@ -210,11 +210,11 @@ def test_api_key_credential_goes_to_the_engine_environment_not_its_argv(tmp_path
               "daemon": {"metrics_port": -1, "numa": "off"}, "doctor": {}, "alerts": {}}
     d = Daemon(config, env={"CREDENTIALS_DIRECTORY": str(creds)})
     views = d._build()
-    assert views.supervisor.env["VLLM_API_KEY"] == "s3cret"
-    assert "ZEROD_API_KEY" not in views.supervisor.env
-    assert not any("s3cret" in a or "from-file" in a for a in views.supervisor.command())
+    assert views.engines[0].supervisor.env["VLLM_API_KEY"] == "s3cret"
+    assert "ZEROD_API_KEY" not in views.engines[0].supervisor.env
+    assert not any("s3cret" in a or "from-file" in a for a in views.engines[0].supervisor.command())
     assert "[engine] api_key is ignored" in caplog.text
-    assert d.preflight.doctor.api_key_set  # net.bind_exposure knows the engine has a key
+    assert d.preflights[0].doctor.api_key_set  # net.bind_exposure knows the engine has a key
     # without the credential, the file setting still works (through the environment)
     assert engine_env({"api_key": "from-file"}) == {"ZEROD_API_KEY": "from-file"}
     assert "--api-key" not in engine_argv({"model": "demo", "api_key": "from-file"})

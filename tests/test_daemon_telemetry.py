@@ -115,12 +115,12 @@ def test_unsupported_calls_are_skipped_for_that_gpu_and_logged_once(caplog):
     for _ in range(5):
         v.nvml_stats.poll()
     assert N.calls["putil"] == [6, 1]  # GPU 1 said NOT_SUPPORTED once: never asked again
-    skipped = v.nvml_stats.reads.unsupported[1]
+    skipped = v.nvml_stats.reader.unsupported[1]
     assert "nvmlDeviceGetProcessUtilization" in skipped and "field nvlink_tx_kib" in skipped
     assert "field memory_temperature_celsius" not in skipped
     said = [r.message for r in caplog.records if "nvmlDeviceGetProcessUtilization" in r.message]
     assert said == ["GPU 1: nvmlDeviceGetProcessUtilization is not supported by this GPU or driver; not read again"]
-    assert v.nvml_stats.gpus[1]["memory_temperature_celsius"] == 51
+    assert v.nvml_stats.gpus[1].memory_temperature_celsius == 51
 
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed (Debian package prometheus)")

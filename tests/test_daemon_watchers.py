@@ -16,7 +16,8 @@ from zerod.watchers.engine_metrics import EngineMetricsWatcher, Histogram, parse
 from zerod.watchers.gpu_processes import GpuProcessWatcher
 from zerod.watchers.latency import LatencyWatcher
 from zerod.watchers.nvml_session import NvmlSession
-from zerod.watchers.nvml_stats import NvmlStatsWatcher, reasons_from_mask
+from zerod.checks.clock_events import reasons_from_mask
+from zerod.watchers.nvml_stats import NvmlStatsWatcher
 from zerod.watchers.xid_events import XidWatcher
 
 
@@ -137,7 +138,7 @@ def test_throttle_hot_ecc_and_pcie_replays_alert_and_resolve():
     # sw_power_cap alone is normal under load: no alert
     g["reasons"] = 0x4
     w.poll()
-    assert w.gpus[0]["clock_events_active"] == ["sw_power_cap"] and not firing(book, "GpuThrottled")
+    assert w.gpus[0].clock_events_active == ["sw_power_cap"] and not firing(book, "GpuThrottled")
     # HW thermal slowdown must hold throttle_for_s
     g["reasons"] = 0x4 | 0x40
     w.poll()

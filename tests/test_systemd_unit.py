@@ -122,9 +122,4 @@ def test_prometheus_rules_pass_promtool():
     r = subprocess.run(["promtool", "check", "rules", str(ROOT / "prometheus/zerod-rules.yml")],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "SUCCESS" in r.stdout, r.stdout + r.stderr
-    rules = (ROOT / "prometheus/zerod-rules.yml").read_text()
-    from zerod.alerts import ALERT_NAMES
-
-    for name in ALERT_NAMES:
-        if name != "GpuLost":  # a lost GPU shows as NVML errors: the daemon's own alert
-            assert f"alert: {name}" in rules, name
+    # that its rules match the registered alerts: tests/test_registry.py

@@ -5,7 +5,9 @@ CPU %, RSS and parents), and doctor's last report from disk. No engine figures a
 no alerts: those live in the daemon.
 
 The one module of the dashboard that reads the host: every NVML, /proc and doctor
-import of the TUI is here, so another GPU reading layer replaces this file alone.
+import of the TUI is here. GPUs are read through the shared GPU layer
+(checks/gpu_reading.py), the processes through doctor's scan, so a GPU row and a
+process row mean what they mean in `zerod doctor` and the daemon.
 """
 
 from __future__ import annotations
@@ -20,18 +22,15 @@ import psutil
 from zerod import __version__
 from zerod.checks import gpu_processes as gp
 from zerod.checks import last_report
-from zerod.checks.clock_events import reasons_from_mask
+from zerod.checks.gpu_reading import NvmlReader, text
 from zerod.checks.probe_nvml import NvmlUnavailable, session
 from zerod.tui.client import Snapshot
 
 HISTORY = 600  # samples per series, as the daemon's /v1/gpus history
+HISTORY_KEYS = ("utilization_ratio", "memory_used_bytes", "temperature_celsius", "power_watts")
 ROLE = {"self": "engine", "engine": "engine", "system": "allowed", "allowed": "allowed",
         "agent": "foreign", "foreign": "foreign"}
 START_HINT = "sudo systemctl start zerod   (or: zerod run --config /etc/zerod/zerod.toml)"
-
-
-def _text(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 class LocalSource:
@@ -44,71 +43,40 @@ class LocalSource:
         self.host = host or socket.gethostname()
         self.allowed = allowed
         self.history: dict[int, dict[str, collections.deque]] = {}
-        self._util_since: dict[int, int] = {}
+        self._reader: NvmlReader | None = None
         self._psutil: dict[int, psutil.Process] = {}
 
     # ---------------------------------------------------------------- GPUs
     def gpus(self) -> tuple[dict[str, Any], dict[int, dict[int, float]]]:
-        """(the /v1/gpus document, {gpu: {pid: SM ratio}})."""
+        """(the /v1/gpus document, {gpu: {pid: SM ratio}}), read through the shared
+        GPU layer (checks/gpu_reading.py) as doctor and the daemon read them."""
         try:
             N = self._nvml()
         except NvmlUnavailable as exc:
             return {"nvml": {"ok": False, "error": str(exc), "driver_version": None}, "gpus": []}, {}
-        rows, sm = [], {}
+        if self._reader is None or self._reader.N is not N:
+            self._reader = NvmlReader(N, lost_raises=False)
         try:
-            driver = _text(N.nvmlSystemGetDriverVersion())
+            driver = text(N.nvmlSystemGetDriverVersion())
             count = N.nvmlDeviceGetCount()
         except Exception as exc:
             return {"nvml": {"ok": False, "error": f"NVML: {exc}", "driver_version": None}, "gpus": []}, {}
+        rows, sm = [], {}
         for i in range(count):
             try:
-                g, util = self._gpu(N, i)
-            except Exception as exc:  # a GPU NVML cannot read (lost): say so on its row
-                g, util = {"index": i, "name": f"unreadable: {exc}", "clock_events_active": []}, {}
+                h = N.nvmlDeviceGetHandleByIndex(i)
+            except Exception as exc:  # a GPU NVML cannot open (lost): say so on its row
+                rows.append({"index": i, "name": f"unreadable: {exc}", "clock_events_active": []})
+                continue
+            g = self._reader.read(i, h, parity=False).as_json()
+            g["xid_events_total"] = {}  # XID events come from the daemon's event stream
+            hist = self.history.setdefault(i, {k: collections.deque(maxlen=HISTORY) for k in HISTORY_KEYS})
+            for k, dq in hist.items():
+                dq.append(g.get(k))
+            g["history"] = {k: list(v) for k, v in hist.items()}
             rows.append(g)
-            sm[i] = util
+            sm[i] = {pid: ratios[0] for pid, ratios in self._reader.process_utilization(i, h).items()}
         return {"nvml": {"ok": True, "error": None, "driver_version": driver}, "gpus": rows}, sm
-
-    def _gpu(self, N, i: int) -> tuple[dict[str, Any], dict[int, float]]:
-        h = N.nvmlDeviceGetHandleByIndex(i)
-
-        def opt(fn: str, *args: Any) -> Any:
-            f = getattr(N, fn, None)
-            try:
-                return None if f is None else f(h, *args)
-            except Exception:
-                return None
-
-        mem = N.nvmlDeviceGetMemoryInfo(h)
-        util = opt("nvmlDeviceGetUtilizationRates")
-        power, limit = opt("nvmlDeviceGetPowerUsage"), opt("nvmlDeviceGetEnforcedPowerLimit")
-        mask = opt("nvmlDeviceGetCurrentClocksEventReasons")
-        if mask is None:
-            mask = opt("nvmlDeviceGetCurrentClocksThrottleReasons")
-        g = {"index": i, "uuid": _text(opt("nvmlDeviceGetUUID") or ""), "name": _text(opt("nvmlDeviceGetName") or "?"),
-             "utilization_ratio": util.gpu / 100.0 if util is not None else None,
-             "memory_used_bytes": int(mem.used), "memory_total_bytes": int(mem.total),
-             "temperature_celsius": opt("nvmlDeviceGetTemperature", 0),
-             "power_watts": power / 1000.0 if power is not None else None,
-             "power_limit_watts": limit / 1000.0 if limit is not None else None,
-             "sm_clock_mhz": opt("nvmlDeviceGetClockInfo", 1), "mem_clock_mhz": opt("nvmlDeviceGetClockInfo", 2),
-             "clock_events_active": reasons_from_mask(int(mask)) if mask is not None else [],
-             "pcie_replays_total": opt("nvmlDeviceGetPcieReplayCounter"),
-             "ecc_volatile_uncorrected": opt("nvmlDeviceGetTotalEccErrors", 1, 0),
-             "xid_events_total": {}}
-        hist = self.history.setdefault(i, {k: collections.deque(maxlen=HISTORY) for k in (
-            "utilization_ratio", "memory_used_bytes", "temperature_celsius", "power_watts")})
-        for k, dq in hist.items():
-            dq.append(g[k])
-        g["history"] = {k: list(v) for k, v in hist.items()}
-        samples = opt("nvmlDeviceGetProcessUtilization", self._util_since.get(i, 0)) or []
-        latest: dict[int, Any] = {}
-        for s in samples:
-            if s.pid not in latest or s.timeStamp > latest[s.pid].timeStamp:
-                latest[s.pid] = s
-        if latest:
-            self._util_since[i] = max(s.timeStamp for s in latest.values())
-        return g, {pid: s.smUtil / 100.0 for pid, s in latest.items()}
 
     # ---------------------------------------------------------------- processes
     def processes(self, nvml_ok: bool, sm: dict[int, dict[int, float]]) -> dict[str, Any]:

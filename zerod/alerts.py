@@ -21,15 +21,11 @@ from typing import Any, Callable
 
 from prometheus_client.core import GaugeMetricFamily
 
+from zerod.registry import SEVERITIES, alert_names, owns
+
 log = logging.getLogger("zerod.alerts")
 
-ALERT_NAMES = (
-    "PreflightFailed", "EngineDown", "EngineRestarted", "ForeignGpuProcess",
-    "AllocatorRetries", "StreamErrors", "XidError", "GpuThrottled", "EccErrors",
-    "PcieReplays", "GpuHot", "LatencyRegression", "NvmlUnavailable", "GpuLost",
-    "ExclusiveGpuRefused", "EngineLinkDown",
-)
-SEVERITIES = ("critical", "warning", "info")
+ALERTS_FIRING = "zerod_alerts_firing"
 
 
 @dataclass
@@ -75,6 +71,7 @@ def logfmt(fields: dict[str, Any]) -> str:
     return " ".join(out)
 
 
+@owns(metrics=(ALERTS_FIRING,))
 class AlertBook:
     def __init__(self, retention_s: float = 3600.0, clock: Callable[[], float] = time.time,
                  log_resolved: bool = True) -> None:
@@ -143,13 +140,13 @@ class AlertBook:
             return self._active.get(f"{alertname}/{key}" if key else alertname)
 
     def firing_counts(self) -> dict[str, int]:
-        counts = {n: 0 for n in ALERT_NAMES}
+        counts = {n: 0 for n in alert_names()}
         for a in self.firing():
             counts[a.alertname] = counts.get(a.alertname, 0) + 1
         return counts
 
     def collect(self):
-        fam = GaugeMetricFamily("zerod_alerts_firing", "Alerts firing now, by name.", labels=["alertname"])
+        fam = GaugeMetricFamily(ALERTS_FIRING, "Alerts firing now, by name.", labels=["alertname"])
         for name, n in sorted(self.firing_counts().items()):
             fam.add_metric([name], float(n))
         yield fam

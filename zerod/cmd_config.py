@@ -24,7 +24,7 @@ from zerod.daemon_config import AlertsConfig, DaemonConfig, DaemonConfigError
 from zerod.engine.cli import serve
 from zerod.engines import PRESETS
 from zerod.fleet import OWN_KEYS, engine_refusals, engine_specs
-from zerod.watchers.nvml_stats import CLOCK_EVENT_REASONS
+from zerod.checks.clock_events import CLOCK_EVENT_REASONS
 from zerod.cli import CONTEXT_SETTINGS
 
 EX_OK, EX_CONFIG = 0, 78

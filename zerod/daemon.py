@@ -35,11 +35,12 @@ from zerod.alerts import AlertBook, AlertmanagerPusher
 from zerod.daemon_config import AlertsConfig, DaemonConfig
 from zerod.engines import PRESETS
 from zerod.fleet import EngineSpec, engine_specs
+from zerod.history import HistoryRecorder
 from zerod.preflight import Preflight, PreflightRefused, RecheckWatcher
+from zerod.registry import build_watchers
 from zerod.sdnotify import Notifier
 from zerod.supervisor import EngineSupervisor, api_key_credential, engine_argv, engine_env, engine_url
 from zerod.views import EngineView, Views
-from zerod.history import HistoryRecorder
 from zerod.watchers import Watcher
 from zerod.watchers.compute_mode import ComputeModeGuard
 from zerod.watchers.engine_metrics import EngineMetricsWatcher
@@ -66,7 +67,6 @@ class Daemon:
         if demo:
             for spec in self.specs:
                 spec.section.setdefault("model", "demo")
-        self.engine_section = self.specs[0].section
         self.demo = demo
         self.host = socket.gethostname()
         self.started_at = time.time()
@@ -77,11 +77,9 @@ class Daemon:
         self.preflights = [Preflight(config, self.book, enabled=self.cfg.preflight, demo=demo,
                                      api_key_set=bool(self.api_key), host=self.host, spec=spec)
                            for spec in self.specs]
-        self.preflight = self.preflights[0]
         self.sysfs = sysfs
         self._scan = scan
         self._proc_roots = proc_roots
-        self.supervisor: EngineSupervisor | None = None  # the first engine's
         self.supervisors: list[EngineSupervisor] = []
         self.watchers: list[Watcher] = []
         self.views: Views | None = None
@@ -135,10 +133,10 @@ class Daemon:
         cfg, book = self.cfg, self.book
         preset = PRESETS[cfg.engine]
         self.supervisors = [self._supervisor(spec) for spec in self.specs]
-        self.supervisor = self.supervisors[0]
         nvml_stats = NvmlStatsWatcher(self.nvml, book, cfg, demo=self.demo)
         processes = GpuProcessWatcher(
-            book, cfg, allowed=tuple(self.preflight.doctor.allowed_gpu_processes), own_pids=lambda: {os.getpid()},
+            book, cfg, allowed=tuple(p for pf in self.preflights for p in pf.doctor.allowed_gpu_processes),
+            own_pids=lambda: {os.getpid()},
             engines=lambda: [(s.spec, s.pid) for s in self.supervisors], nvml_ok=lambda: self.nvml.ok,
             roots=self._proc_roots, scan=self._scan, nvml_session=self.nvml)
         xid = XidWatcher(self.nvml, book, cfg)
@@ -154,17 +152,20 @@ class Daemon:
         if cfg.netlink:
             from zerod.watchers.netlink import NetlinkWatcher  # pyroute2: the daemon's, never doctor's
 
-            self.netlink = NetlinkWatcher(book, cfg.watch_interval_s, str(self.engine_section.get("host", "127.0.0.1")),
-                                          self.preflight.recheck_bind_exposure)
+            hosts = tuple(dict.fromkeys(str(s.section.get("host", "127.0.0.1")) for s in self.specs))
+            self.netlink = NetlinkWatcher(book, cfg.watch_interval_s, hosts, self._recheck_bind_exposure)
             self.watchers.append(self.netlink)
-        history = HistoryRecorder(cfg.watch_interval_s, lambda: nvml_stats.gpus,
+        self.watchers += build_watchers(self, engines)
+        history = HistoryRecorder(cfg.watch_interval_s, lambda: {i: g.as_json() for i, g in nvml_stats.gpus.items()},
                                   lambda: [(e.name, e.latency.figures) for e in engines])
         self.watchers.append(history)
-        first = engines[0]
-        self.views = Views(self.host, self.started_at, cfg.allow_write_actions, book, self.preflight,
-                           self.supervisor, nvml_stats, xid, processes, first.engine_metrics, first.latency,
-                           self.watchers, first.compute_mode, engines, history)
+        self.views = Views(self.host, self.started_at, cfg.allow_write_actions, book, nvml_stats, xid, processes,
+                           self.watchers, engines, history)
         return self.views
+
+    def _recheck_bind_exposure(self) -> None:
+        for preflight in self.preflights:
+            preflight.recheck_bind_exposure()
 
     def _engine_parts(self, sup: EngineSupervisor, preflight: Preflight, processes: GpuProcessWatcher,
                       preset) -> EngineView:

@@ -26,6 +26,7 @@ from zerod.checks import last_report, probe_facts, run_checks
 from zerod.checks.config import DoctorConfig
 from zerod.checks.report import CATALOGUE, CheckResult, Report
 from zerod.fleet import DEFAULT_NAME, EngineSpec
+from zerod.registry import AlertRule, owns
 from zerod.watchers import Watcher
 
 log = logging.getLogger("zerod.preflight")
@@ -63,6 +64,12 @@ def refusal_text(failing: list[CheckResult], demo: bool) -> str:
     return "\n".join(lines)
 
 
+CHECK_STATUS = "zerod_check_status"
+
+
+@owns(metrics=(CHECK_STATUS,),
+      alerts=(AlertRule("PreflightFailed", "warning", "a doctor check fails at the periodic re-check or after an "
+                        "address change (critical for a critical check)"),))
 class Preflight:
     def __init__(self, config: dict[str, dict[str, Any]], book: AlertBook, *, enabled: bool = True,
                  demo: bool = False, api_key_set: bool = False, host: str = "",
@@ -163,7 +170,7 @@ class Preflight:
         return {**self.report.counts, "exit_code": self.report.exit_code, "taken_at": self.taken_at}
 
     def collect(self):
-        cs = GaugeMetricFamily("zerod_check_status",
+        cs = GaugeMetricFamily(CHECK_STATUS,
                                "Last preflight result per check: 0 pass or skip, 1 warn or error, 2 fail.",
                                labels=["check", *self.spec.labels])
         for c in self.report.checks if self.report else []:

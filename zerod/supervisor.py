@@ -36,6 +36,7 @@ from zerod.alerts import AlertBook
 from zerod.daemon_config import DaemonConfig
 from zerod.engines import PRESETS
 from zerod.fleet import DEFAULT_NAME, EngineSpec
+from zerod.registry import AlertRule, owns
 from zerod.sdnotify import Notifier, child_environment
 
 log = logging.getLogger("zerod.supervisor")
@@ -101,6 +102,14 @@ class EngineFigures:
     last_exit: str | None = None
 
 
+ENGINE_UP = "zerod_engine_up"
+ENGINE_RESTARTS = "zerod_engine_restarts"
+
+
+@owns(metrics=(ENGINE_UP, ENGINE_RESTARTS),
+      alerts=(AlertRule("EngineDown", "critical", "the engine is down (exited, or its health check fails); "
+                        "restarted with backoff"),
+              AlertRule("EngineRestarted", "warning", "the daemon restarted the engine")))
 class EngineSupervisor:
     def __init__(self, argv: list[str], url: str, cfg: DaemonConfig, book: AlertBook,
                  notifier: Notifier | None = None, binding: numa.Binding | None = None,
@@ -375,8 +384,8 @@ def collect_engines(sups: list[EngineSupervisor]):
     """zerod_engine_up and _restarts: one family, a series per engine (labelled
     `engine` with [[engines]]; the one [engine] engine's series unlabelled)."""
     labels = ["engine"] if any(s.spec.tagged for s in sups) else []
-    up = GaugeMetricFamily("zerod_engine_up", "1 while the engine answers its health check.", labels=labels)
-    restarts = CounterMetricFamily("zerod_engine_restarts", "Engine restarts by the daemon.", labels=labels)
+    up = GaugeMetricFamily(ENGINE_UP, "1 while the engine answers its health check.", labels=labels)
+    restarts = CounterMetricFamily(ENGINE_RESTARTS, "Engine restarts by the daemon.", labels=labels)
     for s in sups:
         value = [s.spec.name] if labels else []
         up.add_metric(value, 1.0 if s.fig.state == "healthy" else 0.0)

@@ -5,27 +5,29 @@ The parts (the supervisor, the preflight, the watchers, the alert book) each
 own their snapshot and their metric families; this module only puts them
 together — the GPU rows and their XID counts meet here, once.
 
-Several engines ([[engines]]): each has its supervisor, metrics and latency
-watchers, preflight and compute-mode guard (an `EngineView`); the documents
-for "the engine" are the first engine's, so a one-engine client reads what it
-always read, and `?engine=NAME` or /v1/engines reach the others. Families of
-the same name from several engines are merged into one family here.
+Every engine, one or several ([[engines]]), has its supervisor, metrics and
+latency watchers, preflight and compute-mode guard (an `EngineView`); `Views`
+holds the list only. The documents for "the engine" are the first engine's, so
+a one-engine client reads what it always read, and `?engine=NAME` or
+/v1/engines reach the others. Families of the same name from several engines
+are merged into one family here.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 
 from zerod import __version__
 from zerod.alerts import AlertBook
-from zerod.history import HistoryRecorder
 from zerod.engine import metrics as names
+from zerod.history import HistoryRecorder
 from zerod.preflight import Preflight
+from zerod.registry import owns
 from zerod.supervisor import EngineSupervisor, collect_engines
 from zerod.watchers import Watcher
 from zerod.watchers.compute_mode import ComputeModeGuard
@@ -35,6 +37,10 @@ from zerod.watchers.latency import LatencyWatcher
 from zerod.watchers.nvml_stats import NvmlStatsWatcher
 from zerod.watchers.xid_events import XidWatcher
 
+INFO = "zerod"
+PROCESS_SM = "zerod_gpu_process_sm_utilization_ratio"
+PROCESS_MEMORY = "zerod_gpu_process_memory_utilization_ratio"
+WATCHER_RUNS, WATCHER_ERRORS, WATCHER_BUSY = "zerod_watcher_runs", "zerod_watcher_errors", "zerod_watcher_busy_seconds"
 ENGINE_KEYS = ("state", "up", "pid", "kind", "url", "model", "restarts", "numa_node", "cpus")
 HISTORY_KEYS = ("output_tokens_per_s", "running", "waiting", "kv_pages_used", "itl_p99_s", "ttft_p99_s")
 
@@ -102,29 +108,23 @@ def _merged(families):
     return list(out.values())
 
 
+@owns(metrics=(INFO, PROCESS_SM, PROCESS_MEMORY, WATCHER_RUNS, WATCHER_ERRORS, WATCHER_BUSY))
 @dataclass(eq=False)  # compared and hashed by identity: a registry keys on it
 class Views:
     host: str
     started_at: float
     allow_write_actions: bool
     book: AlertBook
-    preflight: Preflight
-    supervisor: EngineSupervisor
     nvml_stats: NvmlStatsWatcher
     xid: XidWatcher
     processes: GpuProcessWatcher
-    engine_metrics: EngineMetricsWatcher
-    latency: LatencyWatcher
     watchers: list[Watcher]
-    compute_mode: ComputeModeGuard | None = None  # [daemon] exclusive_gpu
-    # every engine, the first being the one above; built from it when not given
-    engines: list[EngineView] = field(default_factory=list)
+    engines: list[EngineView]  # every engine; the first answers for "the engine"
     history: HistoryRecorder | None = None  # GET /v1/history: the daemon's hour of samples
 
     def __post_init__(self) -> None:
         if not self.engines:
-            self.engines = [EngineView(self.supervisor, self.engine_metrics, self.latency, self.preflight,
-                                       self.compute_mode)]
+            raise ValueError("the views need at least one engine")
 
     def find(self, name: str | None) -> EngineView:
         """The engine named `name` (None: the first)."""
@@ -162,12 +162,12 @@ class Views:
     def gpus(self) -> dict[str, Any]:
         doc = self.nvml_stats.snapshot()
         xids = self.xid.snapshot()
-        guards = {id(g): g for g in [self.compute_mode, *(e.compute_mode for e in self.engines)] if g is not None}
+        guards = {id(g): g for g in (e.compute_mode for e in self.engines) if g is not None}
         held: dict[int, dict[str, Any]] = {}
         for g in guards.values():
             held.update(g.snapshot())
         owner = {gpu: e.name for e in self.engines for gpu in e.supervisor.spec.gpus}
-        tagged = self.supervisor.spec.tagged
+        tagged = any(e.supervisor.spec.tagged for e in self.engines)
         for g in doc["gpus"]:
             g["engine"] = owner.get(g["index"]) if tagged else None
             g["xid_events_total"] = xids.get(g["index"], {})
@@ -187,9 +187,9 @@ class Views:
         """Per-process SM and memory utilization (NVML's samples) by GPU, role and
         process name: the rows of the process watcher meet NVML's samples here."""
         labels = ["gpu", "uuid", "role", "process"]
-        sm = GaugeMetricFamily("zerod_gpu_process_sm_utilization_ratio",
+        sm = GaugeMetricFamily(PROCESS_SM,
                                "SM utilization of the processes on the GPU (0-1), by role and name.", labels=labels)
-        mem = GaugeMetricFamily("zerod_gpu_process_memory_utilization_ratio",
+        mem = GaugeMetricFamily(PROCESS_MEMORY,
                                 "Memory-controller utilization of the processes on the GPU (0-1), by role and name.",
                                 labels=labels)
         rows = {r["pid"]: r for r in self.processes.rows}
@@ -205,8 +205,8 @@ class Views:
                 acc[0] += s_ratio
                 acc[1] += m_ratio
             for (role, name), (s_sum, m_sum) in sorted(sums.items()):
-                sm.add_metric([str(gpu), g["uuid"], role, name], s_sum)
-                mem.add_metric([str(gpu), g["uuid"], role, name], m_sum)
+                sm.add_metric([str(gpu), g.uuid, role, name], s_sum)
+                mem.add_metric([str(gpu), g.uuid, role, name], m_sum)
         yield from (sm, mem)
 
     def alerts(self) -> dict[str, Any]:
@@ -221,15 +221,19 @@ class Views:
 
     # --- /metrics ---------------------------------------------------------------
     def collect(self):
-        yield InfoMetricFamily("zerod", "zerod build information.", value={"version": __version__})
+        yield InfoMetricFamily(INFO, "zerod build information.", value={"version": __version__})
         for part in (self.nvml_stats, self.xid, self.processes, self.book):
             yield from part.collect()
+        # the registered watchers beyond these (zerod.registry): their own series, merged across engines
+        known = (self.nvml_stats, self.xid, self.processes)
+        yield from _merged(f for w in self.watchers if hasattr(w, "collect") and all(w is not k for k in known)
+                           for f in w.collect())
         yield from _merged(f for e in self.engines for f in e.preflight.collect())
         yield from collect_engines([e.supervisor for e in self.engines])
         yield from self._process_utilization()
-        runs = CounterMetricFamily("zerod_watcher_runs", "Watcher polls.", labels=["watcher"])
-        errors = CounterMetricFamily("zerod_watcher_errors", "Watcher polls that failed.", labels=["watcher"])
-        busy = CounterMetricFamily("zerod_watcher_busy_seconds", "Wall time spent in watcher polls.",
+        runs = CounterMetricFamily(WATCHER_RUNS, "Watcher polls.", labels=["watcher"])
+        errors = CounterMetricFamily(WATCHER_ERRORS, "Watcher polls that failed.", labels=["watcher"])
+        busy = CounterMetricFamily(WATCHER_BUSY, "Wall time spent in watcher polls.",
                                    labels=["watcher"])
         for w in self.watchers:
             runs.add_metric([w.name], float(w.runs))

@@ -34,8 +34,10 @@ from zerod.alerts import AlertBook
 from zerod.checks.compute_mode import EXCLUSIVE_PROCESS, NO_PERMISSION
 from zerod.checks.compute_mode import name as mode_name
 from zerod.daemon_config import DaemonConfig
+from zerod.registry import AlertRule, owns
 from zerod.watchers import Watcher
-from zerod.watchers.nvml_session import NvmlSession, error_value, is_not_supported
+from zerod.checks.gpu_reading import error_value, is_not_supported
+from zerod.watchers.nvml_session import NvmlSession
 
 log = logging.getLogger("zerod.compute_mode")
 
@@ -51,6 +53,8 @@ class Refused(Exception):
     pass
 
 
+@owns(alerts=(AlertRule("ExclusiveGpuRefused", "warning", "with `exclusive_gpu`: the daemon cannot set "
+                        "EXCLUSIVE_PROCESS on an engine's GPU, and says why"),))
 class ComputeModeGuard(Watcher):
     name = "compute_mode"
 

@@ -22,6 +22,7 @@ from zerod.daemon_config import DaemonConfig
 from zerod.engine import metrics as names
 from zerod.engines import PRESETS
 from zerod.fleet import DEFAULT_NAME, EngineSpec
+from zerod.registry import AlertRule, owns
 from zerod.watchers import Watcher
 
 TTFT = names.TIME_TO_FIRST_TOKEN_SECONDS
@@ -157,6 +158,9 @@ def parse_metrics(text: str, series: dict[str, tuple[str, ...]] | None = None
     return values, out[TTFT], out[ITL]
 
 
+@owns(alerts=(AlertRule("AllocatorRetries", "warning", "the engine's CUDA allocator retried or ran out of memory "
+                        "(its counters went up; they start at 0 with each engine process)"),
+              AlertRule("StreamErrors", "critical", "CUDA stream errors in the engine")))
 class EngineMetricsWatcher(Watcher):
     name = "engine_metrics"
     blocking = False

@@ -36,6 +36,7 @@ import psutil
 from prometheus_client.core import GaugeMetricFamily
 
 from zerod.alerts import AlertBook
+from zerod.registry import AlertRule, owns
 from zerod.daemon_config import DaemonConfig
 from zerod.fleet import DEFAULT_NAME, EngineSpec
 from zerod.watchers import Watcher
@@ -69,6 +70,14 @@ def process_start_time(pid: int) -> float | None:
         return None
 
 
+FOREIGN_PROCESSES = "zerod_foreign_gpu_processes"
+FOREIGN_MEMORY = "zerod_foreign_gpu_memory_bytes"
+
+
+@owns(metrics=(FOREIGN_PROCESSES, FOREIGN_MEMORY),
+      alerts=(AlertRule("ForeignGpuProcess", "critical", "a process that is not the engine, the daemon or an "
+                        "allowed one holds a GPU: name, pid, command line, user, unit or container, GPU memory, "
+                        "the known agent's fix"),))
 class GpuProcessWatcher(Watcher):
     name = "gpu_processes"
 
@@ -319,10 +328,10 @@ class GpuProcessWatcher(Watcher):
 
     def collect(self):
         foreign = self.foreign()
-        yield GaugeMetricFamily("zerod_foreign_gpu_processes",
+        yield GaugeMetricFamily(FOREIGN_PROCESSES,
                                 "Processes holding a GPU that are neither the engine nor allowed.",
                                 value=float(len(foreign)))
-        yield GaugeMetricFamily("zerod_foreign_gpu_memory_bytes", "GPU memory held by foreign processes.",
+        yield GaugeMetricFamily(FOREIGN_MEMORY, "GPU memory held by foreign processes.",
                                 value=float(sum(r["gpu_memory_bytes"] or 0 for r in foreign)))
 
     def stats(self) -> dict:

@@ -31,6 +31,7 @@ from typing import Any, Callable
 
 from zerod.alerts import Alert, AlertBook
 from zerod.daemon_config import DaemonConfig
+from zerod.registry import AlertRule, owns
 from zerod.engine import metrics as names
 from zerod.watchers import Watcher
 from zerod.watchers.engine_metrics import EngineMetricsWatcher, Sample
@@ -60,6 +61,8 @@ def _work(a: Sample, b: Sample, first_tokens: float) -> Work:
     return Work(first_tokens, delta(names.PROMPT_TOKENS_TOTAL), delta(names.PREFIX_CACHE_HITS_TOTAL))
 
 
+@owns(alerts=(AlertRule("LatencyRegression", "warning", "p99 TTFT or ITL above its learned normal for the load "
+                        "(or the fixed ceiling); names a foreign process or alert that began just before"),))
 class LatencyWatcher(Watcher):
     name = "latency"
     blocking = False

@@ -31,6 +31,7 @@ from typing import Any, Callable
 import psutil
 
 from zerod.alerts import AlertBook
+from zerod.registry import AlertRule, owns
 from zerod.watchers import Watcher
 
 log = logging.getLogger("zerod.netlink")
@@ -74,21 +75,25 @@ def serving_links(bind_host: str, addrs: dict[str, list] | None = None) -> set[s
     return out
 
 
+@owns(alerts=(AlertRule("EngineLinkDown", "critical", "a link an engine serves on is down (admin down, no "
+                        "carrier, removed); an address change re-runs `net.bind_exposure` instead"),))
 class NetlinkWatcher(Watcher):
     name = "netlink"
     blocking = False
 
-    def __init__(self, book: AlertBook, interval_s: float, bind_host: str, recheck: Callable[[], None],
+    def __init__(self, book: AlertBook, interval_s: float, bind_hosts: str | tuple[str, ...],
+                 recheck: Callable[[], None],
                  *, links: Callable[[str], set[str]] = serving_links,
                  socket_factory: Callable[[], Any] = open_socket) -> None:
         super().__init__()
         self.book = book
         self.interval_s = interval_s
-        self.bind_host = bind_host
+        # every engine's bind address: a link any of them serves on is watched
+        self.bind_hosts = (bind_hosts,) if isinstance(bind_hosts, str) else tuple(bind_hosts)
         self.recheck = recheck
         self.links = links
         self.socket_factory = socket_factory
-        self.serving: set[str] = links(bind_host)
+        self.serving: set[str] = self._serving_now()
         self.down: set[str] = set()
         self.events = 0
         self.rechecks = 0
@@ -97,6 +102,9 @@ class NetlinkWatcher(Watcher):
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._lock = threading.Lock()
+
+    def _serving_now(self) -> set[str]:
+        return set().union(*(self.links(h) for h in self.bind_hosts))
 
     # --- the events ---------------------------------------------------------
     def handle(self, msg: Any) -> None:
@@ -127,7 +135,7 @@ class NetlinkWatcher(Watcher):
             self.down.add(ifname)
         self.book.fire("EngineLinkDown", ifname, severity="critical",
                        summary=f"link {ifname}, which the engine serves on, is down: {why}",
-                       description=f"the engine listens on {self.bind_host}; clients reach it through {ifname}, "
+                       description=f"the engine listens on {', '.join(self.bind_hosts)}; clients reach it through {ifname}, "
                                    f"which the kernel reports {why}",
                        labels={"interface": ifname},
                        fix=f"ip link show {ifname}; check the cable, the switch port and the NIC (ethtool {ifname})")
@@ -139,7 +147,7 @@ class NetlinkWatcher(Watcher):
         with self._lock:
             due, self._recheck_due = self._recheck_due, False
         if due:
-            self.serving = self.links(self.bind_host) | self.down
+            self.serving = self._serving_now() | self.down
             self.rechecks += 1
             await asyncio.get_running_loop().run_in_executor(None, self.recheck)
 

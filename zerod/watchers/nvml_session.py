@@ -13,16 +13,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-log = logging.getLogger("zerod.nvml")
+from zerod.checks.gpu_reading import NVML_ERROR_DRIVER_NOT_LOADED, NVML_ERROR_LIBRARY_NOT_FOUND, error_value, text
 
-NVML_ERROR_NOT_SUPPORTED = 3
-NVML_ERROR_GPU_IS_LOST = 15
-NVML_ERROR_DRIVER_NOT_LOADED = 9
-NVML_ERROR_LIBRARY_NOT_FOUND = 12
+log = logging.getLogger("zerod.nvml")
 
 
 def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
+    return str(text(v))
 
 
 @dataclass
@@ -33,18 +30,6 @@ class Device:
     name: str
     bus_id: str | None
     memory_total_bytes: int | None
-
-
-def error_value(exc: BaseException) -> int | None:
-    return getattr(exc, "value", None)
-
-
-def is_gpu_lost(exc: BaseException) -> bool:
-    return error_value(exc) == NVML_ERROR_GPU_IS_LOST
-
-
-def is_not_supported(exc: BaseException) -> bool:
-    return error_value(exc) == NVML_ERROR_NOT_SUPPORTED
 
 
 class NvmlSession:

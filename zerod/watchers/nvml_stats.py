@@ -1,9 +1,10 @@
 """GPU health from NVML every second: utilization, memory, temperature, power,
 clocks, clock event (throttle) reasons, PCIe replays, ECC and row remapping —
-and what dcgm-exporter exports besides (zerod.watchers.nvml_reads): HBM
-temperature, the energy counter, NVLink throughput and errors, compute mode,
-per-process SM and memory utilization, MIG instances; a call the GPU or driver
-does not support is skipped for that GPU from then on.
+and what dcgm-exporter exports besides: HBM temperature, the energy counter,
+NVLink throughput and errors, compute mode, per-process SM and memory
+utilization, MIG instances. The reading itself is zerod.checks.gpu_reading's (a
+call the GPU or driver does not support is skipped for that GPU from then on);
+this module keeps the last one per GPU, its history, its series and its alerts.
 
 Alerts: `GpuThrottled` (a reason of `throttle_alert_reasons` active for
 `throttle_for_s`), `GpuHot` (>= `temperature_max_celsius`), `EccErrors`
@@ -21,16 +22,15 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from zerod.alerts import AlertBook
-from zerod.checks.clock_events import CLOCK_EVENT_REASONS, reasons_from_mask
+from zerod.checks.clock_events import CLOCK_EVENT_REASONS
+from zerod.checks.gpu_reading import GpuReading, NvmlReader, is_gpu_lost
 from zerod.daemon_config import DaemonConfig
+from zerod.registry import AlertRule, owns
 from zerod.watchers import Watcher
-from zerod.checks.compute_mode import NAMES as MODE_NAMES
-from zerod.checks.compute_mode import name as mode_name
-from zerod.watchers.nvml_reads import NvmlReads
-from zerod.watchers.nvml_session import NvmlSession, is_gpu_lost
+from zerod.watchers.nvml_session import NvmlSession
 
 HISTORY = 600
-# (metric, help, key of the GPU row, scale)
+# (metric, help, quantity of the GpuReading, scale)
 GPU_GAUGES = (
     ("zerod_gpu_utilization_ratio", "GPU utilization (0-1) over NVML's last sample period.", "utilization_ratio", 1),
     ("zerod_gpu_memory_used_bytes", "GPU memory in use.", "memory_used_bytes", 1),
@@ -47,10 +47,38 @@ PARITY_GAUGES = (
     ("zerod_gpu_memory_clock_hertz", "GPU memory clock.", "mem_clock_mhz", 1e6),
     ("zerod_gpu_memory_temperature_celsius", "HBM temperature.", "memory_temperature_celsius", 1),
 )
-NVLINK_ERRORS = ("crc_flit", "crc_data", "replay", "recovery")
-_TEMPERATURE_GPU = 0
-_CLOCK_SM, _CLOCK_MEM = 1, 2
-_ECC_UNCORRECTED, _ECC_VOLATILE = 1, 0
+HISTORY_QUANTITIES = ("utilization_ratio", "memory_used_bytes", "temperature_celsius", "power_watts")
+CLOCK_EVENT_ACTIVE = "zerod_gpu_clock_event_active"
+PCIE_REPLAYS = "zerod_gpu_pcie_replays"
+ENERGY = "zerod_gpu_energy_joules"
+COMPUTE_MODE = "zerod_gpu_compute_mode"
+REMAPPED_ROWS = "zerod_gpu_remapped_rows"
+REMAP_PENDING = "zerod_gpu_row_remap_pending"
+REMAP_FAILED = "zerod_gpu_row_remap_failed"
+NVLINK_BYTES = "zerod_gpu_nvlink_bytes"
+NVLINK_ERRORS = "zerod_gpu_nvlink_errors"
+MIG_ENABLED = "zerod_gpu_mig_enabled"
+MIG_MEMORY_USED = "zerod_gpu_mig_memory_used_bytes"
+MIG_MEMORY_TOTAL = "zerod_gpu_mig_memory_total_bytes"
+NVML_UP = "zerod_nvml_up"
+_MIG_IDS = ["gpu_instance", "compute_instance"]
+# family -> (kind, help, labels beside gpu and uuid); the per-GPU gauges first, in their order
+FAMILIES = {
+    **{name: (GaugeMetricFamily, doc, []) for name, doc, _, _ in GPU_GAUGES + PARITY_GAUGES},
+    CLOCK_EVENT_ACTIVE: (GaugeMetricFamily, "1 while NVML reports this clocks event (throttle) reason.", ["reason"]),
+    PCIE_REPLAYS: (CounterMetricFamily, "PCIe replay counter (NVML).", []),
+    ENERGY: (CounterMetricFamily, "Energy the GPU used since the driver loaded.", []),
+    COMPUTE_MODE: (GaugeMetricFamily,
+                   "NVML compute mode: 0 Default, 1 Exclusive_Thread, 2 Prohibited, 3 Exclusive_Process.", []),
+    REMAPPED_ROWS: (GaugeMetricFamily, "Rows remapped, by the error that caused it.", ["cause"]),
+    REMAP_PENDING: (GaugeMetricFamily, "1 while a row remap waits for a GPU reset.", []),
+    REMAP_FAILED: (GaugeMetricFamily, "1 when a row remap has failed.", []),
+    NVLINK_BYTES: (CounterMetricFamily, "NVLink data bytes over every link.", ["direction"]),
+    NVLINK_ERRORS: (CounterMetricFamily, "NVLink errors over every link, by type.", ["type"]),
+    MIG_ENABLED: (GaugeMetricFamily, "1 when MIG mode is enabled.", []),
+    MIG_MEMORY_USED: (GaugeMetricFamily, "Memory in use in a MIG instance.", _MIG_IDS),
+    MIG_MEMORY_TOTAL: (GaugeMetricFamily, "Memory of a MIG instance.", _MIG_IDS),
+}
 
 REASON_FIX = {
     "hw_slowdown": "HW slowdown (thermal or power brake signal from the board): check cooling and the PSU; nvidia-smi -q -d PERFORMANCE",
@@ -61,6 +89,17 @@ REASON_FIX = {
 }
 
 
+@owns(metrics=(*FAMILIES, NVML_UP), alerts=(
+    AlertRule("GpuThrottled", "warning", "a reason of `throttle_alert_reasons` held `throttle_for_s` "
+              "(`sw_power_cap` alone is normal under load)"),
+    AlertRule("GpuHot", "warning", "GPU temperature at or above `temperature_max_celsius` (3 °C hysteresis)"),
+    AlertRule("EccErrors", "critical", "volatile uncorrected ECC errors, a pending or a failed row remap"),
+    AlertRule("PcieReplays", "warning", "the PCIe replay counter went up (held `counter_alert_hold_s`)"),
+    AlertRule("NvmlUnavailable", "critical", "NVML cannot start (no driver or library: says which); "
+              "info with `--demo`"),
+    AlertRule("GpuLost", "critical", "`NVML_ERROR_GPU_IS_LOST`: the GPU fell off the bus",
+              prometheus_rule=False),  # a lost GPU shows as NVML errors: only the daemon sees it
+))
 class NvmlStatsWatcher(Watcher):
     name = "nvml_stats"
 
@@ -73,8 +112,8 @@ class NvmlStatsWatcher(Watcher):
         self.demo = demo
         self.clock = clock
         self.interval_s = cfg.watch_interval_s
-        self.gpus: dict[int, dict[str, Any]] = {}
-        self.reads: NvmlReads | None = None
+        self.gpus: dict[int, GpuReading] = {}
+        self.reader: NvmlReader | None = None
         # GPU index -> {pid: (SM ratio, memory ratio)}: zerod.views meets it with the process rows
         self.process_utilization: dict[int, dict[int, tuple[float, float]]] = {}
         self.history: dict[int, dict[str, collections.deque]] = {}
@@ -86,7 +125,7 @@ class NvmlStatsWatcher(Watcher):
     def snapshot(self) -> dict[str, Any]:
         gpus = []
         for idx in sorted(self.gpus):
-            g = dict(self.gpus[idx])
+            g = self.gpus[idx].as_json()
             h = self.history.get(idx, {})
             g["history"] = {k: list(v) for k, v in h.items()}
             gpus.append(g)
@@ -95,71 +134,45 @@ class NvmlStatsWatcher(Watcher):
 
     def collect(self):
         """The GPU series of /metrics, from the last poll: `gpu` and `uuid` labels, never a pid."""
-        labels = ["gpu", "uuid"]
-        families = [(GaugeMetricFamily(name, doc, labels=labels), key, scale)
-                    for name, doc, key, scale in GPU_GAUGES + PARITY_GAUGES]
-        events = GaugeMetricFamily("zerod_gpu_clock_event_active",
-                                   "1 while NVML reports this clocks event (throttle) reason.",
-                                   labels=labels + ["reason"])
-        replays = CounterMetricFamily("zerod_gpu_pcie_replays", "PCIe replay counter (NVML).", labels=labels)
-        energy = CounterMetricFamily("zerod_gpu_energy_joules", "Energy the GPU used since the driver loaded.",
-                                     labels=labels)
-        mode = GaugeMetricFamily("zerod_gpu_compute_mode",
-                                 "NVML compute mode: 0 Default, 1 Exclusive_Thread, 2 Prohibited, 3 Exclusive_Process.",
-                                 labels=labels)
-        remapped = GaugeMetricFamily("zerod_gpu_remapped_rows", "Rows remapped, by the error that caused it.",
-                                     labels=labels + ["cause"])
-        pending = GaugeMetricFamily("zerod_gpu_row_remap_pending", "1 while a row remap waits for a GPU reset.",
-                                    labels=labels)
-        failed = GaugeMetricFamily("zerod_gpu_row_remap_failed", "1 when a row remap has failed.", labels=labels)
-        nvlink = CounterMetricFamily("zerod_gpu_nvlink_bytes", "NVLink data bytes over every link.",
-                                     labels=labels + ["direction"])
-        nvlink_err = CounterMetricFamily("zerod_gpu_nvlink_errors", "NVLink errors over every link, by type.",
-                                         labels=labels + ["type"])
-        mig_on = GaugeMetricFamily("zerod_gpu_mig_enabled", "1 when MIG mode is enabled.", labels=labels)
-        mig_mem = GaugeMetricFamily("zerod_gpu_mig_memory_used_bytes", "Memory in use in a MIG instance.",
-                                    labels=labels + ["gpu_instance", "compute_instance"])
-        mig_total = GaugeMetricFamily("zerod_gpu_mig_memory_total_bytes", "Memory of a MIG instance.",
-                                      labels=labels + ["gpu_instance", "compute_instance"])
+        fam = {name: kind(name, doc, labels=["gpu", "uuid", *extra]) for name, (kind, doc, extra) in FAMILIES.items()}
+        gauges = [(fam[name], key, scale) for name, _, key, scale in GPU_GAUGES + PARITY_GAUGES]
         for idx in sorted(self.gpus):
             g = self.gpus[idx]
-            lv = [str(idx), g["uuid"]]
-            for fam, key, scale in families:
-                if g.get(key) is not None:
-                    fam.add_metric(lv, float(g[key]) * scale)
-            active = set(g.get("clock_events_active") or [])
+            lv = [str(idx), g.uuid]
+            for family, key, scale in gauges:
+                if getattr(g, key) is not None:
+                    family.add_metric(lv, float(getattr(g, key)) * scale)
+            active = set(g.clock_events_active)
             for reason in CLOCK_EVENT_REASONS.values():
-                events.add_metric(lv + [reason], 1.0 if reason in active else 0.0)
-            if g.get("pcie_replays_total") is not None:
-                replays.add_metric(lv, float(g["pcie_replays_total"]))
-            if g.get("energy_joules_total") is not None:
-                energy.add_metric(lv, g["energy_joules_total"])
-            if g.get("compute_mode") is not None:
-                mode.add_metric(lv, float(next(k for k, v in MODE_NAMES.items() if v == g["compute_mode"])))
-            rr = g.get("remapped_rows")
+                fam[CLOCK_EVENT_ACTIVE].add_metric(lv + [reason], 1.0 if reason in active else 0.0)
+            if g.pcie_replays_total is not None:
+                fam[PCIE_REPLAYS].add_metric(lv, float(g.pcie_replays_total))
+            if g.energy_joules_total is not None:
+                fam[ENERGY].add_metric(lv, g.energy_joules_total)
+            if g.compute_mode is not None:
+                fam[COMPUTE_MODE].add_metric(lv, float(g.compute_mode))
+            rr = g.remapped_rows
             if rr is not None:
-                remapped.add_metric(lv + ["correctable"], float(rr["corrected"]))
-                remapped.add_metric(lv + ["uncorrectable"], float(rr["uncorrected"]))
-                pending.add_metric(lv, float(rr["pending"]))
-                failed.add_metric(lv, float(rr["failure"]))
-            nv = g.get("nvlink")
+                fam[REMAPPED_ROWS].add_metric(lv + ["correctable"], float(rr.corrected))
+                fam[REMAPPED_ROWS].add_metric(lv + ["uncorrectable"], float(rr.uncorrected))
+                fam[REMAP_PENDING].add_metric(lv, float(rr.pending))
+                fam[REMAP_FAILED].add_metric(lv, float(rr.failure))
+            nv = g.nvlink
             if nv is not None:
-                for direction in ("tx", "rx"):
-                    if nv[f"{direction}_bytes_total"] is not None:
-                        nvlink.add_metric(lv + [direction], float(nv[f"{direction}_bytes_total"]))
-                for kind, n in nv["errors_total"].items():
-                    nvlink_err.add_metric(lv + [kind], float(n))
-            if g.get("mig_enabled") is not None:
-                mig_on.add_metric(lv, float(g["mig_enabled"]))
-            for m in g.get("mig_instances") or []:
-                ids = [str(m["gpu_instance"]), str(m["compute_instance"])]
-                if m["memory_used_bytes"] is not None:
-                    mig_mem.add_metric(lv + ids, float(m["memory_used_bytes"]))
-                    mig_total.add_metric(lv + ids, float(m["memory_total_bytes"]))
-        yield from (fam for fam, _, _ in families)
-        yield from (events, replays, energy, mode, remapped, pending, failed, nvlink, nvlink_err,
-                    mig_on, mig_mem, mig_total)
-        yield GaugeMetricFamily("zerod_nvml_up", "1 when NVML answers (0: no driver, library or GPU).",
+                for direction, n in (("tx", nv.tx_bytes_total), ("rx", nv.rx_bytes_total)):
+                    if n is not None:
+                        fam[NVLINK_BYTES].add_metric(lv + [direction], float(n))
+                for kind, n in nv.errors_total.items():
+                    fam[NVLINK_ERRORS].add_metric(lv + [kind], float(n))
+            if g.mig_enabled is not None:
+                fam[MIG_ENABLED].add_metric(lv, float(g.mig_enabled))
+            for m in g.mig_instances:
+                ids = [str(m.gpu_instance), str(m.compute_instance)]
+                if m.memory_used_bytes is not None:
+                    fam[MIG_MEMORY_USED].add_metric(lv + ids, float(m.memory_used_bytes))
+                    fam[MIG_MEMORY_TOTAL].add_metric(lv + ids, float(m.memory_total_bytes))
+        yield from fam.values()
+        yield GaugeMetricFamily(NVML_UP, "1 when NVML answers (0: no driver, library or GPU).",
                                 value=1.0 if self.session.ok else 0.0)
 
     def poll(self) -> None:
@@ -199,69 +212,25 @@ class NvmlStatsWatcher(Watcher):
 
     def _poll_device(self, dev) -> None:
         N = self.session.nvml
-        if self.reads is None or self.reads.N is not N:
-            self.reads = NvmlReads(N)
-        r, h, i = self.reads, dev.handle, dev.index
+        if self.reader is None or self.reader.N is not N:
+            self.reader = NvmlReader(N)
         now = self.clock()
-
-        def opt(name, *args):
-            return r.call(i, name, h, *args)
-
-        util = opt("nvmlDeviceGetUtilizationRates")
-        mem = N.nvmlDeviceGetMemoryInfo(h)  # the one call that must work (GPU lost shows here)
-        temp = opt("nvmlDeviceGetTemperature", _TEMPERATURE_GPU)
-        power_mw = opt("nvmlDeviceGetPowerUsage")
-        limit_mw = opt("nvmlDeviceGetEnforcedPowerLimit")
-        sm = opt("nvmlDeviceGetClockInfo", _CLOCK_SM)
-        memclk = opt("nvmlDeviceGetClockInfo", _CLOCK_MEM)
-        reasons_fn = "nvmlDeviceGetCurrentClocksEventReasons" if hasattr(N, "nvmlDeviceGetCurrentClocksEventReasons") \
-            else "nvmlDeviceGetCurrentClocksThrottleReasons"
-        mask = opt(reasons_fn)
-        replays = opt("nvmlDeviceGetPcieReplayCounter")
-        ecc = opt("nvmlDeviceGetTotalEccErrors", _ECC_UNCORRECTED, _ECC_VOLATILE)
-        remap = opt("nvmlDeviceGetRemappedRows")  # (corrected, uncorrected, pending, failure)
-        energy_mj = opt("nvmlDeviceGetTotalEnergyConsumption")
-        mode = opt("nvmlDeviceGetComputeMode")
-        fields = r.fields(i, h)
-        mig_enabled, mig = r.mig(i, h)
-        self.process_utilization[i] = r.process_utilization(i, h)
-        reasons = reasons_from_mask(int(mask)) if mask is not None else []
-        g = {
-            "index": dev.index, "uuid": dev.uuid, "name": dev.name,
-            "utilization_ratio": (util.gpu / 100.0) if util is not None else None,
-            "memory_used_bytes": int(mem.used), "memory_total_bytes": int(mem.total),
-            "temperature_celsius": int(temp) if temp is not None else None,
-            "power_watts": power_mw / 1000.0 if power_mw is not None else None,
-            "power_limit_watts": limit_mw / 1000.0 if limit_mw is not None else None,
-            "sm_clock_mhz": sm, "mem_clock_mhz": memclk,
-            "clock_events_active": reasons,
-            "pcie_replays_total": int(replays) if replays is not None else None,
-            "ecc_volatile_uncorrected": int(ecc) if ecc is not None else None,
-            "remapped_rows": ({"corrected": int(remap[0]), "uncorrected": int(remap[1]),
-                               "pending": bool(remap[2]), "failure": bool(remap[3])}
-                              if remap is not None else None),
-            "memory_temperature_celsius": fields.get("memory_temperature_celsius"),
-            "energy_joules_total": energy_mj / 1000.0 if energy_mj is not None else None,
-            "compute_mode": mode_name(mode) if mode is not None else None,
-            "nvlink": ({"tx_bytes_total": int(fields["nvlink_tx_kib"] * 1024) if "nvlink_tx_kib" in fields else None,
-                        "rx_bytes_total": int(fields["nvlink_rx_kib"] * 1024) if "nvlink_rx_kib" in fields else None,
-                        "errors_total": {k: int(fields[f"nvlink_{k}_errors"]) for k in NVLINK_ERRORS
-                                         if f"nvlink_{k}_errors" in fields}}
-                       if any(k.startswith("nvlink_") for k in fields) else None),
-            "mig_enabled": mig_enabled, "mig_instances": mig,
-        }
+        g = self.reader.read(dev.index, dev.handle, uuid=dev.uuid, name=dev.name)
+        if g.memory_used_bytes is None:  # the one read that must work: this poll fails for the GPU
+            raise RuntimeError(f"GPU {dev.index}: NVML gives no memory info ({g.errors.get('memory')})")
+        self.process_utilization[dev.index] = self.reader.process_utilization(dev.index, dev.handle)
         self.gpus[dev.index] = g
-        hist = self.history.setdefault(dev.index, {k: collections.deque(maxlen=HISTORY) for k in (
-            "utilization_ratio", "memory_used_bytes", "temperature_celsius", "power_watts")})
+        hist = self.history.setdefault(dev.index, {k: collections.deque(maxlen=HISTORY)
+                                                   for k in HISTORY_QUANTITIES})
         for k, dq in hist.items():
-            dq.append(g[k])
+            dq.append(getattr(g, k))
         self._alerts(dev, g, now)
 
-    def _alerts(self, dev, g: dict[str, Any], now: float) -> None:
+    def _alerts(self, dev, g: GpuReading, now: float) -> None:
         idx, labels = dev.index, {"gpu": dev.index, "uuid": dev.uuid}
         key = str(idx)
         # throttling that matters, held for throttle_for_s
-        active = [r for r in g["clock_events_active"] if r in self.cfg.throttle_alert_reasons]
+        active = [r for r in g.clock_events_active if r in self.cfg.throttle_alert_reasons]
         for r in CLOCK_EVENT_REASONS.values():
             if r in active:
                 self._throttle_since.setdefault((idx, r), now)
@@ -271,14 +240,14 @@ class NvmlStatsWatcher(Watcher):
         if held:
             self.book.fire("GpuThrottled", key, severity="warning",
                            summary=f"GPU {idx} clocks held down: {', '.join(held)}",
-                           description=f"SM clock {g['sm_clock_mhz']} MHz, {g['temperature_celsius']} °C, "
-                                       f"{g['power_watts']} W of {g['power_limit_watts']} W",
+                           description=f"SM clock {g.sm_clock_mhz} MHz, {g.temperature_celsius} °C, "
+                                       f"{g.power_watts} W of {g.power_limit_watts} W",
                            labels={**labels, "reasons": ",".join(held)},
                            fix="; ".join(REASON_FIX.get(r, r) for r in held))
         else:
             self.book.resolve("GpuThrottled", key)
         # temperature
-        t = g["temperature_celsius"]
+        t = g.temperature_celsius
         if t is not None and t >= self.cfg.temperature_max_celsius:
             self.book.fire("GpuHot", key, severity="warning",
                            summary=f"GPU {idx} at {t} °C (limit {self.cfg.temperature_max_celsius:.0f} °C)",
@@ -287,12 +256,12 @@ class NvmlStatsWatcher(Watcher):
             self.book.resolve("GpuHot", key)
         # ECC and row remapping
         problems = []
-        if g["ecc_volatile_uncorrected"]:
-            problems.append(f"{g['ecc_volatile_uncorrected']} volatile uncorrected ECC error(s)")
-        rr = g["remapped_rows"]
-        if rr and rr["pending"]:
+        if g.ecc_volatile_uncorrected:
+            problems.append(f"{g.ecc_volatile_uncorrected} volatile uncorrected ECC error(s)")
+        rr = g.remapped_rows
+        if rr and rr.pending:
             problems.append("a row remap is pending (applied at the next GPU reset)")
-        if rr and rr["failure"]:
+        if rr and rr.failure:
             problems.append("a row remap failed")
         if problems:
             self.book.fire("EccErrors", key, severity="critical",
@@ -301,7 +270,7 @@ class NvmlStatsWatcher(Watcher):
         else:
             self.book.resolve("EccErrors", key)
         # PCIe replays: any increase, held for counter_alert_hold_s
-        r = g["pcie_replays_total"]
+        r = g.pcie_replays_total
         if r is not None:
             prev = self._replays_seen.get(idx)
             self._replays_seen[idx] = r

@@ -17,9 +17,11 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily
 
 from zerod.alerts import AlertBook
+from zerod.registry import AlertRule, owns
 from zerod.daemon_config import DaemonConfig
 from zerod.watchers import Watcher
-from zerod.watchers.nvml_session import NvmlSession, error_value, is_not_supported
+from zerod.checks.gpu_reading import error_value, is_not_supported
+from zerod.watchers.nvml_session import NvmlSession
 
 log = logging.getLogger("zerod.xid")
 
@@ -37,6 +39,12 @@ def describe_xid(code: int):
     return describe(code)
 
 
+XID_EVENTS = "zerod_gpu_xid_events"
+
+
+@owns(metrics=(XID_EVENTS,),
+      alerts=(AlertRule("XidError", "critical", "an Xid event from NVML, per GPU and Xid, with its meaning and action "
+                        "(the table of `zerod.checks.xid`, shared with doctor); a benign Xid fires as a warning"),))
 class XidWatcher(Watcher):
     name = "xid_events"
     blocking = False
@@ -68,7 +76,7 @@ class XidWatcher(Watcher):
             return {gpu: dict(c) for gpu, c in self.counts.items()}
 
     def collect(self):
-        fam = CounterMetricFamily("zerod_gpu_xid_events", "XID events received from NVML since the daemon started.",
+        fam = CounterMetricFamily(XID_EVENTS, "XID events received from NVML since the daemon started.",
                                   labels=["gpu", "uuid", "xid"])
         for gpu, counts in sorted(self.snapshot().items()):
             dev = self.session.device(gpu)
