@@ -21,7 +21,7 @@ from zerod.tui.client import ControlClient, ControlError
 from zerod.tui.widgets.spark import BARS, levels
 
 WINDOWS = (60.0, 300.0, 600.0, 1800.0, 3600.0)  # the zoom steps, seconds
-LABEL, VALUE = 8, 24                      # columns beside the sparkline
+LABEL, VALUE = 8, 32                      # columns beside the sparkline
 # (series, title, low bound, high bound or the key of a GPU's bound, how to show one value)
 GPU_SERIES = (
     ("utilization_ratio", "GPU utilization", 0.0, 1.0, fmt.pct),
@@ -49,7 +49,8 @@ def spark_text(values: Sequence[Any], lo: float | None, hi: float | None) -> Tex
     return t
 
 
-def _row(label: str, values: Sequence[Any], lo, hi, show) -> Text:
+def _row(label: str, values: Sequence[Any], lo, hi, show, width: int) -> Text:
+    values = list(values)[-width:]  # more points than columns: the newest stay
     have = [float(v) for v in values if fmt.num(v) is not None]
     t = Text(no_wrap=True, overflow="ellipsis")
     t.append(f"{label:<{LABEL}}", "bold")
@@ -62,8 +63,9 @@ def _row(label: str, values: Sequence[Any], lo, hi, show) -> Text:
     return t
 
 
-def history_text(doc: dict[str, Any], engine: str | None) -> Text:
-    t = Text()
+def history_text(doc: dict[str, Any], engine: str | None, width: int) -> Text:
+    """Every series of the /v1/history document, `width` bars at most each."""
+    t = Text(no_wrap=True, overflow="crop")
     step = fmt.num(doc.get("step_s")) or 0.0
     t.append(f"last {fmt.duration(doc.get('seconds'))}", "bold")
     t.append(f" · one bar per {step:g}s (the largest sample in it) · the daemon samples every "
@@ -76,14 +78,14 @@ def history_text(doc: dict[str, Any], engine: str | None) -> Text:
         rows = []
         for g in gpus:
             values = (g.get("series") or {}).get(key) or []
-            rows.append(_row(f"GPU {g.get('index')}", values, lo, hi, show))
+            rows.append(_row(f"GPU {g.get('index')}", values, lo, hi, show, width))
         t.append_text(Text("\n").join(rows))
     for e in (x for x in (doc.get("engines") or []) if isinstance(x, dict)):
         if engine is not None and e.get("name") != engine:
             continue
         for key, title, lo, hi, show in ENGINE_SERIES:
             t.append(f"\n\nengine {e.get('name')} · {title}\n", "bold underline")
-            t.append_text(_row("", (e.get("series") or {}).get(key) or [], lo, hi, show))
+            t.append_text(_row("", (e.get("series") or {}).get(key) or [], lo, hi, show, width))
     return t
 
 
@@ -139,7 +141,7 @@ class HistoryScreen(ModalScreen[None]):
     def _got(self, doc: dict[str, Any] | None, error: str | None) -> None:
         self.doc, self.error = doc, error
         if doc is not None:
-            self._show(history_text(doc, self.engine))
+            self._show(history_text(doc, self.engine, self._points()))
         else:
             self._show(Text(f"cannot read the daemon's history: {error}", "bold red"))
 
