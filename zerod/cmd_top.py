@@ -3,6 +3,8 @@ daemon's control API. Textual is imported only when this command runs."""
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from zerod.daemon_config import default_socket
@@ -33,10 +35,40 @@ def _configured_socket(config_path: str | None) -> str:
               help="The daemon's TOML config, read for [daemon] control_socket (default /etc/zerod/zerod.toml).")
 @click.option("--interval", default=1.0, show_default=True, type=click.FloatRange(0.2, 60.0),
               help="Seconds between polls of the daemon.")
-def top(socket_path: str | None, config_path: str | None, interval: float) -> None:
-    """The live terminal dashboard: GPUs, engine, GPU processes, alerts."""
+@click.option("--once", is_flag=True,
+              help="Print what the dashboard would show once and exit 0, without a terminal (scripts, tickets).")
+@click.option("--json", "as_json", is_flag=True,
+              help="With --once: one JSON document (gpus, processes, engines, alerts, checks) instead of text.")
+@click.option("--no-standalone", "no_standalone", is_flag=True,
+              help="With no daemon, show its banner only instead of reading NVML and /proc here.")
+def top(socket_path: str | None, config_path: str | None, interval: float, once: bool, as_json: bool,
+        no_standalone: bool) -> None:
+    """The live terminal dashboard: GPUs, engine, GPU processes, alerts. With no daemon
+    running it reads this host itself (standalone mode)."""
+    if as_json and not once:
+        raise click.UsageError("--json goes with --once: `zerod top --once --json`")
     if socket_path is None:
         socket_path = _configured_socket(config_path)
+    if once:
+        import sys
+        import time
+
+        from zerod.tui.client import ControlClient
+        from zerod.tui.once import print_once
+
+        local, hint = (None, "") if no_standalone else _standalone()
+        colour = sys.stdout.isatty() and "NO_COLOR" not in os.environ
+        code = print_once(ControlClient(socket_path), local, as_json=as_json, now=time.time(), out=sys.stdout,
+                          start_hint=hint, colour=colour)
+        sys.exit(code)
     from zerod.tui.app import run
 
-    run(socket_path, interval=interval)
+    local, hint = (None, "") if no_standalone else _standalone()
+    run(socket_path, interval=interval, local=local, start_hint=hint)
+
+
+def _standalone():
+    """(the reader of this host for standalone mode, how to start the daemon)."""
+    from zerod.tui.local_source import START_HINT, LocalSource
+
+    return LocalSource().snapshot, START_HINT
