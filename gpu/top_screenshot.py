@@ -57,14 +57,14 @@ async def capture(socket_path: str, size: tuple[int, int], polls: int, interval:
 def once(socket_path: str, out: Path, log: list[str]) -> None:
     """`zerod top --once --json` and `--once` (160 columns), right after the first capture."""
     from zerod.tui.client import ControlClient
-    from zerod.tui.local_source import START_HINT, LocalSource
+    from zerod.tui.local_source import LocalSource
     from zerod.tui.once import print_once
 
     local = LocalSource().snapshot
     for name, as_json in (("zerod-top-h200-once.json", True), ("zerod-top-h200-once.txt", False)):
         with open(out / name, "w") as f:
             code = print_once(ControlClient(socket_path), local, as_json=as_json, now=time.time(), out=f,
-                              start_hint=START_HINT, width=160)
+                              width=160)
         log.append(f"{name}: exit {code} at {time.strftime('%H:%M:%S', time.gmtime())} UTC")
 
 
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     if snap is not None:
         data = {"taken_at": snap.taken_at, "errors": snap.errors, "status": snap.status,
                 "checks": snap.checks, "gpus": snap.gpus, "processes": snap.processes,
-                "alerts": snap.alerts, "engine": snap.engine}
+                "alerts": snap.alerts, "engine": snap.engine, "engines": snap.engines}
         (out / "zerod-top-h200-data.json").write_text(json.dumps(data, indent=1) + "\n")
     (out / "zerod-top-h200.txt").write_text("\n".join(log) + "\n")
     print("\n".join(log))

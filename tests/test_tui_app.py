@@ -93,7 +93,7 @@ async def test_help_opens_and_closes(daemon):
         console = Console(width=100, record=True, file=io.StringIO())
         console.print(app.screen._text)
         shown = console.export_text()
-        assert "filter the processes table" in shown and daemon.socket_path in shown
+        assert "filter the processes: user:NAME" in shown and "process tree" in shown and daemon.socket_path in shown
         await pilot.press("escape")
         assert not isinstance(app.screen, HelpScreen)
 

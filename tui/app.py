@@ -25,7 +25,7 @@ from zerod.tui.screens.details import ALERT_FIELDS, PROCESS_FIELDS, DetailsScree
 from zerod.tui.screens.help import HelpScreen, help_text
 from zerod.tui.screens.history import HistoryScreen
 from zerod.tui.widgets.alerts import AlertTable
-from zerod.tui.widgets.banner import Banner, banner_text, standalone_text
+from zerod.tui.widgets.banner import START_HINT, Banner, banner_text, standalone_text
 from zerod.tui.widgets.engine import EnginePanel
 from zerod.tui.widgets.engines import EngineList
 from zerod.tui.widgets.gpu import GpuList, grid_fits
@@ -64,7 +64,7 @@ class ZerodTop(App[None]):
     def __init__(self, socket_path: str = DEFAULT_SOCKET, *, interval: float = 1.0,
                  timeout: float = 2.0, clock: Callable[[], float] = time.time,
                  local: Callable[[float], Snapshot] | None = None,
-                 start_hint: str = "sudo systemctl start zerod") -> None:
+                 start_hint: str = START_HINT) -> None:
         """`local`: standalone mode, a reader of this host used while the daemon cannot
         be reached (tui/local_source.py); None keeps the last data on screen instead."""
         super().__init__()
@@ -473,5 +473,5 @@ class ZerodTop(App[None]):
 
 
 def run(socket_path: str = DEFAULT_SOCKET, interval: float = 1.0,
-        local: Callable[[float], Snapshot] | None = None, start_hint: str = "") -> None:
-    ZerodTop(socket_path, interval=interval, local=local, start_hint=start_hint).run()
+        local: Callable[[float], Snapshot] | None = None) -> None:
+    ZerodTop(socket_path, interval=interval, local=local).run()

@@ -30,7 +30,6 @@ HISTORY = 600  # samples per series, as the daemon's /v1/gpus history
 HISTORY_KEYS = ("utilization_ratio", "memory_used_bytes", "temperature_celsius", "power_watts")
 ROLE = {"self": "engine", "engine": "engine", "system": "allowed", "allowed": "allowed",
         "agent": "foreign", "foreign": "foreign"}
-START_HINT = "sudo systemctl start zerod   (or: zerod run --config /etc/zerod/zerod.toml)"
 
 
 class LocalSource:

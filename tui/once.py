@@ -22,6 +22,7 @@ from zerod.tui import process_view as pv
 from zerod.tui.client import ControlClient, DaemonUnreachable, Snapshot
 from zerod.tui.widgets.fit import PAD, cell_len, widths
 from zerod.tui.widgets.preflight import preflight_text
+from zerod.tui.widgets.banner import START_HINT
 from zerod.tui.widgets.engines import engine_line
 from zerod.tui.widgets.gpu import gpu_row_text
 
@@ -160,7 +161,8 @@ def width_of(out: IO[str]) -> int:
 
 
 def print_once(client: ControlClient, local: Callable[[float], Snapshot] | None, *, as_json: bool,
-               now: float, out: IO[str], start_hint: str, width: int | None = None, colour: bool = False) -> int:
+               now: float, out: IO[str], start_hint: str = START_HINT, width: int | None = None,
+               colour: bool = False) -> int:
     snap, source, error = take(client, local, now)
     if as_json:
         out.write(json.dumps(document(snap, source, error, client.socket_path), indent=1, default=str) + "\n")

@@ -56,19 +56,18 @@ def top(socket_path: str | None, config_path: str | None, interval: float, once:
         from zerod.tui.client import ControlClient
         from zerod.tui.once import print_once
 
-        local, hint = (None, "") if no_standalone else _standalone()
+        local = None if no_standalone else _standalone()
         colour = sys.stdout.isatty() and "NO_COLOR" not in os.environ
         code = print_once(ControlClient(socket_path), local, as_json=as_json, now=time.time(), out=sys.stdout,
-                          start_hint=hint, colour=colour)
+                          colour=colour)
         sys.exit(code)
     from zerod.tui.app import run
 
-    local, hint = (None, "") if no_standalone else _standalone()
-    run(socket_path, interval=interval, local=local, start_hint=hint)
+    run(socket_path, interval=interval, local=None if no_standalone else _standalone())
 
 
 def _standalone():
-    """(the reader of this host for standalone mode, how to start the daemon)."""
-    from zerod.tui.local_source import START_HINT, LocalSource
+    """The reader of this host for standalone mode."""
+    from zerod.tui.local_source import LocalSource
 
-    return LocalSource().snapshot, START_HINT
+    return LocalSource().snapshot

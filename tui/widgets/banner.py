@@ -20,6 +20,10 @@ def banner_text(socket_path: str, error: str, *, now: float, down_since: float,
     return t
 
 
+# how to start the daemon, in the standalone banner and `zerod top --once`
+START_HINT = "sudo systemctl start zerod   (or: zerod run --config /etc/zerod/zerod.toml)"
+
+
 def standalone_text(socket_path: str, error: str, *, nvml_error: str | None, report_at: float | None,
                     now: float, start_hint: str) -> Text:
     """The banner of standalone mode: no daemon, so this host read directly."""
