@@ -159,6 +159,8 @@ def test_two_engines_120x40(snap_compare, daemon):
     second = dict(first, name="llama-b", gpus=[1], state="restarting", restarts=2, pid=None,
                   url="http://127.0.0.1:8002")
     daemon.data["status"]["engines"] = [first, second]
+    daemon.data["engines"] = {"engines": [{**first, **daemon.data["engine"]},
+                                          {**second, **daemon.data["engine"], "up": False}]}
     gpu = daemon.data["gpus"]["gpus"][0]
     daemon.data["gpus"]["gpus"] = [dict(copy.deepcopy(gpu), engine="llama-a"),
                                    dict(copy.deepcopy(gpu), index=1, engine="llama-b")]
