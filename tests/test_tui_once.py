@@ -183,3 +183,26 @@ def test_last_report_keeps_the_newest(tmp_path, monkeypatch):
     assert best["taken_at"] == 100.0 and best["path"].endswith(last_report.NAME)
     monkeypatch.setenv("ZEROD_STATE_DIR", "/proc/no-such-dir")
     assert "cannot write" in last_report.save({"checks": []})
+
+
+def test_cli_standalone_takes_the_allowed_processes_of_the_config(tmp_path, monkeypatch):
+    from zerod.cli import cli
+    from zerod.tui import local_source
+
+    seen = {}
+
+    class Recording(local_source.LocalSource):
+        def __init__(self, **kw):
+            seen.update(kw)
+            super().__init__(nvml=lambda: (_ for _ in ()).throw(NvmlUnavailable({"error": "no GPU here"})),
+                             scan=lambda nvml=True, **_: [], load_report=lambda: None, **kw)
+
+    monkeypatch.setattr(local_source, "LocalSource", Recording)
+    cfg = tmp_path / "zerod.toml"
+    cfg.write_text(f'[daemon]\ncontrol_socket = "{tmp_path}/none.sock"\n'
+                   '[doctor]\nallowed_gpu_processes = ["my-sidecar"]\n')
+    result = CliRunner().invoke(cli, ["top", "--once", "--json", "--config", str(cfg)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert seen == {"allowed": ("my-sidecar",)}
+    assert doc["source"] == "standalone" and doc["daemon"]["socket"] == f"{tmp_path}/none.sock"
