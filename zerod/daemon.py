@@ -156,7 +156,7 @@ class Daemon:
             self.netlink = NetlinkWatcher(book, cfg.watch_interval_s, hosts, self._recheck_bind_exposure)
             self.watchers.append(self.netlink)
         self.watchers += build_watchers(self, engines)
-        history = HistoryRecorder(cfg.watch_interval_s, lambda: {i: g.as_json() for i, g in nvml_stats.gpus.items()},
+        history = HistoryRecorder(cfg.watch_interval_s, lambda: {i: g.as_json() for i, g in list(nvml_stats.gpus.items())},
                                   lambda: [(e.name, e.latency.figures) for e in engines])
         self.watchers.append(history)
         self.views = Views(self.host, self.started_at, cfg.allow_write_actions, book, nvml_stats, xid, processes,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import math
+import threading
 import time
 from typing import Any, Callable, Iterable
 
@@ -60,6 +61,9 @@ class HistoryRecorder(Watcher):
         self.times: collections.deque[float] = collections.deque(maxlen=self.maxlen)
         self.gpu_rings: dict[int, dict[str, collections.deque]] = {}
         self.engine_rings: dict[str, dict[str, collections.deque]] = {}
+        # poll() runs in a worker thread, query() on the event loop: a query copies every
+        # ring at one instant, so a time and its values stay paired
+        self._lock = threading.Lock()
 
     def _ring(self, rings: dict, key, names: tuple[str, ...]) -> dict[str, collections.deque]:
         if key not in rings:  # a GPU or engine that appears later: nulls for the samples before it
@@ -70,6 +74,10 @@ class HistoryRecorder(Watcher):
         now = self.clock()
         gpus = self._gpus()
         engines = dict(self._engines())
+        with self._lock:
+            self._append(now, gpus, engines)
+
+    def _append(self, now: float, gpus: dict[int, dict[str, Any]], engines: dict[str, dict[str, Any]]) -> None:
         for idx in set(self.gpu_rings) | set(gpus):
             ring = self._ring(self.gpu_rings, idx, GPU_SERIES)
             g = gpus.get(idx) or {}
@@ -90,19 +98,22 @@ class HistoryRecorder(Watcher):
         now = self.clock() if now is None else now
         step = seconds / points
         start = now - seconds
-        times = list(self.times)
-        if engine is not None and engine not in self.engine_rings:
+        with self._lock:
+            times = list(self.times)
+            gpu_rings = {idx: {n: list(dq) for n, dq in ring.items()} for idx, ring in self.gpu_rings.items()}
+            engine_rings = {name: {n: list(dq) for n, dq in ring.items()} for name, ring in self.engine_rings.items()}
+        if engine is not None and engine not in engine_rings:
             raise NoSuchSeries(f"no engine named {engine!r} in the history; engines: "
-                               f"{', '.join(sorted(self.engine_rings)) or 'none'}")
-        engines = [engine] if engine is not None else sorted(self.engine_rings)
+                               f"{', '.join(sorted(engine_rings)) or 'none'}")
+        engines = [engine] if engine is not None else sorted(engine_rings)
         return {
             "interval_s": self.interval_s, "keep_s": KEEP_S, "seconds": seconds, "points": points,
             "step_s": step, "start": start, "end": now, "samples": sum(1 for t in times if t > start),
-            "gpus": [{"index": idx, "series": {n: bucket_max(times, list(ring[n]), start, step, points)
+            "gpus": [{"index": idx, "series": {n: bucket_max(times, ring[n], start, step, points)
                                                for n in GPU_SERIES}}
-                     for idx, ring in sorted(self.gpu_rings.items())],
-            "engines": [{"name": name, "series": {n: bucket_max(times, list(self.engine_rings[name][n]), start,
-                                                                step, points) for n in ENGINE_SERIES}}
+                     for idx, ring in sorted(gpu_rings.items())],
+            "engines": [{"name": name, "series": {n: bucket_max(times, engine_rings[name][n], start, step, points)
+                                                  for n in ENGINE_SERIES}}
                         for name in engines],
         }
 
