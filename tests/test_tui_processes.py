@@ -14,7 +14,7 @@ import tempfile
 import pytest
 
 from test_tui_app import make_app, rows, text_of, until
-from tui_fake_daemon import EIGHT_GPUS, NOW, FakeDaemon, load_fixtures
+from tui_fake_daemon import EIGHT_GPUS, FakeDaemon, load_fixtures
 from zerod.tui.client import Snapshot
 from zerod.tui.screens.history import HistoryScreen
 from zerod.tui.widgets.banner import Banner
@@ -138,7 +138,7 @@ async def test_engine_picker_and_its_gpus(daemon):
         assert app.engine_name == "b"
 
 
-async def test_one_engine_has_no_picker(sock_path=None):
+async def test_one_engine_has_no_picker():
     d = tempfile.mkdtemp(prefix="zt")
     fake = FakeDaemon(os.path.join(d, "control.sock")).start()
     try:
