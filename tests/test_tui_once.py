@@ -135,16 +135,17 @@ def test_standalone_reads_this_host_when_no_daemon_answers(tmp_path):
     engine, agent = doc["processes"]
     assert engine["role"] == "engine" and engine["sm_utilization_ratio"] == 0.88
     assert engine["rss_bytes"] > 0 and engine["started_at"] > 0 and engine["parent_name"]
+    assert engine["cpu_percent"] is not None  # --once reads the host twice to measure it
     assert agent["role"] == "foreign" and agent["known_agent"] == "dcgm-exporter" and agent["rss_bytes"] is None
     assert doc["checks"]["summary"]["fail"] == 1 and doc["engines"] == [] and doc["alerts"] == []
     # the text names the missing daemon, how to start it, and still shows the report
     code, text = once(missing, local.snapshot)
     assert "the zerod daemon is not running" in text and "start it: sudo systemctl start zerod" in text
     assert "Host · doctor's last report" in text and "✗ gpu.foreign_processes" in text
-    # a second read measures host CPU % (the first only starts the measurement) and grows the history
+    # every read grows the GPU history; the fd scan ran once (at most every 5 s)
     again = local.snapshot(NOW + 1)
-    assert again.processes["processes"][0]["cpu_percent"] is not None
-    assert len(again.gpus["gpus"][0]["history"]["utilization_ratio"]) == 3
+    assert len(again.gpus["gpus"][0]["history"]["utilization_ratio"]) == 5
+    assert local.scans == 1
 
 
 def test_standalone_on_a_host_without_an_nvidia_gpu(tmp_path):
@@ -206,3 +207,12 @@ def test_cli_standalone_takes_the_allowed_processes_of_the_config(tmp_path, monk
     doc = json.loads(result.output)
     assert seen == {"allowed": ("my-sidecar",)}
     assert doc["source"] == "standalone" and doc["daemon"]["socket"] == f"{tmp_path}/none.sock"
+
+
+def test_standalone_scans_processes_at_most_every_five_seconds():
+    t = [0.0]
+    local = LocalSource(nvml=FakeNvml, scan=scan, load_report=lambda: None, host="h", clock=lambda: t[0])
+    for step in (0.0, 1.0, 4.9, 5.1, 6.0):
+        t[0] = step
+        local.snapshot(NOW + step)
+    assert local.scans == 2  # at 0 and at 5.1

@@ -27,6 +27,9 @@ from zerod.checks.probe_nvml import NvmlUnavailable, session
 from zerod.tui.client import Snapshot
 
 HISTORY = 600  # samples per series, as the daemon's /v1/gpus history
+# the fd scan reads every fd of every process: a full scan at most this often (NVML's
+# process lists are in it too); CPU, RSS and SM figures are read at every poll
+SCAN_EVERY_S = 5.0
 HISTORY_KEYS = ("utilization_ratio", "memory_used_bytes", "temperature_celsius", "power_watts")
 ROLE = {"self": "engine", "engine": "engine", "system": "allowed", "allowed": "allowed",
         "agent": "foreign", "foreign": "foreign"}
@@ -35,7 +38,8 @@ ROLE = {"self": "engine", "engine": "engine", "system": "allowed", "allowed": "a
 class LocalSource:
     def __init__(self, *, nvml: Callable[[], Any] = session, scan: Callable[..., list] = gp.scan_gpu_processes,
                  load_report: Callable[[], dict | None] = last_report.load,
-                 host: str | None = None, allowed: tuple[str, ...] = ()) -> None:
+                 host: str | None = None, allowed: tuple[str, ...] = (), scan_every_s: float = SCAN_EVERY_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._nvml = nvml
         self._scan = scan
         self._load_report = load_report
@@ -44,6 +48,10 @@ class LocalSource:
         self.history: dict[int, dict[str, collections.deque]] = {}
         self._reader: NvmlReader | None = None
         self._psutil: dict[int, psutil.Process] = {}
+        self.scan_every_s = scan_every_s
+        self._clock = clock
+        self._scanned: tuple[float, bool, list] | None = None  # (when, with NVML, the processes)
+        self.scans = 0
 
     # ---------------------------------------------------------------- GPUs
     def gpus(self) -> tuple[dict[str, Any], dict[int, dict[int, float]]]:
@@ -80,7 +88,11 @@ class LocalSource:
     # ---------------------------------------------------------------- processes
     def processes(self, nvml_ok: bool, sm: dict[int, dict[int, float]]) -> dict[str, Any]:
         rows = []
-        for p in self._scan(nvml=nvml_ok):
+        t = self._clock()
+        if self._scanned is None or self._scanned[1] != nvml_ok or t - self._scanned[0] >= self.scan_every_s:
+            self._scanned = (t, nvml_ok, self._scan(nvml=nvml_ok))
+            self.scans += 1
+        for p in self._scanned[2]:
             role, why = gp.classify(p, (), self.allowed)
             agent = gp.match_agent(p) if ROLE.get(role) == "foreign" else None
             gpu = p.gpus[0] if p.gpus else None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from typing import IO, Any, Callable
 
 from rich.console import Console
@@ -28,16 +29,20 @@ from zerod.tui.widgets.gpu import gpu_row_text
 
 NARROW_BELOW = 100
 FALLBACK_WIDTH = 120
+SETTLE_S = 0.5  # standalone: between the two reads that measure host CPU %
 
 
-def take(client: ControlClient, local: Callable[[float], Snapshot] | None, now: float
-         ) -> tuple[Snapshot | None, str, str | None]:
-    """(snapshot, source "daemon" or "standalone", the daemon's error or None)."""
+def take(client: ControlClient, local: Callable[[float], Snapshot] | None, now: float,
+         settle_s: float = SETTLE_S) -> tuple[Snapshot | None, str, str | None]:
+    """(snapshot, source "daemon" or "standalone", the daemon's error or None). Standalone
+    reads the host twice, `settle_s` apart: host CPU % is measured between two reads."""
     try:
         return client.snapshot(now=now), "daemon", None
     except DaemonUnreachable as exc:
         if local is None:
             return None, "none", str(exc)
+        local(now)
+        time.sleep(settle_s)
         return local(now), "standalone", str(exc)
 
 
