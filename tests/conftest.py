@@ -40,6 +40,7 @@ SLOW_MODULES = {
     "test_server_cli.py",  # `zerod serve` subprocesses, SIGTERM drains
     "test_tui_app.py",  # Textual Pilot sessions
     "test_tui_processes.py",  # Textual Pilot sessions (sort, filter, tree)
+    "test_tui_once.py",  # fake daemons and the host read twice, half a second apart
     "test_tui_real_daemon.py",  # the dashboard on a real daemon
     "test_tui_snapshots.py",  # SVG snapshots
 }
