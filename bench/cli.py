@@ -36,7 +36,7 @@ import time
 from typing import Any
 
 import click
-from zerod.cli import CONTEXT_SETTINGS
+from zerod import CONTEXT_SETTINGS
 
 from zerod.bench.client import Client
 from zerod.bench.scenarios import ORDER, SCENARIOS, run_scenario

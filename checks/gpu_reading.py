@@ -56,6 +56,28 @@ NVLINK_ERRORS = ("crc_flit", "crc_data", "replay", "recovery")
 VALUE_MEMBER = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
 
 
+# why NVML cannot start, by nvmlReturn_t: (kind, what the operator reads)
+INIT_ERRORS = {
+    NVML_ERROR_DRIVER_NOT_LOADED: ("no_driver", "no NVIDIA driver found: the nvidia kernel module is not loaded"),
+    NVML_ERROR_LIBRARY_NOT_FOUND: ("no_driver", "no NVIDIA driver found: libnvidia-ml.so.1 is not installed"),
+    NVML_ERROR_LIB_RM_VERSION_MISMATCH: ("mismatch", "driver/library version mismatch: the loaded nvidia kernel "
+                                         "module and libnvidia-ml differ (a driver upgrade without a reboot)"),
+    NVML_ERROR_NO_PERMISSION: ("no_permission", "no permission to open the NVIDIA devices (/dev/nvidia*)"),
+    NVML_ERROR_GPU_IS_LOST: ("gpu_lost", "a GPU has fallen off the bus (NVML_ERROR_GPU_IS_LOST)"),
+}
+
+
+def explain_init_error(exc: BaseException) -> tuple[str, str]:
+    """(kind, why) for an exception of `import pynvml` or nvmlInit(); kind "nvml_error": not one we know."""
+    if isinstance(exc, ImportError):
+        return "no_pynvml", f"nvidia-ml-py (pynvml) is not installed: {exc}; pip install nvidia-ml-py"
+    if error_value(exc) in INIT_ERRORS:
+        return INIT_ERRORS[error_value(exc)]
+    if isinstance(exc, OSError):
+        return "no_driver", f"no NVIDIA driver found: {exc}"
+    return "nvml_error", f"nvmlInit failed: {exc}"
+
+
 def error_value(exc: BaseException) -> int | None:
     return getattr(exc, "value", None)
 

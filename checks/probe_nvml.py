@@ -11,23 +11,11 @@ import threading
 from typing import Any
 
 from .facts import Facts
-from .gpu_reading import (NVML_ERROR_DRIVER_NOT_LOADED, NVML_ERROR_GPU_IS_LOST, NVML_ERROR_LIB_RM_VERSION_MISMATCH,
-                          NVML_ERROR_LIBRARY_NOT_FOUND, NVML_ERROR_NO_PERMISSION, GpuInventory, GpuReading,
-                          NvmlReader, text)
+from .gpu_reading import GpuInventory, GpuReading, NvmlReader, explain_init_error, text
 
 _lock = threading.Lock()
 _session: Any = None  # the pynvml module once nvmlInit succeeded
 _init_error: dict | None = None
-
-# NVML return codes that say *why* NVML is unusable.
-_WHY = {
-    NVML_ERROR_DRIVER_NOT_LOADED: ("no_driver", "no NVIDIA driver found: the nvidia kernel module is not loaded"),
-    NVML_ERROR_LIBRARY_NOT_FOUND: ("no_driver", "no NVIDIA driver found: libnvidia-ml.so.1 is not installed"),
-    NVML_ERROR_LIB_RM_VERSION_MISMATCH: ("mismatch", "driver/library version mismatch: the loaded nvidia kernel module and "
-                     "libnvidia-ml differ (a driver upgrade without a reboot)"),
-    NVML_ERROR_NO_PERMISSION: ("no_permission", "no permission to open the NVIDIA devices (/dev/nvidia*)"),
-    NVML_ERROR_GPU_IS_LOST: ("gpu_lost", "a GPU has fallen off the bus (NVML_ERROR_GPU_IS_LOST)"),
-}
 
 
 class NvmlUnavailable(Exception):
@@ -47,16 +35,18 @@ def session():
         try:
             import pynvml as N
         except ImportError as exc:
-            _init_error = {"kind": "no_pynvml", "error": f"nvidia-ml-py (pynvml) is not installed: {exc}"}
+            kind, why = explain_init_error(exc)
+            _init_error = {"kind": kind, "error": why}
             raise NvmlUnavailable(_init_error) from None
         try:
             N.nvmlInit()
         except N.NVMLError as exc:
-            kind, why = _WHY.get(getattr(exc, "value", None), ("nvml_error", f"nvmlInit failed: {exc}"))
+            kind, why = explain_init_error(exc)
             _init_error = {"kind": kind, "error": why, "nvml_error": str(exc)}
             raise NvmlUnavailable(_init_error) from None
         except OSError as exc:
-            _init_error = {"kind": "no_driver", "error": f"no NVIDIA driver found: {exc}"}
+            kind, why = explain_init_error(exc)
+            _init_error = {"kind": kind, "error": why}
             raise NvmlUnavailable(_init_error) from None
         _session = N
         return N

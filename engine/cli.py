@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 import click
-from zerod.cli import CONTEXT_SETTINGS
+from zerod import CONTEXT_SETTINGS
 from zerod.engine.config import KV_CACHE_DTYPES, QUANTIZATIONS, EngineConfig, EngineError
 from zerod.engine.api.tools import PARSERS
 
@@ -275,7 +275,7 @@ def serve(model, served_model_name, tokenizer, dtype, load_format, quantization,
             compile_chat_template(template)
         except (OSError, UnicodeDecodeError, EngineError) as exc:
             raise click.BadParameter(str(exc), param_hint="--chat-template") from None
-    from zerod.logs import setup_logging  # the daemon's format: one journal, one format
+    from zerod.engine.logs import setup_logging  # the daemon's format too: one journal, one format
 
     setup_logging(log_level)
     from zerod.engine.api.http_edge import PortTaken, bind_socket

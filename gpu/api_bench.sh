@@ -8,7 +8,7 @@
 # The 64-stream pair runs on a second server whose tokenizer has 128,256 entries
 # (gpu/big_tokenizer.py; .models/bigtok when carried, else made here, ~30 s): the demo
 # tokenizer's 384 entries would make the masks look cheap. Then, on the host CPU alone,
-# bench/mask_fill.py's parts of the mask work per step by xgrammar thread count (mask_fill.txt).
+# gpu/mask_fill.py's parts of the mask work per step by xgrammar thread count (mask_fill.txt).
 # Results: $OUT/api.tgz; a table last. SMOKE=1: the same on the CPU with a tiny shape.
 set -u
 cd "$(dirname "$0")/.."
@@ -78,8 +78,8 @@ curl -s http://127.0.0.1:8000/metrics > "$W/metrics.txt"
 kill -TERM $SPID; wait $SPID
 # the mask work's parts on this host's CPU (no server running): one thread vs xgrammar's pool
 # shellcheck disable=SC2086
-[ "${MASK_FILL:-1}" = 1 ] && { timeout 120 $PY -m zerod.bench.mask_fill --tokenizer 128k --big "$MB" $MASK_X --threads 1 --threads 4 --threads 8
-  timeout 60 $PY -m zerod.bench.mask_fill --tokenizer 128k --big "$MB" $MASK_X --rows 256 --threads 1 --threads 8
+[ "${MASK_FILL:-1}" = 1 ] && { timeout 120 $PY gpu/mask_fill.py --tokenizer 128k --big "$MB" $MASK_X --threads 1 --threads 4 --threads 8
+  timeout 60 $PY gpu/mask_fill.py --tokenizer 128k --big "$MB" $MASK_X --rows 256 --threads 1 --threads 8
 } > "$W/mask_fill.txt" 2>&1
 grep -v Warning "$W/mask_fill.txt"
 tar czf "$FINAL/api.tgz" -C "$W" .

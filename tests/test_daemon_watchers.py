@@ -199,7 +199,7 @@ def test_gpu_lost_and_nvml_missing_are_alerts_not_crashes():
     w2 = NvmlStatsWatcher(NvmlSession(M, retry_s=0), book2, cfg())
     w2.poll()
     [a] = firing(book2, "NvmlUnavailable")
-    assert "driver is not loaded" in a.description and a.severity == "critical"
+    assert "kernel module is not loaded" in a.description and a.severity == "critical"
     M.init_error = None
     w2.poll()
     assert not firing(book2, "NvmlUnavailable") and w2.gpus

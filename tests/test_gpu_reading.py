@@ -8,6 +8,7 @@ import pytest
 from test_daemon_watchers import cfg, fake_nvml  # same folder
 from zerod.alerts import AlertBook
 from zerod.checks import probe_nvml
+from zerod.checks.clock_events import CLOCK_EVENT_REASONS
 from zerod.checks.gpu_reading import GpuReading, NvmlReader, read_gpus
 from zerod.watchers.nvml_session import NvmlSession
 from zerod.watchers.nvml_stats import NvmlStatsWatcher
@@ -67,3 +68,35 @@ def test_an_unsupported_call_is_asked_once_per_gpu():
     for _ in range(3):
         g = r.read(0, N.gpus[0])
     assert len(asked) == 1 and g.remapped_rows is None and "not supported" in g.errors["remapped_rows"]
+
+
+def test_doctor_and_daemon_say_alike_why_nvml_cannot_start():
+    N = fake_nvml(1)
+    N.init_error = 9  # NVML_ERROR_DRIVER_NOT_LOADED
+    s = NvmlSession(N, retry_s=0)
+    assert not s.ensure()
+    assert s.error == "no NVIDIA driver found: the nvidia kernel module is not loaded"
+    from zerod.checks.gpu_reading import explain_init_error
+
+    assert explain_init_error(N.NVMLError(9)) == ("no_driver", s.error)
+
+
+@pytest.mark.gpu
+def test_on_a_real_gpu_doctor_and_the_daemon_read_the_same_gpu():
+    pynvml = pytest.importorskip("pynvml")
+    N = probe_nvml.session()
+    readings = read_gpus(N)
+    assert len(readings) == N.nvmlDeviceGetCount() >= 1
+    w = NvmlStatsWatcher(NvmlSession(pynvml), AlertBook(), cfg())
+    w.poll()
+    rows = {r["index"]: r for r in w.snapshot()["gpus"]}
+    for g in readings:
+        fact = probe_nvml._gpu(N, g.index)
+        row = rows[g.index]
+        assert g.uuid == fact["uuid"] == row["uuid"] and g.name == fact["name"] == row["name"]
+        assert g.memory_total_bytes == fact["memory"]["total"] == row["memory_total_bytes"] > 0
+        assert 0 < g.temperature_celsius < 110 and 0 < g.power_watts <= g.power_limit_watts * 1.5
+        assert g.ecc_volatile_uncorrected == fact["ecc_uncorrected_volatile"] == row["ecc_volatile_uncorrected"]
+        assert g.compute_mode == fact["compute_mode"]
+        # clock reasons change between two reads: both name them from the one table
+        assert set(g.clock_events_active) <= set(CLOCK_EVENT_REASONS.values())

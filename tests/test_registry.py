@@ -151,3 +151,16 @@ def test_registration_refuses_what_cannot_work(plugin):
     owns(alerts=(AlertRule("GpuHot", "warning", "again"),))(type("Twice", (Watcher,), {}))
     with pytest.raises(ValueError, match="GpuHot is registered twice"):
         alert_names()
+
+
+def test_the_daemon_builds_polls_and_serves_a_registered_watcher(plugin, tmp_path):
+    from zerod.daemon import Daemon
+
+    config = {"engines": [{"name": "a", "model": "demo", "gpus": [0], "port": 18001},
+                          {"name": "b", "model": "demo", "gpus": [1], "port": 18002}],
+              "daemon": {"metrics_port": -1, "numa": "off", "netlink": False}, "doctor": {}, "alerts": {}}
+    d = Daemon(config)
+    views = d._build()
+    built = [w for w in d.watchers if isinstance(w, plugin)]
+    assert [w.engine.name for w in built] == ["a", "b"] and built == d.registered
+    assert [len(f.samples) for f in views.collect() if f.name == "zerod_test_plugin_ticks"] == [2]

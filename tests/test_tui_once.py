@@ -19,9 +19,8 @@ from rich.text import Text
 from tui_fake_daemon import EIGHT_GPUS, NOW, FakeDaemon
 from zerod.checks import last_report
 from zerod.checks.gpu_processes import GpuProcess
-from zerod.checks.probe_nvml import NvmlUnavailable
 from zerod.tui.client import ControlClient
-from zerod.tui.local_source import LocalSource
+from zerod.tui.local_source import LocalSource, NvmlUnavailable
 from zerod.tui.once import print_once
 
 
@@ -150,7 +149,7 @@ def test_standalone_reads_this_host_when_no_daemon_answers(tmp_path):
 
 def test_standalone_on_a_host_without_an_nvidia_gpu(tmp_path):
     def no_nvml():
-        raise NvmlUnavailable({"error": "no NVIDIA driver found: libnvidia-ml.so.1 is not installed"})
+        raise NvmlUnavailable("no NVIDIA driver found: libnvidia-ml.so.1 is not installed")
 
     local = LocalSource(nvml=no_nvml, scan=lambda nvml=True, **_: [], load_report=lambda: None, host="cpu-box")
     code, text = once(str(tmp_path / "none.sock"), local.snapshot)
@@ -195,7 +194,7 @@ def test_cli_standalone_takes_the_allowed_processes_of_the_config(tmp_path, monk
     class Recording(local_source.LocalSource):
         def __init__(self, **kw):
             seen.update(kw)
-            super().__init__(nvml=lambda: (_ for _ in ()).throw(NvmlUnavailable({"error": "no GPU here"})),
+            super().__init__(nvml=lambda: (_ for _ in ()).throw(NvmlUnavailable("no GPU here")),
                              scan=lambda nvml=True, **_: [], load_report=lambda: None, **kw)
 
     monkeypatch.setattr(local_source, "LocalSource", Recording)

@@ -19,11 +19,10 @@ from typing import Any, Callable
 
 import psutil
 
+import zerod.checks.gpu_processes as gp
+import zerod.checks.last_report as last_report
 from zerod import __version__
-from zerod.checks import gpu_processes as gp
-from zerod.checks import last_report
-from zerod.checks.gpu_reading import NvmlReader, text
-from zerod.checks.probe_nvml import NvmlUnavailable, session
+from zerod.checks.gpu_reading import NvmlReader, explain_init_error, text
 from zerod.tui.client import Snapshot
 
 HISTORY = 600  # samples per series, as the daemon's /v1/gpus history
@@ -31,12 +30,34 @@ HISTORY = 600  # samples per series, as the daemon's /v1/gpus history
 # process lists are in it too); CPU, RSS and SM figures are read at every poll
 SCAN_EVERY_S = 5.0
 HISTORY_KEYS = ("utilization_ratio", "memory_used_bytes", "temperature_celsius", "power_watts")
+_nvml_module: Any = None
+
+
+class NvmlUnavailable(Exception):
+    """NVML cannot start here; the message says why, in doctor's words."""
+
+
+def nvml_session() -> Any:
+    """The initialised pynvml module, or NvmlUnavailable. A failure is not kept: the
+    next poll tries again (a driver loaded meanwhile is found)."""
+    global _nvml_module
+    if _nvml_module is None:
+        try:
+            import pynvml as N
+
+            N.nvmlInit()
+        except Exception as exc:
+            raise NvmlUnavailable(explain_init_error(exc)[1]) from None
+        _nvml_module = N
+    return _nvml_module
+
+
 ROLE = {"self": "engine", "engine": "engine", "system": "allowed", "allowed": "allowed",
         "agent": "foreign", "foreign": "foreign"}
 
 
 class LocalSource:
-    def __init__(self, *, nvml: Callable[[], Any] = session, scan: Callable[..., list] = gp.scan_gpu_processes,
+    def __init__(self, *, nvml: Callable[[], Any] = nvml_session, scan: Callable[..., list] = gp.scan_gpu_processes,
                  load_report: Callable[[], dict | None] = last_report.load,
                  host: str | None = None, allowed: tuple[str, ...] = (), scan_every_s: float = SCAN_EVERY_S,
                  clock: Callable[[], float] = time.monotonic) -> None:

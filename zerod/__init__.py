@@ -7,6 +7,12 @@ from pathlib import Path as _Path
 
 __version__ = "0.1.0"
 
+# What every room may share: this root module alone (tests/test_import_rules.py).
+# -h as well as --help, for every command of every zerod CLI (daemon, engine, bench):
+# each command names it too, because click caches a command's help option the first
+# time it is built (a command invoked alone first would otherwise lose -h).
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
+
 # The rooms stand beside this package in a source tree; pyproject.toml's package-dir
 # maps each to zerod.<room> when installed. So that a plain checkout runs too
 # (`python3 -m zerod` on a GPU host, no install step), a finder maps exactly these

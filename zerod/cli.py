@@ -12,7 +12,7 @@ import sys
 
 import click
 
-from zerod import __version__
+from zerod import CONTEXT_SETTINGS, __version__
 
 # name -> "module:attribute" of a click.Command
 COMMANDS: dict[str, str] = {
@@ -67,12 +67,6 @@ def _unavailable(name: str, exc: ImportError) -> click.Command:
         raise click.ClickException(f"`zerod {name}` is not available here: {exc}")
 
     return unavailable
-
-
-# -h as well as --help, for every command: each names it too, because click caches a
-# command's help option the first time it is built (a command invoked alone first would
-# otherwise lose -h).
-CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"]}
 
 
 @click.group(cls=LazyGroup, context_settings=CONTEXT_SETTINGS)

@@ -25,7 +25,7 @@ from zerod.engine.cli import serve
 from zerod.engines import PRESETS
 from zerod.fleet import OWN_KEYS, engine_refusals, engine_specs
 from zerod.checks.clock_events import CLOCK_EVENT_REASONS
-from zerod.cli import CONTEXT_SETTINGS
+from zerod import CONTEXT_SETTINGS
 
 EX_OK, EX_CONFIG = 0, 78
 MODEL_MISSING = ('[engine] model is not set: set it to a checkpoint directory (config.json, '

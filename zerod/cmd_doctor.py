@@ -16,7 +16,7 @@ import os
 import sys
 
 import click
-from zerod.cli import CONTEXT_SETTINGS
+from zerod import CONTEXT_SETTINGS
 
 EXIT_UNKNOWN_CHECK = 64  # EX_USAGE (sysexits.h)
 EPILOG = ("Exit: 0 all checks pass (skips allowed), 1 warnings only (a check that could not "

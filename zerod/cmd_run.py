@@ -11,8 +11,8 @@ import sys
 import click
 
 from zerod.daemon_config import default_socket
-from zerod.logs import setup_logging
-from zerod.cli import CONTEXT_SETTINGS
+from zerod.engine.logs import setup_logging
+from zerod import CONTEXT_SETTINGS
 
 
 @click.command("run", context_settings=CONTEXT_SETTINGS)

@@ -8,7 +8,7 @@ import os
 import click
 
 from zerod.daemon_config import default_socket
-from zerod.cli import CONTEXT_SETTINGS
+from zerod import CONTEXT_SETTINGS
 
 DEFAULT_SOCKET = default_socket()
 

@@ -82,6 +82,7 @@ class Daemon:
         self._proc_roots = proc_roots
         self.supervisors: list[EngineSupervisor] = []
         self.watchers: list[Watcher] = []
+        self.registered: list[Watcher] = []  # built from zerod.registry (per_host / per_engine)
         self.views: Views | None = None
         self.netlink = None
         self.metrics_address: tuple[str, int] | None = None
@@ -155,7 +156,8 @@ class Daemon:
             hosts = tuple(dict.fromkeys(str(s.section.get("host", "127.0.0.1")) for s in self.specs))
             self.netlink = NetlinkWatcher(book, cfg.watch_interval_s, hosts, self._recheck_bind_exposure)
             self.watchers.append(self.netlink)
-        self.watchers += build_watchers(self, engines)
+        self.registered = build_watchers(self, engines)
+        self.watchers += self.registered
         history = HistoryRecorder(cfg.watch_interval_s, lambda: {i: g.as_json() for i, g in list(nvml_stats.gpus.items())},
                                   lambda: [(e.name, e.latency.figures) for e in engines])
         self.watchers.append(history)
@@ -394,6 +396,9 @@ class Daemon:
                     await loop.run_in_executor(None, e.compute_mode.restore)
                 await e.engine_metrics.close()
             await loop.run_in_executor(None, self.views.xid.stop)
+            for w in self.registered:
+                if hasattr(w, "stop"):
+                    await loop.run_in_executor(None, w.stop)
             if self.netlink is not None:
                 await loop.run_in_executor(None, self.netlink.stop)
         for r in runners:

@@ -15,6 +15,14 @@ host or once per engine (node_exporter's collectors: adding one touches one file
         @classmethod
         def build(cls, parts, engine): return cls(parts.book, parts.cfg, engine.supervisor)
 
+`parts` is the daemon (`cfg`, `book`, `nvml`, `demo`, `supervisors`, `preflights`);
+`engine` a zerod.views.EngineView (`supervisor`, `engine_metrics`, `latency`,
+`preflight`, `compute_mode`, `name`). `build` returns None to stay off (a setting
+says so). The daemon polls what it builds like any watcher, yields its `collect()`
+on /metrics (families of the same name merged across engines) and calls its
+`stop()`, if it has one, on the way out. A per-engine watcher's `name` is a label
+of zerod_watcher_runs_total: add the engine's name with several engines.
+
 The list of alert names (`alert_names()`), the alert table of docs/daemon.md
 (`alerts_table()`) and prometheus/zerod-rules.yml are generated or checked from
 this registry (tests/test_registry.py). Metric names are prometheus_client's

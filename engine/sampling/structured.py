@@ -65,7 +65,7 @@ class GrammarCompiler:
     refuses every id past them): ids the model's vocabulary pads on would be walked one by
     one for every row by xgrammar (a 384-entry tokenizer in a 128,256-id model: 11 ms of
     fill and 2 ms of advance a step for 64 rows, against 0.1 ms without them;
-    bench/mask_fill.py).
+    gpu/mask_fill.py).
 
     JSON grammars compile against a vocabulary with no token holding a control character:
     xgrammar 0.2.9's rule for a string with maxLength admits raw control characters, which
@@ -137,7 +137,7 @@ class GrammarState:
 
 # Up to this many rows a step's masks are filled on the step thread: xgrammar's thread pool
 # costs more than it saves there (64 rows of a JSON schema, 128k vocabulary: 0.45 ms on one
-# thread, 0.9 ms on two; bench/mask_fill.py), and a pool stalls on a busy host.
+# thread, 0.9 ms on two; gpu/mask_fill.py), and a pool stalls on a busy host.
 POOL_ROWS = 128
 _POOLS: dict[bool, Any] = {}   # xgrammar BatchGrammarMatchers: one thread / a pool
 

@@ -87,7 +87,7 @@ def serve(rank: int, cfg: EngineConfig, model_dir: Path, device_type: str, init_
 def main(argv: list[str]) -> int:
     rank, spec = int(argv[1]), json.loads(argv[2])
     _die_with_parent(spec["parent"])
-    from zerod.logs import setup_logging
+    from zerod.engine.logs import setup_logging
 
     setup_logging(spec.get("log_level", "info"))
     try:

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from zerod.checks.gpu_reading import NVML_ERROR_DRIVER_NOT_LOADED, NVML_ERROR_LIBRARY_NOT_FOUND, error_value, text
+from zerod.checks.gpu_reading import explain_init_error, text
 
 log = logging.getLogger("zerod.nvml")
 
@@ -126,11 +126,6 @@ def _try(fn, default):
 
 
 def _explain(exc: BaseException) -> str:
-    if isinstance(exc, ImportError):
-        return f"the NVML Python bindings are not installed ({exc}); pip install nvidia-ml-py"
-    v = error_value(exc)
-    if v == NVML_ERROR_LIBRARY_NOT_FOUND:
-        return "libnvidia-ml.so not found: no NVIDIA driver installed here"
-    if v == NVML_ERROR_DRIVER_NOT_LOADED:
-        return "the NVIDIA kernel driver is not loaded"
-    return f"{type(exc).__name__}: {exc}"
+    """Doctor's words for why NVML cannot start (zerod.checks.gpu_reading), else the error itself."""
+    kind, why = explain_init_error(exc)
+    return why if kind != "nvml_error" else f"{type(exc).__name__}: {exc}"

@@ -1,4 +1,5 @@
-"""The step thread's structured-output work per step, on the CPU: `python -m zerod.bench.mask_fill`.
+"""The step thread's structured-output work per step, on the CPU: `python gpu/mask_fill.py`.
+It drives engine internals, so it stands with the device tools, outside the product.
 
 64 rows decode under gpu/api_bench.sh's JSON schema through the engine's own
 grammar_mask.MaskStaging (plan, fill, launched), with the tokens a random-weight model
@@ -13,7 +14,7 @@ the process (xgrammar's fill threads included) and as wall time:
 Tokenizers: `demo` is gpu/server_make_model.py's 8B model directory (the demo tokenizer's
 384 entries in a 128,256-id vocabulary); `128k` is gpu/big_tokenizer.py's 128,256-entry
 tokenizer (a Llama-3-sized vocabulary), read from --big (made there when missing).
-Compare with the plain step's host time (bench/step_host.py) and the H200's decode step at
+Compare with the plain step's host time (gpu/step_host.py) and the H200's decode step at
 64 streams (about 6.5 ms; docs/perf.md).
 """
 
@@ -28,6 +29,8 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # zerod from the checkout
 
 import torch
 

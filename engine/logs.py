@@ -1,4 +1,7 @@
-"""One log format for the daemon and the engine child (`zerod serve`).
+"""One log format for the engine (`zerod serve`) and the daemon that supervises it.
+
+The engine owns it because the engine imports nothing of the daemon, while the
+daemon may import the engine's shared parts: one journal, one format.
 
 Under systemd (stderr is the journal, `$JOURNAL_STREAM` set) each line is
 `<N>logger: message`: journald reads the `<N>` prefix as the priority

@@ -1,4 +1,5 @@
-"""The step thread's host time per decode step, on the CPU: `python -m zerod.bench.step_host`.
+"""The step thread's host time per decode step, on the CPU: `python gpu/step_host.py`.
+It drives engine internals, so it stands with the device tools, outside the product.
 
 200 plain requests decode together on the demo model's runner, whose forward is replaced by
 a stub (fixed hidden states and logits), so what is timed is the host side of a step as the
@@ -12,9 +13,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # zerod from the checkout
 
 
 class _StubModel:
