@@ -18,13 +18,15 @@ finish() {
     kill $RPID $LPID 2>/dev/null; kill $DPID 2>/dev/null; wait 2>/dev/null
     cp "$W/timeline.txt" "$W/daemon.log" "$W/doctor.json" "$FINAL/" 2>/dev/null
 }
-. gpu/wheels.sh xgrammar psutil textual   # what the device image lacks, carried in .whl
+# the sourced helpers sit in gpu/ or, in the entry-point layout, in gpu/parts/
+helper() { if [ -f "gpu/parts/$1" ]; then echo "gpu/parts/$1"; else echo "gpu/$1"; fi; }
+. "$(helper wheels.sh)" xgrammar psutil textual   # what the device image lacks, carried in .whl
 SHAPE=8b; DEV=cuda; DT=bfloat16; ROGUE="$PY gpu/rogue_job.py 16 240"
 if [ "${SMOKE:-0}" = 1 ]; then SHAPE=tiny; DEV=cpu; DT=float32; ROGUE="sleep 240"; fi
 M=/tmp/zerod-dummy-$SHAPE
 $PY gpu/server_make_model.py "$M" --shape $SHAPE > /dev/null || exit 1
 RPID=; LPID=
-. gpu/daemon_up.sh   # zerod run, default config + this dummy engine, socket $W/run/control.sock; DPID
+. "$(helper daemon_up.sh)"   # zerod run, default config + this dummy engine, socket $W/run/control.sock; DPID
 trap finish EXIT
 stamp "load: 32 streams"
 timeout 300 $PY -m zerod bench --port 8000 --no-progress --input-len 128 --output-len 512 \
