@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from zerod.history import KEEP_S, HistoryError, HistoryRecorder, NoSuchSeries, bucket_max
+from zerod.history import KEEP_S, HistoryError, HistoryRecorder, NoSuchSeries, bucket_max, query_args
 
 
 class Clock:
@@ -87,3 +87,9 @@ def test_an_unknown_engine_is_named_with_the_known_ones():
 
 def test_bucket_max_ignores_samples_outside_the_window():
     assert bucket_max([0.0, 5.0, 6.0, 15.0, 26.0], [9.0, 8.0, 1.0, 2.0, 3.0], 5.0, 10.0, 2) == [2.0, None]
+
+
+def test_query_args_refuse_an_unknown_parameter_by_name():
+    assert query_args({"seconds": "60"}) == {"seconds": "60", "points": None, "engine": None}
+    with pytest.raises(HistoryError, match="unknown parameter 'window': /v1/history takes seconds, points, engine"):
+        query_args({"window": "60", "seconds": "60"})

@@ -333,11 +333,9 @@ class ZerodTop(App[None]):
         return True
 
     # the process table's view: sort, direction, tree, foreign only, one GPU
-    def _processes_changed(self, note: str | None = None) -> None:
+    def _processes_changed(self) -> None:
         if self.snapshot is not None:
             self._render_processes(self.snapshot)
-        if note:
-            self.notify(note, timeout=2)
 
     def action_sort(self, step: int) -> None:
         table = self.main.query_one(ProcessTable)

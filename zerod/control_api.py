@@ -14,7 +14,7 @@ import stat
 
 from aiohttp import web
 
-from zerod.history import HistoryError, NoSuchSeries
+from zerod.history import HistoryError, NoSuchSeries, query_args
 from zerod.views import NoSuchEngine, Views
 from zerod.watchers.gpu_processes import process_start_time
 
@@ -81,9 +81,8 @@ def make_app(views: Views) -> web.Application:
     async def history(req):
         if views.history is None:
             return web.json_response({"error": "this daemon keeps no history"}, status=404)
-        q = req.query
         try:
-            return web.json_response(views.history.query(q.get("seconds"), q.get("points"), q.get("engine")))
+            return web.json_response(views.history.query(**query_args(req.query)))
         except HistoryError as exc:
             return web.json_response({"error": str(exc)}, status=400)
         except NoSuchSeries as exc:

@@ -15,7 +15,7 @@ import collections
 import math
 import threading
 import time
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 from zerod.watchers import Watcher
 
@@ -23,6 +23,7 @@ KEEP_S = 3600.0
 GPU_SERIES = ("utilization_ratio", "memory_used_bytes", "power_watts", "temperature_celsius")
 ENGINE_SERIES = ("output_tokens_per_s", "itl_p99_s")
 MAX_POINTS = 3600
+QUERY_KEYS = ("seconds", "points", "engine")
 
 
 class HistoryError(ValueError):
@@ -116,6 +117,15 @@ class HistoryRecorder(Watcher):
                                                   for n in ENGINE_SERIES}}
                         for name in engines],
         }
+
+
+def query_args(params: Mapping[str, str]) -> dict[str, str | None]:
+    """The arguments of `query()` from a query string; a parameter it does not take is
+    refused by name (a typo must not silently give the default window)."""
+    unknown = sorted(set(params) - set(QUERY_KEYS))
+    if unknown:
+        raise HistoryError(f"unknown parameter {unknown[0]!r}: /v1/history takes {', '.join(QUERY_KEYS)}")
+    return {k: params.get(k) for k in QUERY_KEYS}
 
 
 def _number(name: str, raw: Any, default: float, lo: float, hi: float) -> float:
