@@ -215,3 +215,19 @@ def test_standalone_scans_processes_at_most_every_five_seconds():
         t[0] = step
         local.snapshot(NOW + step)
     assert local.scans == 2  # at 0 and at 5.1
+
+
+@pytest.mark.gpu
+def test_standalone_reads_the_real_gpus(tmp_path):
+    """On the H200: standalone mode reads every GPU through the shared layer, and this
+    process, holding a CUDA context, is listed with its GPU memory and host figures."""
+    import torch
+
+    torch.ones(1 << 20, device="cuda")  # a CUDA context and some memory on GPU 0
+    code, out = once(str(tmp_path / "none.sock"), LocalSource().snapshot, as_json=True)
+    doc = json.loads(out)
+    assert code == 0 and doc["source"] == "standalone" and doc["nvml"]["ok"]
+    assert len(doc["gpus"]) == torch.cuda.device_count()
+    assert all(g["name"] and g["memory_total_bytes"] > 0 and g["utilization_ratio"] is not None for g in doc["gpus"])
+    me = [p for p in doc["processes"] if p["pid"] == os.getpid()]
+    assert me and me[0]["gpu_memory_bytes"] and me[0]["rss_bytes"] and me[0]["cpu_percent"] is not None
