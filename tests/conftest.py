@@ -12,9 +12,15 @@ of that kind belongs in one of them, or on this list.
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
+
+# doctor and the preflight keep their last report on disk (zerod.checks.last_report):
+# tests write theirs to a directory of this run, never to the user's or /var/lib
+os.environ.setdefault("ZEROD_STATE_DIR", tempfile.mkdtemp(prefix="zerod-state-"))
 
 SLOW_MODULES = {
     "test_alerts.py",  # a real Alertmanager
@@ -33,6 +39,8 @@ SLOW_MODULES = {
     "test_lora_kernels.py",  # the LoRA kernels in Triton's interpreter
     "test_server_cli.py",  # `zerod serve` subprocesses, SIGTERM drains
     "test_tui_app.py",  # Textual Pilot sessions
+    "test_tui_processes.py",  # Textual Pilot sessions (sort, filter, tree)
+    "test_tui_once.py",  # fake daemons and the host read twice, half a second apart
     "test_tui_real_daemon.py",  # the dashboard on a real daemon
     "test_tui_snapshots.py",  # SVG snapshots
 }

@@ -88,6 +88,14 @@ async def test_two_engines_supervised_listed_restarted_alone_and_attributed(tmp_
             assert [e["name"] for e in listed] == ["a", "b"] and listed[1]["url"] == b.url
             assert (await get("/v1/engine?engine=b"))["url"] == b.url
             assert "no engine named 'c'; engines: a, b" in (await get("/v1/engine?engine=c", 404))["error"]
+            await until(lambda: len(d.views.history.times) >= 2, 5, "two history samples")
+            hist = await get("/v1/history?seconds=60&points=30")
+            assert [e["name"] for e in hist["engines"]] == ["a", "b"] and hist["points"] == 30
+            assert all(len(e["series"]["itl_p99_s"]) == 30 for e in hist["engines"])
+            assert [e["name"] for e in (await get("/v1/history?engine=b"))["engines"]] == ["b"]
+            assert "no engine named 'c'" in (await get("/v1/history?engine=c", 404))["error"]
+            assert "seconds must be a number" in (await get("/v1/history?seconds=soon", 400))["error"]
+            assert "unknown parameter 'window'" in (await get("/v1/history?window=60", 400))["error"]
             text = await metrics()
             assert 'zerod_engine_up{engine="a"} 1.0' in text and 'zerod_engine_up{engine="b"} 1.0' in text
             assert text.count("# TYPE zerod_engine_up gauge") == 1

@@ -493,3 +493,25 @@ def test_cheap_check_between_full_scans_triggers_a_scan_on_change(tmp_path):
     w.nvml_session = s
     w.poll()
     assert w.last_full_reason == "NVML lists a new process"
+
+
+def test_process_rows_carry_host_cpu_rss_start_and_parent():
+    """GET /v1/processes' host side, refreshed every tick (between full scans too): CPU %
+    from the second tick on, RSS, start time, parent; nulls for a pid psutil cannot read."""
+    import psutil
+
+    me = os.getpid()
+    procs = [gp_proc(me, "python3", "python3 -m pytest", mem=1 << 30), gp_proc(4242424, "gone", "gone")]
+    w = GpuProcessWatcher(AlertBook(), cfg(), own_pids=lambda: set(), engine_pid=lambda: None,
+                          scan=lambda **kw: list(procs))
+    w.poll()
+    rows = {r["pid"]: r for r in w.snapshot()["processes"]}
+    assert rows[me]["cpu_percent"] is None  # the first tick only starts the measurement
+    assert rows[me]["rss_bytes"] == pytest.approx(psutil.Process(me).memory_info().rss, rel=0.5)
+    assert rows[me]["started_at"] == psutil.Process(me).create_time()
+    assert rows[me]["ppid"] == os.getppid() and rows[me]["parent_name"] == psutil.Process(os.getppid()).name()
+    assert all(rows[4242424][k] is None for k in ("cpu_percent", "rss_bytes", "started_at", "ppid"))
+    sum(i * i for i in range(200_000))  # some CPU time between the ticks
+    w.poll()
+    mine = next(r for r in w.snapshot()["processes"] if r["pid"] == me)
+    assert mine["cpu_percent"] is not None and mine["cpu_percent"] >= 0.0

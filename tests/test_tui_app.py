@@ -74,7 +74,7 @@ async def test_shows_the_recorded_data(daemon):
         assert "2 firing" in text_of(app.query_one(StatusBar))
         procs = app.query_one(ProcessTable)
         assert rows(procs) == ["2211", "48211", "48190", "1312"]  # foreign first, then the engine
-        assert "foreign" in str(procs.get_row("2211")[2]) and "engine" in str(procs.get_row("48211")[2])
+        assert str(procs.get_row("2211")[2]) == "⚠ agent" and "engine" in str(procs.get_row("48211")[2])
         alerts = app.query_one(AlertTable)
         assert rows(alerts) == ["LatencyRegression/itl", "ForeignGpuProcess/2211", "ForeignGpuProcess/1877"]
         assert "firing" in str(alerts.get_row("LatencyRegression/itl")[0])
@@ -93,7 +93,7 @@ async def test_help_opens_and_closes(daemon):
         console = Console(width=100, record=True, file=io.StringIO())
         console.print(app.screen._text)
         shown = console.export_text()
-        assert "filter the processes table" in shown and daemon.socket_path in shown
+        assert "filter the processes: user:NAME" in shown and "process tree" in shown and daemon.socket_path in shown
         await pilot.press("escape")
         assert not isinstance(app.screen, HelpScreen)
 
@@ -284,7 +284,7 @@ def test_cli_top_passes_the_socket(monkeypatch):
     from zerod.cli import cli
 
     seen = {}
-    monkeypatch.setattr(tui_app, "run", lambda path, interval=1.0: seen.update(path=path, interval=interval))
+    monkeypatch.setattr(tui_app, "run", lambda path, interval=1.0, **kw: seen.update(path=path, interval=interval))
     result = CliRunner().invoke(cli, ["top", "--socket", "/tmp/x.sock", "--interval", "0.5"])
     assert result.exit_code == 0, result.output
     assert seen == {"path": "/tmp/x.sock", "interval": 0.5}
@@ -297,7 +297,7 @@ def test_cli_top_reads_the_socket_from_the_config(monkeypatch, tmp_path):
     from zerod.cli import cli
 
     seen = {}
-    monkeypatch.setattr(tui_app, "run", lambda path, interval=1.0: seen.update(path=path))
+    monkeypatch.setattr(tui_app, "run", lambda path, interval=1.0, **kw: seen.update(path=path))
     monkeypatch.delenv("ZEROD_CONTROL_SOCKET", raising=False)
     cfg = tmp_path / "zerod.toml"
     cfg.write_text('[daemon]\ncontrol_socket = "/tmp/from-config.sock"\n')
@@ -324,13 +324,13 @@ async def test_adapts_when_the_terminal_shrinks(daemon):
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: app.snapshot is not None)
         table = app.query_one(ProcessTable)
-        assert len(table.columns) == 7 and app.screen.has_class("-wide")
+        assert len(table.columns) == 9 and app.screen.has_class("-wide")
         await pilot.resize_terminal(80, 24)
         await until(pilot, lambda: len(table.columns) == 4)
         assert app.screen.has_class("-narrow") and app.screen.has_class("-short")
         assert rows(table) == ["2211", "48211", "48190", "1312"]
         await pilot.resize_terminal(120, 40)
-        await until(pilot, lambda: len(table.columns) == 7)
+        await until(pilot, lambda: len(table.columns) == 9)
 
 
 async def test_another_engine_and_the_learned_normal_are_shown(daemon):

@@ -1,5 +1,6 @@
 """SVG snapshots of `zerod top` (pytest-textual-snapshot) on the recorded control-API
-data, at 120×40 and at the smallest supported size, 80×24. The clock is injected, so
+data of a one-GPU and an eight-GPU host, at 80×24 (the smallest supported size),
+120×40 and 160×48. The clock is injected, so
 every relative time on screen is fixed. Update with `pytest --snapshot-update`."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import time
 import pytest
 import textual
 
-from tui_fake_daemon import NOW, FakeDaemon
+from tui_fake_daemon import EIGHT_GPUS, NOW, FakeDaemon
 from zerod.tui.app import ZerodTop
 
 # The SVGs depend on Textual's rendering: they were recorded with this version. Another
@@ -95,25 +96,59 @@ def test_filter_and_help_80x24(snap_compare, daemon):
     assert snap_compare(app, terminal_size=(80, 24), run_before=run_before)
 
 
-def test_eight_gpus_and_many_processes_120x40(snap_compare, daemon):
-    """An 8-GPU host: one line per GPU, one of them throttling hard with XIDs; the
-    processes table scrolls."""
-    gpu = daemon.data["gpus"]["gpus"][0]
-    gpus = []
-    for i in range(8):
-        g = copy.deepcopy(gpu)
-        g["index"] = i
-        if i == 3:
-            g.update(clock_events_active=["hw_slowdown", "hw_thermal_slowdown"], temperature_celsius=89,
-                     xid_events_total={"79": 1})
-        gpus.append(g)
-    daemon.data["gpus"]["gpus"] = gpus
-    procs = daemon.data["processes"]["processes"]
-    for i in range(12):
-        p = copy.deepcopy(procs[1])
-        p.update(pid=6000 + i, gpu=i % 8, name=f"python3", gpu_memory_bytes=120_000_000_000 - i)
-        procs.append(p)
+@pytest.fixture
+def eight(monkeypatch):
+    """The recorded 8-GPU host: two TP4 engines, alice's rogue job on GPU 5, GPU 3 throttled."""
+    d = tempfile.mkdtemp(prefix="zt")
+    monkeypatch.chdir(d)
+    fake = FakeDaemon("control.sock", EIGHT_GPUS).start()
+    yield fake
+    fake.stop()
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_dashboard_160x48(snap_compare, daemon):
     app = app_for(daemon)
+    assert snap_compare(app, terminal_size=(160, 48), run_before=loaded(app))
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40), (160, 48)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_eight_gpus(snap_compare, eight, size):
+    """One line per GPU up to 120x40; a panel per GPU, four across, at 160x48."""
+    app = app_for(eight)
+    assert snap_compare(app, terminal_size=size, run_before=loaded(app))
+
+
+def test_eight_gpus_tree_by_cpu_engine_b_160x48(snap_compare, eight):
+    """The process tree sorted by host CPU, engine b in the Engine panel (its GPUs highlighted)."""
+    app = app_for(eight)
+
+    async def run_before(pilot) -> None:
+        await until(pilot, lambda: app.snapshot is not None)
+        await pilot.press("t", *"ssss", "e")  # tag, user, GPU memory, SM, then host CPU
+
+    assert snap_compare(app, terminal_size=(160, 48), run_before=run_before)
+
+
+def test_history_120x40(snap_compare, daemon):
+    app = app_for(daemon)
+
+    async def run_before(pilot) -> None:
+        await until(pilot, lambda: app.snapshot is not None)
+        await pilot.press("h")
+        await until(pilot, lambda: getattr(app.screen, "doc", None) is not None)
+
+    assert snap_compare(app, terminal_size=(120, 40), run_before=run_before)
+
+
+@pytest.mark.parametrize("gpus", [True, False], ids=["eight_gpus", "no_gpu"])
+def test_standalone_120x40(snap_compare, monkeypatch, gpus):
+    """No daemon: this host read directly (a recorded stand-in), with the banner."""
+    from test_tui_processes import local_snapshot
+
+    monkeypatch.chdir(tempfile.mkdtemp(prefix="zt"))
+    app = ZerodTop("control.sock", interval=0.2, timeout=1.0, clock=lambda: NOW, local=local_snapshot(gpus),
+                   start_hint="sudo systemctl start zerod")
     assert snap_compare(app, terminal_size=(120, 40), run_before=loaded(app))
 
 
@@ -124,6 +159,8 @@ def test_two_engines_120x40(snap_compare, daemon):
     second = dict(first, name="llama-b", gpus=[1], state="restarting", restarts=2, pid=None,
                   url="http://127.0.0.1:8002")
     daemon.data["status"]["engines"] = [first, second]
+    daemon.data["engines"] = {"engines": [{**first, **daemon.data["engine"]},
+                                          {**second, **daemon.data["engine"], "up": False}]}
     gpu = daemon.data["gpus"]["gpus"][0]
     daemon.data["gpus"]["gpus"] = [dict(copy.deepcopy(gpu), engine="llama-a"),
                                    dict(copy.deepcopy(gpu), index=1, engine="llama-b")]

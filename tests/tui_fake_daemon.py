@@ -18,12 +18,13 @@ from pathlib import Path
 from typing import Any
 
 FIXTURES = Path(__file__).parent / "fixtures" / "control_api"
-ENDPOINTS = ("status", "checks", "gpus", "processes", "alerts", "engine")
+EIGHT_GPUS = FIXTURES / "eight_gpus"  # two TP4 engines, a rogue job (see _make.py)
 NOW = 1764491200.0  # the clock the fixtures were written for (see _make.py)
 
 
-def load_fixtures() -> dict[str, Any]:
-    return {name: json.loads((FIXTURES / f"{name}.json").read_text()) for name in ENDPOINTS}
+def load_fixtures(folder: Path = FIXTURES) -> dict[str, Any]:
+    """Every endpoint recorded in `folder` (doctor-h200.json is _make.py's input, not one)."""
+    return {f.stem: json.loads(f.read_text()) for f in sorted(folder.glob("*.json")) if f.stem != "doctor-h200"}
 
 
 class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
@@ -32,9 +33,10 @@ class _Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
 
 
 class FakeDaemon:
-    def __init__(self, socket_path: str | os.PathLike[str]) -> None:
+    def __init__(self, socket_path: str | os.PathLike[str], fixtures: Path = FIXTURES) -> None:
         self.socket_path = str(socket_path)
-        self.data = load_fixtures()
+        self.data = load_fixtures(fixtures)
+        self.queries: list[str] = []  # the query strings of GET /v1/history
         self.garbage = False
         self.posts: list[tuple[str, Any]] = []
         self.gets = 0
@@ -67,7 +69,10 @@ class FakeDaemon:
                 if fake.garbage:
                     self._send(200, b"<html>not the daemon</html>", "text/html")
                     return
-                m = re.fullmatch(r"/v1/(\w+)", self.path)
+                path, _, query = self.path.partition("?")
+                m = re.fullmatch(r"/v1/(\w+)", path)
+                if m and m.group(1) == "history":
+                    fake.queries.append(query)
                 with fake._lock:
                     doc = fake.data.get(m.group(1)) if m else None
                     body = json.dumps(doc).encode() if doc is not None else None

@@ -19,15 +19,16 @@ from textual.markup import escape
 from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, Footer, Input
 
-from zerod.tui.client import DEFAULT_SOCKET, ControlClient, ControlError, Snapshot
+from zerod.tui.client import DEFAULT_SOCKET, ControlClient, ControlError, DaemonUnreachable, Snapshot
 from zerod.tui.screens.confirm import ConfirmSignalScreen
 from zerod.tui.screens.details import ALERT_FIELDS, PROCESS_FIELDS, DetailsScreen
 from zerod.tui.screens.help import HelpScreen, help_text
+from zerod.tui.screens.history import HistoryScreen
 from zerod.tui.widgets.alerts import AlertTable
-from zerod.tui.widgets.banner import Banner, banner_text
+from zerod.tui.widgets.banner import START_HINT, Banner, banner_text, standalone_text
 from zerod.tui.widgets.engine import EnginePanel
 from zerod.tui.widgets.engines import EngineList
-from zerod.tui.widgets.gpu import GpuList
+from zerod.tui.widgets.gpu import GpuList, grid_fits
 from zerod.tui.widgets.line import set_title
 from zerod.tui.widgets.preflight import PreflightPanel
 from zerod.tui.widgets.processes import FilterInput, ProcessTable
@@ -48,15 +49,32 @@ class ZerodTop(App[None]):
         Binding("question_mark", "help", "Help", key_display="?"),
         Binding("p", "toggle_pause", "Pause"),
         Binding("slash", "filter", "Filter", key_display="/"),
+        Binding("s", "sort(1)", "Sort"),
+        Binding("S", "sort(-1)", "Sort back", show=False),
+        Binding("r", "reverse", "Reverse", show=False),
+        Binding("t", "tree", "Tree"),
+        Binding("f", "foreign_only", "Foreign"),
+        Binding("g", "gpu_filter", "GPU", show=False),
+        Binding("e", "engine(1)", "Engine"),
+        Binding("E", "engine(-1)", "Engine back", show=False),
+        Binding("h", "history", "History"),
         Binding("k", "signal", "Signal"),
     ]
 
     def __init__(self, socket_path: str = DEFAULT_SOCKET, *, interval: float = 1.0,
-                 timeout: float = 2.0, clock: Callable[[], float] = time.time) -> None:
+                 timeout: float = 2.0, clock: Callable[[], float] = time.time,
+                 local: Callable[[float], Snapshot] | None = None,
+                 start_hint: str = START_HINT) -> None:
+        """`local`: standalone mode, a reader of this host used while the daemon cannot
+        be reached (tui/local_source.py); None keeps the last data on screen instead."""
         super().__init__()
         self.socket_path = socket_path
         self.interval = interval
         self.clock = clock
+        self.local = local
+        self.start_hint = start_hint
+        self.source = "daemon"  # where the data on screen comes from: "daemon" or "local"
+        self.engine_name: str | None = None  # the engine the Engine panel shows (None: the first)
         self.client = ControlClient(socket_path, timeout=timeout)
         self.snapshot: Snapshot | None = None
         self.last_ok: float | None = None
@@ -130,6 +148,16 @@ class ZerodTop(App[None]):
     def _poll(self) -> None:
         try:
             snap = self.client.snapshot(now=self.clock())
+        except DaemonUnreachable as exc:
+            if self.local is None:
+                self._hand_back(self._poll_failed, str(exc))
+                return
+            try:
+                local = self.local(self.clock())
+            except Exception as lexc:  # the host cannot be read either: the daemon's banner
+                self._hand_back(self._poll_failed, f"{exc}; reading this host failed: {type(lexc).__name__}: {lexc}")
+            else:
+                self._hand_back(self._poll_local, (local, str(exc)))
         except ControlError as exc:
             self._hand_back(self._poll_failed, str(exc))
         except Exception as exc:  # anything else the daemon's answer provoked
@@ -159,6 +187,7 @@ class ZerodTop(App[None]):
         self.last_ok = snap.taken_at
         self.error = None
         self.down_since = None
+        self.source = "daemon"
         self.main.query_one("#banner").display = False
         self.main.query_one("#main").remove_class("-stale")
         self._render_status()
@@ -182,10 +211,41 @@ class ZerodTop(App[None]):
         self._render_status()
         self._bindings_changed()
 
+    def _poll_local(self, result: tuple[Snapshot, str]) -> None:
+        """Standalone mode: no daemon, this host read directly, a banner saying so."""
+        self._in_flight = False
+        if not self._mounted():
+            return
+        self.polls += 1
+        if self.paused:
+            return
+        snap, message = result
+        now = self.clock()
+        if self.error is None or self.down_since is None:
+            self.down_since = now
+        self.error = message
+        self.source = "local"
+        self.snapshot = snap
+        try:
+            self._render(snap)
+        except Exception as exc:
+            self._poll_failed(f"cannot show this host's data: {type(exc).__name__}: {exc}", counted=True)
+            return
+        nvml = snap.gpus.get("nvml") or {}
+        banner = self.main.query_one(Banner)
+        banner.set(standalone_text(self.socket_path, message, nvml_error=None if nvml.get("ok") else nvml.get("error"),
+                                   report_at=snap.checks.get("taken_at"), now=now, start_hint=self.start_hint),
+                   layout=True)
+        banner.display = True
+        self.main.query_one("#main").remove_class("-stale")
+        self._render_status()
+        self._bindings_changed()
+
     def _bindings_changed(self) -> None:
         """Refresh the footer only when what it shows changes (k comes and goes)."""
-        if self.write_actions != getattr(self, "_shown_write_actions", None):
-            self._shown_write_actions = self.write_actions
+        shown = (self.write_actions, self.several_engines)
+        if shown != getattr(self, "_shown_bindings", None):
+            self._shown_bindings = shown
             self.refresh_bindings()
 
     # ---------------------------------------------------------------- rendering
@@ -193,9 +253,16 @@ class ZerodTop(App[None]):
         now = self.clock()
         narrow = self.narrow
         self.main.query_one(PreflightPanel).show(snap.status, snap.checks, snap.gpus, now=now, narrow=narrow)
-        self.main.query_one(EnginePanel).show(snap.status, snap.engine, snap.alerts, narrow)
-        self.main.query_one(EngineList).show(snap.status, narrow)
-        self.main.query_one(GpuList).show(snap.gpus, narrow)
+        chosen = self.chosen_engine(snap)
+        docs = snap.engine_docs()
+        if len(docs) > 1:
+            chosen = {**chosen, "of": f"{docs.index(chosen) + 1}/{len(docs)}"}
+        self.main.query_one(EnginePanel).show({**snap.status, "engine": chosen}, chosen, snap.alerts, narrow)
+        self.main.query_one(EngineList).show(snap.status, narrow, chosen.get("name"))
+        gpus_of = {g for g in (chosen.get("gpus") or []) if isinstance(g, int)} if len(docs) > 1 else set()
+        n_gpus = len([g for g in (snap.gpus.get("gpus") or []) if isinstance(g, dict)])
+        self.main.set_class(grid_fits(n_gpus, self.size.width, self.size.height), "-gpu-grid")
+        self.main.query_one(GpuList).show(snap.gpus, narrow, gpus_of)
         self._render_processes(snap)
         alerts = [a for a in (snap.alerts.get("alerts") or []) if isinstance(a, dict)]
         self.main.query_one(AlertTable).show(alerts, now, narrow)
@@ -210,14 +277,24 @@ class ZerodTop(App[None]):
     def _render_processes(self, snap: Snapshot) -> None:
         procs = [p for p in (snap.processes.get("processes") or []) if isinstance(p, dict)]
         table = self.main.query_one(ProcessTable)
-        shown = table.show(procs, self.narrow)
+        shown = table.show(procs, self.narrow, self.clock(), len(snap.engine_docs()) > 1)
         foreign = sum(1 for p in procs if p.get("role") == "foreign")
         title = f"GPU processes ({len(procs)})"
         if foreign:
             title += f" · [bold red]{foreign} foreign[/]"
-        if table.filter:
-            title += f" · filter '{escape(table.filter)}': {len(shown)} shown"
+        title += f" · {table.describe()}"
+        keep = table.current_filter()
+        if keep.active:
+            title += f" · filter '{escape(keep.describe())}': {len(shown)} shown"
         set_title(self.main.query_one("#processes"), title)
+
+    def chosen_engine(self, snap: Snapshot) -> dict[str, Any]:
+        """The engine the Engine panel shows: the one `e` picked, else the first."""
+        docs = snap.engine_docs()
+        for d in docs:
+            if d.get("name") == self.engine_name:
+                return d
+        return docs[0] if docs else {}
 
     def _mounted(self) -> bool:
         """False while the app is closing and its widgets are going away."""
@@ -244,10 +321,71 @@ class ZerodTop(App[None]):
     def write_actions(self) -> bool:
         return bool(self.snapshot and self.error is None and self.snapshot.status.get("write_actions"))
 
+    @property
+    def several_engines(self) -> bool:
+        return bool(self.snapshot and len(self.snapshot.engine_docs()) > 1)
+
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "signal":
             return self.write_actions  # hidden from the footer and inert unless the daemon allows it
+        if action == "engine":
+            return self.several_engines  # one engine: the panel shows it already
         return True
+
+    # the process table's view: sort, direction, tree, foreign only, one GPU
+    def _processes_changed(self) -> None:
+        if self.snapshot is not None:
+            self._render_processes(self.snapshot)
+
+    def action_sort(self, step: int) -> None:
+        table = self.main.query_one(ProcessTable)
+        table.cycle_sort(step)
+        self._processes_changed()
+
+    def action_reverse(self) -> None:
+        table = self.main.query_one(ProcessTable)
+        table.sort_flipped = not table.sort_flipped
+        self._processes_changed()
+
+    def action_tree(self) -> None:
+        table = self.main.query_one(ProcessTable)
+        table.as_tree = not table.as_tree
+        self._processes_changed()
+
+    def action_foreign_only(self) -> None:
+        table = self.main.query_one(ProcessTable)
+        table.foreign_only = not table.foreign_only
+        self._processes_changed()
+
+    def action_gpu_filter(self) -> None:
+        """All GPUs, then each GPU in turn, then all again."""
+        table = self.main.query_one(ProcessTable)
+        indices = sorted({g.get("index") for g in (self.snapshot.gpus.get("gpus") or [])
+                          if isinstance(g, dict) and isinstance(g.get("index"), int)}) if self.snapshot else []
+        if not indices:
+            table.gpu = None
+        elif table.gpu is None or table.gpu not in indices:
+            table.gpu = indices[0]
+        else:
+            i = indices.index(table.gpu) + 1
+            table.gpu = indices[i] if i < len(indices) else None
+        self._processes_changed()
+
+    def action_engine(self, step: int) -> None:
+        if self.snapshot is None:
+            return
+        docs = self.snapshot.engine_docs()
+        if len(docs) < 2:
+            return
+        names = [d.get("name") for d in docs]
+        at = names.index(self.engine_name) if self.engine_name in names else 0
+        self.engine_name = names[(at + step) % len(names)]
+        self._render(self.snapshot)
+
+    def action_history(self) -> None:
+        engine = self.chosen_engine(self.snapshot).get("name") if self.snapshot else None
+        self.push_screen(HistoryScreen(self.client, interval=self.interval, engine=engine,
+                                       standalone=self.source == "local"))
 
     def action_help(self) -> None:
         wa = None if self.snapshot is None else bool(self.snapshot.status.get("write_actions"))
@@ -272,8 +410,7 @@ class ZerodTop(App[None]):
     @on(Input.Changed, "#filter")
     def _filter_changed(self, event: Input.Changed) -> None:
         self.main.query_one(ProcessTable).filter = event.value
-        if self.snapshot is not None:
-            self._render_processes(self.snapshot)
+        self._processes_changed()
 
     @on(Input.Submitted, "#filter")
     def _filter_submitted(self, event: Input.Submitted) -> None:
@@ -333,5 +470,6 @@ class ZerodTop(App[None]):
             pass
 
 
-def run(socket_path: str = DEFAULT_SOCKET, interval: float = 1.0) -> None:
-    ZerodTop(socket_path, interval=interval).run()
+def run(socket_path: str = DEFAULT_SOCKET, interval: float = 1.0,
+        local: Callable[[float], Snapshot] | None = None) -> None:
+    ZerodTop(socket_path, interval=interval, local=local).run()

@@ -13,6 +13,7 @@ import http.client
 import json
 import socket
 import time
+import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,6 +85,16 @@ class Snapshot:
     engine: dict[str, Any]
     taken_at: float = 0.0
     errors: dict[str, str] = field(default_factory=dict)  # endpoint -> error (ApiError only)
+    engines: dict[str, Any] = field(default_factory=dict)  # /v1/engines, read when there are several
+
+    def engine_docs(self) -> list[dict[str, Any]]:
+        """Each engine's status entry merged with its figures (/v1/engines), or the one engine."""
+        listed = [e for e in (self.engines.get("engines") or []) if isinstance(e, dict)]
+        if listed:
+            return listed
+        if self.status.get("engine") or self.engine:
+            return [{**(self.status.get("engine") or {}), **self.engine}]
+        return []
 
 
 class ControlClient:
@@ -135,7 +146,20 @@ class ControlClient:
             except ApiError as exc:
                 parts[name] = {}
                 errors[name] = str(exc)
-        return Snapshot(**parts, taken_at=time.time() if now is None else now, errors=errors)
+        engines: dict[str, Any] = {}
+        if len(parts["status"].get("engines") or []) > 1:
+            try:
+                engines = self.get("engines")
+            except ApiError as exc:
+                errors["engines"] = str(exc)
+        return Snapshot(**parts, taken_at=time.time() if now is None else now, errors=errors, engines=engines)
+
+    def history(self, seconds: float, points: int, engine: str | None = None) -> dict[str, Any]:
+        """GET /v1/history: the daemon's samples of the last `seconds`, in `points` buckets."""
+        query = f"seconds={seconds:g}&points={int(points)}"
+        if engine is not None:
+            query += "&engine=" + urllib.parse.quote(engine, safe="")
+        return self.request("GET", f"/v1/history?{query}")
 
     def signal(self, pid: int, sig: str = "TERM") -> dict[str, Any]:
         if sig not in SIGNALS:

@@ -95,6 +95,10 @@ def _doctor(as_json, only, skip, procfs, sysfs, rootfs, save_facts, facts_file, 
         except OSError as exc:
             raise click.UsageError(f"cannot write {save_facts}: {exc.strerror}") from None
     report = run_checks(facts, cfg, only=only or None, skip=skip or None)
+    if not (facts_file or only or skip or procfs or sysfs or rootfs):
+        from zerod.checks import last_report
+
+        last_report.save(report.to_dict())  # for `zerod top` with no daemon; best effort
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=1, default=str))
     else:

@@ -14,6 +14,7 @@ import stat
 
 from aiohttp import web
 
+from zerod.history import HistoryError, NoSuchSeries, query_args
 from zerod.views import NoSuchEngine, Views
 from zerod.watchers.gpu_processes import process_start_time
 
@@ -118,6 +119,16 @@ def make_app(views: Views) -> web.Application:
                     running["gpus"] if running["gpus"] is not None else "all", ", forced" if force else "")
         return web.json_response({"ok": True, "running": running}, status=202)
 
+    async def history(req):
+        if views.history is None:
+            return web.json_response({"error": "this daemon keeps no history"}, status=404)
+        try:
+            return web.json_response(views.history.query(**query_args(req.query)))
+        except HistoryError as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        except NoSuchSeries as exc:
+            return web.json_response({"error": str(exc)}, status=404)
+
     @web.middleware
     async def errors(req, handler):
         try:
@@ -138,6 +149,7 @@ def make_app(views: Views) -> web.Application:
     app.router.add_get("/v1/alerts", doc(views.alerts))
     app.router.add_get("/v1/engine", engine_doc(views.engine))
     app.router.add_get("/v1/engines", doc(views.engines_doc))
+    app.router.add_get("/v1/history", history)
     app.router.add_post("/v1/processes/{pid}/signal", signal_process)
     app.router.add_get("/v1/diag", diag_doc)
     app.router.add_post("/v1/diag", diag_run)

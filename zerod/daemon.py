@@ -37,6 +37,7 @@ from zerod.daemon_config import AlertsConfig, DaemonConfig
 from zerod.diag.service import DiagService
 from zerod.engines import PRESETS
 from zerod.fleet import EngineSpec, engine_specs
+from zerod.history import HistoryRecorder
 from zerod.preflight import Preflight, PreflightRefused, RecheckWatcher
 from zerod.registry import build_watchers
 from zerod.sdnotify import Notifier
@@ -163,8 +164,11 @@ class Daemon:
             self.watchers.append(self.netlink)
         self.registered = build_watchers(self, engines)
         self.watchers += self.registered
+        history = HistoryRecorder(cfg.watch_interval_s, lambda: {i: g.as_json() for i, g in list(nvml_stats.gpus.items())},
+                                  lambda: [(e.name, e.latency.figures) for e in engines])
+        self.watchers.append(history)
         self.views = Views(self.host, self.started_at, cfg.allow_write_actions, book, nvml_stats, xid, processes,
-                           self.watchers, engines)
+                           self.watchers, engines, history)
         self.views.gpm = gpm
         self.views.diag = DiagService(book, diag_result_path(cfg.state_dir or None),
                                       engines=lambda: [e.status() for e in engines],

@@ -22,7 +22,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from zerod import __version__
 from zerod.alerts import AlertBook
-from zerod.checks import probe_facts, run_checks
+from zerod.checks import last_report, probe_facts, run_checks
 from zerod.checks.config import DoctorConfig
 from zerod.checks.report import CATALOGUE, CheckResult, Report
 from zerod.fleet import DEFAULT_NAME, EngineSpec
@@ -96,6 +96,8 @@ class Preflight:
     def _run(self, skip: tuple[str, ...] | None) -> Report:
         report = run_checks(probe_facts(config=self.doctor), config=self.doctor, skip=skip)
         self.report, self.taken_at = report, time.time()
+        if not self.demo:  # for `zerod top` once the daemon is gone; best effort
+            last_report.save(report.to_dict(), self.taken_at)
         return report
 
     def gate(self) -> None:

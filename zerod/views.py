@@ -25,6 +25,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from zerod import __version__
 from zerod.alerts import AlertBook
 from zerod.engine import metrics as names
+from zerod.history import HistoryRecorder
 from zerod.preflight import Preflight
 from zerod.registry import owns
 from zerod.supervisor import EngineSupervisor, collect_engines
@@ -119,6 +120,7 @@ class Views:
     processes: GpuProcessWatcher
     watchers: list[Watcher]
     engines: list[EngineView]  # every engine; the first answers for "the engine"
+    history: HistoryRecorder | None = None  # GET /v1/history: the daemon's hour of samples
     diag: Any = None  # zerod.diag.service.DiagService: the last `zerod diag`, runs on request
     gpm: Any = None  # zerod.watchers.nvml_gpm.GpmWatcher (also a watcher: its series come with theirs)
 

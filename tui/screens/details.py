@@ -17,7 +17,8 @@ from zerod.tui import format as fmt
 
 PROCESS_FIELDS = [("pid", "pid"), ("name", "name"), ("role", "role"), ("why", "why"),
                   ("known agent", "known_agent"), ("fix", "fix"), ("gpu", "gpu"),
-                  ("GPU memory", "gpu_memory_bytes"), ("user", "user"), ("unit", "unit"),
+                  ("GPU memory", "gpu_memory_bytes"), ("SM", "sm_utilization_ratio"), ("host CPU", "cpu_percent"),
+                  ("RSS", "rss_bytes"), ("started", "started_at"), ("parent", "ppid"), ("user", "user"), ("unit", "unit"),
                   ("container", "container"), ("first seen", "first_seen"), ("command line", "cmdline")]
 ALERT_FIELDS = [("alert", "alertname"), ("state", "state"), ("severity", "severity"), ("summary", "summary"),
                 ("description", "description"), ("fix", "fix"), ("labels", "labels"),
@@ -27,9 +28,13 @@ ALERT_FIELDS = [("alert", "alertname"), ("state", "state"), ("severity", "severi
 def _value(key: str, value: Any, now: float) -> Text:
     if value is None:
         return Text(fmt.NA, "dim")
-    if key in ("first_seen", "starts_at", "ends_at"):
+    if key in ("first_seen", "starts_at", "ends_at", "started_at"):
         return Text(f"{fmt.utc(value)} ({fmt.ago(value, now)})")
-    if key == "gpu_memory_bytes":
+    if key == "sm_utilization_ratio":
+        return Text(fmt.pct(value))
+    if key == "cpu_percent":
+        return Text(f"{value:.0f}% of a core" if fmt.num(value) is not None else fmt.NA)
+    if key in ("gpu_memory_bytes", "rss_bytes"):
         return Text(fmt.bytes_h(value))
     if key == "labels" and isinstance(value, dict):
         return Text(", ".join(f"{k}={v}" for k, v in sorted(value.items())))

@@ -15,7 +15,15 @@ KEYS = [
     ("q", "quit"),
     ("?", "this help (Esc closes it)"),
     ("p", "pause / resume polling: the screen freezes so you can read it"),
-    ("/", "filter the processes table (pid, name, command line, user, unit, role); Esc clears"),
+    ("/", "filter the processes: user:NAME gpu:N engine:NAME role:ROLE (or foreign), any other word "
+          "anywhere in pid, name, command line, user, unit, role, why; Esc clears"),
+    ("s / S", "sort the processes by the next / previous column; figures largest first"),
+    ("r", "reverse the sort"),
+    ("t", "process tree: each process under its parent (a parent holding no GPU shown dim)"),
+    ("f", "foreign processes only"),
+    ("g", "the processes of one GPU, each in turn, then all"),
+    ("e / E", "the next / previous engine in the Engine panel, its GPUs highlighted (several engines)"),
+    ("h", "history: the daemon's last hour of GPU and engine figures; +/- zoom"),
     ("Enter", "details of the selected process or alert"),
     ("k", "signal the selected foreign process (TERM or KILL), after a confirmation; "
           "only when the daemon allows write actions ([daemon] allow_write_actions = true)"),
@@ -28,7 +36,8 @@ PANELS = [
               "clocks, active throttle reasons (red: HW/thermal/power brake), PCIe replays, ECC, XIDs"),
     ("Engine", "requests running/waiting, KV pages used, output tokens/s, TTFT and ITL p50 and p99 over the last minute; "
                "the sparklines show p99 over time"),
-    ("GPU processes", "★ the engine, ◆ this daemon, ✓ allowed by the config, ⚠ foreign: anything else holding the GPU, with why"),
+    ("GPU processes", "⚠ foreign (⚠ agent: a known monitoring agent), ★ the engine (its name with several), "
+                      "◆ zerod, ✓ allowed by the config; GPU memory, SM %, host CPU %, RSS, elapsed, command"),
     ("Alerts", "newest first; firing ones in red, resolved ones kept for an hour"),
 ]
 

@@ -49,6 +49,8 @@ class EnginePanel(Vertical):
         # 80 columns leave 34 for the title: there the word "Engine" goes (the rows say
         # what the panel is) and the model, the one field of any length, comes last.
         title = Text("" if narrow else "Engine ")
+        if st.get("name") and st.get("of"):  # several engines: which one this is (e picks)
+            title.append(f"{st['name']} ({st['of']}) ", "bold reverse")
         title.append(f"● {state}", ENGINE_STYLE.get(state, "bold"))
         if st.get("restarts"):
             title.append(f" · {st.get('restarts')} restarts", "bold yellow")

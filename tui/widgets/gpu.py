@@ -19,6 +19,27 @@ BAD_REASONS = {"hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_
 INFO_REASONS = {"gpu_idle", "applications_clocks_setting", "sync_boost", "display_clock_setting"}
 
 
+def grid_clocks_text(g: dict[str, Any]) -> Text:
+    """The clocks line of a 40-column grid panel: SM clock, throttle reasons, then only
+    the counters that are not zero."""
+    t = Text(no_wrap=True, overflow="ellipsis")
+    t.append("SM ", "dim")
+    t.append(f"{g.get('sm_clock_mhz') if g.get('sm_clock_mhz') is not None else fmt.NA} MHz ")
+    reasons = [r for r in (g.get("clock_events_active") or []) if isinstance(r, str) and r not in INFO_REASONS]
+    if not reasons:
+        t.append("no throttle", "green")
+    for i, r in enumerate(reasons):
+        t.append("," if i else "")
+        t.append(r, "bold red" if r in BAD_REASONS else "yellow")
+    xids = g.get("xid_events_total") or {}
+    if isinstance(xids, dict) and xids:
+        t.append(" XID " + " ".join(f"{k}×{v}" for k, v in sorted(xids.items())), "bold red")
+    for key, label in (("ecc_volatile_uncorrected", "ECC"), ("pcie_replays_total", "replays")):
+        if g.get(key):
+            t.append(f" {label} {g.get(key)}", "bold red")
+    return t
+
+
 def clocks_text(g: dict[str, Any], narrow: bool) -> Text:
     t = Text(no_wrap=True, overflow="ellipsis")
     t.append("clk ", "dim")
@@ -83,7 +104,8 @@ class GpuPanel(Vertical):
             f"{power:.0f}/{limit:.0f} W" if power is not None and limit else
             (f"{power:.0f} W" if power is not None else fmt.NA),
             fmt.series(h.get("power_watts")), hi=limit)
-        self.query_one(".gpu-clocks", Line).set(clocks_text(g, narrow))
+        grid = self.parent is not None and self.parent.has_class("-grid")
+        self.query_one(".gpu-clocks", Line).set(grid_clocks_text(g) if grid else clocks_text(g, narrow))
         bad = any(r in BAD_REASONS for r in (g.get("clock_events_active") or []))
         self.set_class(bad or bool(g.get("ecc_volatile_uncorrected")), "-alarm")
 
@@ -140,15 +162,28 @@ class GpuRow(Horizontal):
         self.set_class(bad or bool(g.get("ecc_volatile_uncorrected")), "-alarm")
 
 
+GRID_FROM = (150, 44)  # columns, rows from which 3-8 GPUs get a panel each, four across
+GRID_MAX = 8
+
+
+def grid_fits(n_gpus: int, width: int, height: int) -> bool:
+    return 2 < n_gpus <= GRID_MAX and width >= GRID_FROM[0] and height >= GRID_FROM[1]
+
+
 class GpuList(VerticalScroll):
-    """One GpuPanel per GPU on hosts with one or two GPUs (one at 80 columns); one
-    GpuRow per GPU inside a single border above that. A line of its own when NVML is
-    unavailable."""
+    """One GpuPanel per GPU on hosts with one or two GPUs (one at 80 columns), and on
+    hosts with up to eight from 150×44 on (a grid four across, each metric on its own
+    line); one GpuRow per GPU inside a single border otherwise. A line of its own when
+    NVML is unavailable."""
+
+    chosen: set[int] = set()
 
     def compose(self) -> ComposeResult:
         yield Line("waiting for the daemon…", classes="gpu-note")
 
-    def show(self, gpus: dict[str, Any], narrow: bool) -> None:
+    def show(self, gpus: dict[str, Any], narrow: bool, chosen: set[int] | None = None) -> None:
+        """`chosen`: the GPUs of the engine the Engine panel shows, highlighted (several engines)."""
+        self.chosen = chosen or set()
         items = [g for g in (gpus.get("gpus") or []) if isinstance(g, dict)]
         nvml = gpus.get("nvml") or {}
         note = self.query_one(".gpu-note", Line)
@@ -160,9 +195,12 @@ class GpuList(VerticalScroll):
             note.display = True
         else:
             note.display = False
-        compact = len(items) > (1 if narrow else 2)
+        grid = grid_fits(len(items), self.app.size.width, self.app.size.height)
+        compact = len(items) > (1 if narrow else 2) and not grid
         kind = GpuRow if compact else GpuPanel
         self.set_class(compact, "-compact")
+        self.set_class(grid, "-grid")
+        narrow = narrow or grid  # a grid panel is 40 columns wide
         if compact:
             set_title(self, f"GPUs ({len(items)}) · utilization over time, then now")
         current = list(self.query(kind))
@@ -182,3 +220,4 @@ class GpuList(VerticalScroll):
     def _fill(self, kind, items, narrow) -> None:
         for w, g in zip(self.query(kind), items):
             w.show(g, narrow)
+            w.set_class(g.get("index") in self.chosen, "-chosen")

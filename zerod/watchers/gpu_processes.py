@@ -42,6 +42,9 @@ from zerod.fleet import DEFAULT_NAME, EngineSpec
 from zerod.watchers import Watcher
 
 
+# the host figures of a process psutil cannot read (gone, or another user's under hidepid)
+HOST_FIGURES_UNKNOWN = {"cpu_percent": None, "rss_bytes": None, "started_at": None, "ppid": None,
+                        "parent_name": None}
 YOUNG_S = 30.0  # a process this new is checked for /dev/nvidia* every tick
 
 
@@ -107,6 +110,9 @@ class GpuProcessWatcher(Watcher):
         self.quick_checks = 0
         self.last_full_reason: str | None = None
         self.rows: list[dict[str, Any]] = []
+        # pid -> host CPU %, RSS, start time, parent: refreshed every tick, between full scans too
+        self.host_figures: dict[int, dict[str, Any]] = {}
+        self._psutil: dict[int, psutil.Process] = {}
         self.scan_stats: dict[str, Any] = {}
         self.first_seen: dict[int, float] = {}
         # pid -> its start time (psutil create_time) when first seen: a pid reused
@@ -185,6 +191,41 @@ class GpuProcessWatcher(Watcher):
         return None
 
     def poll(self) -> None:
+        self._scan_if_due()
+        self._refresh_host_figures()
+
+    def _refresh_host_figures(self) -> None:
+        """Host CPU %, RSS, start time and parent of each listed process, every tick
+        (psutil keeps the CPU times between calls, so one Process object per pid)."""
+        figures: dict[int, dict[str, Any]] = {}
+        for row in self.rows:
+            pid = row["pid"]
+            proc = self._psutil.get(pid)
+            try:
+                new = proc is None
+                if new:
+                    proc = self._psutil[pid] = psutil.Process(pid)
+                with proc.oneshot():
+                    cpu = proc.cpu_percent(None)
+                    cpu = None if new else cpu  # the first call only starts the measurement
+                    rss = proc.memory_info().rss
+                    ppid = proc.ppid()
+                    started = proc.create_time()
+                try:
+                    parent = psutil.Process(ppid).name() if ppid else None
+                except (psutil.Error, OSError):
+                    parent = None
+                figures[pid] = {"cpu_percent": cpu, "rss_bytes": int(rss), "started_at": started,
+                                "ppid": ppid, "parent_name": parent}
+            except (psutil.Error, OSError):
+                self._psutil.pop(pid, None)
+                figures[pid] = dict(HOST_FIGURES_UNKNOWN)
+        for pid in list(self._psutil):
+            if pid not in figures:
+                del self._psutil[pid]
+        self.host_figures = figures
+
+    def _scan_if_due(self) -> None:
         mono = time.monotonic()
         reason = self.full_scan_reason(mono)
         self.quick_checks += 1
@@ -283,7 +324,7 @@ class GpuProcessWatcher(Watcher):
         return any(r["pid"] == pid for r in self.foreign()), self.start_times.get(pid)
 
     def snapshot(self) -> dict[str, Any]:
-        return {"processes": list(self.rows)}
+        return {"processes": [{**r, **self.host_figures.get(r["pid"], HOST_FIGURES_UNKNOWN)} for r in self.rows]}
 
     def collect(self):
         foreign = self.foreign()
