@@ -381,6 +381,9 @@ class OpenAIServer:
         for k, v in stats.items():
             if isinstance(v, (int, float, str, bool)) or v is None:
                 body.setdefault(k, v)
+        poller = getattr(self.engine, "poller", None)
+        if poller is not None:   # the daemon's EngineStalled evidence
+            body["last_step"] = poller.last_step
         if hasattr(self.engine, "lora_adapters"):   # the daemon shows them (zerod top)
             body["lora_adapters"] = [a.name for a in self._adapters()]
         return _json(body, 200 if status == "ok" else 503)

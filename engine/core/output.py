@@ -121,6 +121,7 @@ class OutputPoller(threading.Thread):
         self.q: queue.SimpleQueue = queue.SimpleQueue()
         self.eos = set(tokenizer.eos_token_ids)
         self.inflight = 0           # records queued and not yet handled
+        self.last_step: dict | None = None
         self._lock = threading.Lock()
 
     def put(self, rec) -> None:
@@ -174,6 +175,9 @@ class OutputPoller(threading.Thread):
             log.info("a step took %.0f ms (%d prompt tokens, %d decodes)", step_s * 1000,
                      rec.prefill_tokens, rec.decodes)
         self.on_step_time(rec.prefill_tokens, rec.decodes, step_s)
+        # the last step's shape, in /health: what a stalled engine was doing last
+        self.last_step = {"rows": n, "prefill_tokens": rec.prefill_tokens, "decodes": rec.decodes,
+                          "seconds": round(step_s, 6), "at": time.time()}
         now = time.monotonic()
         gen = 0
         for i, (r, t) in enumerate(zip(rec.rows, toks)):
