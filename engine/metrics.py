@@ -39,6 +39,10 @@ PREFIX_CACHE_HITS_TOTAL = "zerod_engine_prefix_cache_hits_total"
 PREFIX_CACHE_PAGES = "zerod_engine_prefix_cache_pages"
 LORA_REQUESTS_TOTAL = "zerod_engine_lora_requests_total"   # by lora_name: requests accepted per adapter
 
+# A request with this header set to "1" (the daemon's canary) is served like any other and
+# kept out of every series here: the latency baseline and the users' figures never see it.
+CANARY_HEADER = "X-Zerod-Canary"
+
 # vLLM's names for the same facts (vllm/v1/metrics/loggers.py), labelled by model_name.
 VLLM_NUM_REQUESTS_RUNNING = "vllm:num_requests_running"
 VLLM_NUM_REQUESTS_WAITING = "vllm:num_requests_waiting"

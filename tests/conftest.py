@@ -12,9 +12,15 @@ of that kind belongs in one of them, or on this list.
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
+
+# The daemons the tests start keep their events, stack dumps and bundles in a throwaway
+# directory, never the user's state directory ([daemon] state_dir's default).
+os.environ.setdefault("STATE_DIRECTORY", tempfile.mkdtemp(prefix="zerod-test-state-"))
 
 SLOW_MODULES = {
     "test_alerts.py",  # a real Alertmanager

@@ -50,6 +50,21 @@ def default_socket(env: dict[str, str] | None = None, euid: int | None = None) -
     return os.path.join(base, "zerod", "control.sock")
 
 
+def default_state_dir(env: dict[str, str] | None = None, euid: int | None = None) -> str:
+    """Where the events and the flight recorder's bundles are kept: systemd's
+    StateDirectory (/var/lib/zerod), /var/lib/zerod as root, else the user's
+    state directory (so `zerod events` finds what `zerod run` wrote)."""
+    env = os.environ if env is None else env
+    euid = os.geteuid() if euid is None else euid
+    sd = env.get("STATE_DIRECTORY")  # systemd's StateDirectory=zerod
+    if sd:
+        return sd.split(":")[0]
+    if euid == 0:
+        return "/var/lib/zerod"
+    base = env.get("XDG_STATE_HOME") or os.path.join(env.get("HOME") or f"/tmp/zerod-{euid}", ".local", "state")
+    return os.path.join(base, "zerod")
+
+
 def _socket_path(value: str) -> str | None:
     if not value:
         return "must be a path"
@@ -128,6 +143,18 @@ class DaemonConfig:
     throttle_alert_reasons: list[str] = setting(factory=lambda: list(DEFAULT_THROTTLE_REASONS))
     throttle_for_s: float = setting(10.0, ge=0)
     counter_alert_hold_s: float = setting(300.0, ge=0)
+    # EngineStalled: requests running and no token produced for this long (0: off)
+    stall_after_s: float = setting(10.0, ge=0)
+    stall_restart: bool = setting(True)  # restart a stalled engine once its evidence is taken
+    # the canary: fixed greedy prompts against the answer recorded at the engine's start (0: off)
+    canary_interval_s: float = setting(300.0, ge=0)
+    # what lasts: the event store and the flight recorder's bundles (zerod events, zerod bundle)
+    state_dir: str = setting(factory=default_state_dir, check=lambda v: None if v else "must be a path")
+    events_max_age_s: float = setting(30 * 86400.0, ge=60.0)
+    events_max_bytes: int = setting(64 << 20, ge=1 << 16)
+    bundle_on_critical: bool = setting(True)
+    bundle_min_interval_s: float = setting(900.0, ge=0)  # the flight recorder writes at most one per this long
+    bundles_kept: int = setting(5, ge=1)
 
     @classmethod
     def from_dict(cls, section: dict[str, Any] | None) -> "DaemonConfig":

@@ -55,6 +55,7 @@ from zerod.engine.config import RequestRejected
 from zerod.engine.api.cors import CorsPolicy, request_id
 from zerod.engine.api.http_edge import EdgeLimits, EdgeRunner, bind_socket, edge_error
 from zerod.engine.interface import EngineLike
+from zerod.engine.metrics import CANARY_HEADER
 from zerod.engine.api.openapi import openapi_document
 from zerod.engine.sampling.structured import GrammarError, GrammarSpec
 from zerod.engine.api.tools import new_call_id, outcome
@@ -497,6 +498,9 @@ class OpenAIServer:
             grammar = await self._compile_grammar(req.grammar)
             for _, params, _ in plan.choices:
                 params.grammar = grammar
+        if request.headers.get(CANARY_HEADER) == "1":   # the daemon's canary: not in the metrics
+            for _, params, _ in plan.choices:
+                params.unmetered = True
         st = _Req()
         st.rid = []
         self.inflight.add(st)
