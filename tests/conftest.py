@@ -24,6 +24,7 @@ os.environ.setdefault("STATE_DIRECTORY", tempfile.mkdtemp(prefix="zerod-test-sta
 
 SLOW_MODULES = {
     "test_alerts.py",  # a real Alertmanager
+    "test_daemon_faults.py",  # demo engines with ZEROD_FAULT: stalled and restarted, weights perturbed
     "test_daemon_fleet.py",  # two daemons' engines started, one killed and restarted alone
     "test_daemon_foreign.py",  # a daemon and a foreign GPU holder, alerted within 2 s
     "test_daemon_lifecycle.py",  # daemons started, crashed, hung and stopped
