@@ -136,6 +136,9 @@ class DaemonConfig:
     latency_window_s: float = setting(60.0, ge=1.0)
     # the recent part of the window whose mean is compared (a sustained shift shows there first)
     latency_shift_s: float = setting(10.0, ge=1.0)  # and <= latency_window_s (when set)
+    # ITL's sustained shift: each of the last N scrape intervals' means over the factor (0: off)
+    latency_sustain_intervals: int = setting(3, ge=0, check=lambda v: None if v != 1 else
+                                             "must be 0 (off) or >= 2: one interval is a burst, not a shift")
     latency_min_samples: int = setting(20, ge=0)
     cause_window_s: float = setting(300.0, ge=0)
     temperature_max_celsius: float = setting(85.0, gt=0, le=150)
