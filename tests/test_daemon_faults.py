@@ -129,3 +129,36 @@ async def test_the_canary_catches_perturbed_weights_and_stays_out_of_the_metrics
         assert last.values[names.GENERATION_TOKENS_TOTAL] == 0 and last.itl.count == 0 and last.ttft.count == 0
     finally:
         await _stop(d, run)
+
+
+async def test_a_vllm_engine_stalled_is_told_from_its_metrics(tmp_path):
+    """vLLM's stuck engine: /health 200, requests running, vllm:generation_tokens flat."""
+    import os
+    import shutil
+    import sys
+
+    from test_daemon_engines import FAKE_VLLM
+
+    port = free_port()
+    config = _config(tmp_path, port, "", engine="vllm", stall_after_s=1.5, bundle_on_critical=False,
+                     engine_command=[sys.executable, str(FAKE_VLLM), str(port)])
+    del config["daemon"]["engine_env"]
+    d = Daemon(config)
+    run = asyncio.create_task(d.run())
+    try:
+        await _until(d, lambda: d.ready_at is not None, 30, "READY")
+        await _until(d, lambda: (d.views.engine().get("output_tokens_per_s") or 0) > 0, 15, "tokens")
+        assert d.book.get("EngineStalled") is None  # tokens flowing: no verdict against it
+        first_pid = d.supervisor.pid
+        os.kill(first_pid, signal.SIGUSR2)
+        took = await _until(d, lambda: any(e["alertname"] == "EngineStalled" for e in d.recorder.store.query()),
+                            15, "EngineStalled")
+        assert took < 1.5 + 2.0, took
+        [e] = [e for e in d.recorder.store.query() if e["alertname"] == "EngineStalled"][:1]
+        assert "32 request(s) running, no token for" in e["summary"]
+        assert "last step: not reported by this engine" in e["description"]
+        if shutil.which("py-spy") is None:
+            assert "a vllm engine has no ZEROD_STACK_FILE and py-spy is not installed" in e["description"]
+        await _until(d, lambda: d.supervisor.pid not in (None, first_pid), 30, "a restart")
+    finally:
+        await _stop(d, run)
