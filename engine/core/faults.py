@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import time
 from dataclasses import dataclass
 
 import torch
@@ -65,11 +66,12 @@ class FaultInjector:
             return
         self.done = True
         if self.fault.kind == "stall-after-steps":
-            log.warning("%s: the step loop stops after step %d (until shutdown)", ENV, engine._steps)
+            log.warning("%s: the step loop stops after step %d at t=%.3f (until shutdown)", ENV, engine._steps,
+                        time.time())
             engine._stop.wait()
         else:
             name = corrupt_weights(engine.model)
-            log.warning("%s: %s perturbed after step %d", ENV, name, engine._steps)
+            log.warning("%s: %s perturbed after step %d at t=%.3f", ENV, name, engine._steps, time.time())
 
 
 def corrupt_weights(model: torch.nn.Module) -> str:
