@@ -33,6 +33,7 @@ from zerod.watchers import Watcher
 from zerod.watchers.engine_metrics import EngineMetricsWatcher
 
 STACK_WAIT_S = 2.0
+PY_SPY_TIMEOUT_S = 5.0  # the watch loop counts as stuck after 10 s
 STACK_MAX_CHARS = 16000
 STEP_LOOP_FRAME = "_loop_body"  # zerod.engine.core.engine: the step thread's loop
 
@@ -170,10 +171,10 @@ class EngineStallWatcher(Watcher):
         proc = await asyncio.create_subprocess_exec(spy, "dump", "--pid", str(pid), stdout=asyncio.subprocess.PIPE,
                                                     stderr=asyncio.subprocess.STDOUT)
         try:
-            out, _ = await asyncio.wait_for(proc.communicate(), 10.0)
+            out, _ = await asyncio.wait_for(proc.communicate(), PY_SPY_TIMEOUT_S)
         except asyncio.TimeoutError:
             proc.kill()
-            return {"stacks_error": "py-spy dump took over 10 s"}
+            return {"stacks_error": f"py-spy dump took over {PY_SPY_TIMEOUT_S:.0f} s"}
         return {"stacks": out.decode(errors="replace")}
 
     async def _faulthandler_dump(self, pid: int) -> dict[str, Any]:
