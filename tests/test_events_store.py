@@ -152,3 +152,25 @@ def test_zerod_bundle_writes_its_parts(tmp_path):
     assert oct(out.stat().st_mode & 0o777) == "0o600"
     r = _zerod("bundle", "--config", str(cfg), "-o", str(tmp_path / "b.zip"))
     assert r.returncode == 2 and "name it FILE.tar.gz" in r.stderr
+
+
+def test_the_flight_recorder_writes_one_bundle_per_alert_name_per_interval(tmp_path):
+    clock = Clock(__import__("time").time())
+    book = AlertBook(clock=clock)
+    cfg = DaemonConfig.from_dict({"state_dir": str(tmp_path), "bundle_min_interval_s": 600, "bundles_kept": 1})
+    rec = FlightRecorder(cfg, {}, book, clock=clock)
+    book.fire("NvmlUnavailable", severity="critical", summary="no NVML")  # at start
+    rec.wait()
+    book.fire("GpuHot", "0", severity="warning", summary="hot")  # not critical: no bundle
+    clock.t += 5
+    book.fire("EngineStalled", severity="critical", summary="stalled")  # its own allowance
+    rec.wait()
+    clock.t += 5
+    book.resolve("EngineStalled")
+    book.fire("EngineStalled", severity="critical", summary="stalled again")  # within 600 s: none
+    rec.wait()
+    assert [p.rsplit("-", 1)[1] for p in rec.bundles_written] == ["NvmlUnavailable.tar.gz", "EngineStalled.tar.gz"]
+    kept = sorted(p.name for p in (tmp_path / "bundles").iterdir())
+    assert len(kept) == 1 and kept[0].endswith("EngineStalled.tar.gz")  # bundles_kept
+    rec.close()
+    assert "BundleWritten" in [e["alertname"] for e in EventStore.for_reading(str(tmp_path)).query()]

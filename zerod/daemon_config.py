@@ -156,7 +156,7 @@ class DaemonConfig:
     events_max_age_s: float = setting(30 * 86400.0, ge=60.0)
     events_max_bytes: int = setting(64 << 20, ge=1 << 16)
     bundle_on_critical: bool = setting(True)
-    bundle_min_interval_s: float = setting(900.0, ge=0)  # the flight recorder writes at most one per this long
+    bundle_min_interval_s: float = setting(900.0, ge=0)  # the flight recorder: one per alert name per this long
     bundles_kept: int = setting(5, ge=1)
 
     @classmethod

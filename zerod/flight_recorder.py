@@ -1,6 +1,7 @@
 """The daemon's memory: every alert transition and lifecycle event into the
 event store (zerod.event_store), and on a critical alert a support bundle
-(zerod.bundle) under `state_dir/bundles`, at most one per `bundle_min_interval_s`,
+(zerod.bundle) under `state_dir/bundles`, at most one per alert name per
+`bundle_min_interval_s` (a critical alert at start does not use up the next one's),
 the newest `bundles_kept` kept. A store that cannot be opened is logged once
 and the daemon runs without it: memory is never a reason not to serve.
 """
@@ -36,7 +37,7 @@ class FlightRecorder:
         self.clock = clock
         self.daemon_docs = daemon_docs
         self.bundle_dir = os.path.join(cfg.state_dir, BUNDLE_DIR)
-        self.last_bundle_at: float | None = None
+        self.last_bundle_at: dict[str, float] = {}  # alert name -> when its last bundle began
         self.bundles_written: list[str] = []
         self._writing: threading.Thread | None = None
         try:
@@ -61,11 +62,12 @@ class FlightRecorder:
     def maybe_bundle(self, reason: str) -> str | None:
         """Start writing a bundle in a thread unless one was written within the interval."""
         now = self.clock()
-        if self.last_bundle_at is not None and now - self.last_bundle_at < self.cfg.bundle_min_interval_s:
+        last = self.last_bundle_at.get(reason)
+        if last is not None and now - last < self.cfg.bundle_min_interval_s:
             return None
         if self._writing is not None and self._writing.is_alive():
             return None
-        self.last_bundle_at = now
+        self.last_bundle_at[reason] = now
         path = os.path.join(self.bundle_dir, bundle_name(now, reason))
         self._writing = threading.Thread(target=self._write, args=(path, reason), name="zerod-bundle", daemon=True)
         self._writing.start()
