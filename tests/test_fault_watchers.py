@@ -101,7 +101,7 @@ def _canary(answers: list[list[str]]):
     sup = FakeSupervisor()
     sup.spec = EngineSpec("a", (2,), {}, tagged=True)
     clock = [0.0]
-    w = CanaryWatcher(book, DaemonConfig.from_dict({"canary_interval_s": 60}), sup, model=lambda: "m",
+    w = CanaryWatcher(book, DaemonConfig.from_dict({"canary_interval_s": 60}), sup,
                       gpus=lambda: [2], prompts=("p1", "p2"), clock=lambda: clock[0])
     asked = []
 

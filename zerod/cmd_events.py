@@ -71,7 +71,8 @@ def format_event(e: dict) -> str:
               help="A duration ago (90s, 30m, 2h, 7d) or an ISO time.")
 @click.option("--severity", multiple=True, metavar="LEVEL",
               help="Only these: critical, warning, info (repeatable or comma-separated).")
-@click.option("--engine", metavar="NAME", help="Only this engine's events ('default': the [engine] engine and the host's).")
+@click.option("--engine", metavar="NAME",
+              help="Only this engine's events ('default': the [engine] engine and the host's).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON array: an object per event.")
 def events(config, since, severity, engine, as_json):
     """Alert transitions and daemon events kept under [daemon] state_dir, oldest first."""

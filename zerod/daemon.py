@@ -214,10 +214,7 @@ class Daemon:
                 self.book, cfg, metrics, sup, gpus=lambda: [stats.gpus[i] for i in gpus if i in stats.gpus],
                 stacks_path=self._stack_env(spec).get(STACK_ENV)))
         if cfg.canary_interval_s > 0:
-            served = spec.section.get("served_model_name")
-            model = (served[0] if isinstance(served, list) and served else served) or spec.section.get("model")
-            out.append(CanaryWatcher(self.book, cfg, sup, model=lambda: str(model) if model else None,
-                                     api_key=self.api_key, gpus=lambda: gpus))
+            out.append(CanaryWatcher(self.book, cfg, sup, api_key=self.api_key, gpus=lambda: gpus))
         self.fault_watchers += out
         return out
 

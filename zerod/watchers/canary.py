@@ -42,9 +42,9 @@ class CanaryWatcher(Watcher):
     name = "canary"
     blocking = False
 
-    def __init__(self, book: AlertBook, cfg: DaemonConfig, supervisor, model: Callable[[], str | None],
-                 api_key: str | None = None, gpus: Callable[[], list[int]] = lambda: [],
-                 prompts: tuple[str, ...] = PROMPTS, clock=time.monotonic) -> None:
+    def __init__(self, book: AlertBook, cfg: DaemonConfig, supervisor, api_key: str | None = None,
+                 gpus: Callable[[], list[int]] = lambda: [], prompts: tuple[str, ...] = PROMPTS,
+                 clock=time.monotonic) -> None:
         super().__init__()
         self.spec = supervisor.spec
         if self.spec.tagged:
@@ -52,7 +52,7 @@ class CanaryWatcher(Watcher):
         self.book = book
         self.cfg = cfg
         self.supervisor = supervisor
-        self.model = model
+        self.model: str | None = None  # the engine's first served name (GET /v1/models), per process
         self.api_key = api_key
         self.gpus = gpus
         self.prompts = prompts
@@ -140,15 +140,20 @@ class CanaryWatcher(Watcher):
         headers = {CANARY_HEADER: "1"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
+        timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
+        if self.model is None or self.reference_pid != self.supervisor.pid:
+            # the name the engine serves under, as it says (a path for vLLM, a name for zerod)
+            async with self._session.get(self.supervisor.url + "/v1/models", headers=headers, timeout=timeout) as r:
+                data = await r.json(content_type=None)
+                if r.status != 200 or not data.get("data"):
+                    raise RuntimeError(f"canary: GET /v1/models: HTTP {r.status}: {str(data)[:200]}")
+            self.model = data["data"][0]["id"]
         out = []
         for prompt in self.prompts:
-            body: dict[str, Any] = {"prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0.0,
-                                    "user": CANARY_USER}
-            model = self.model()
-            if model:
-                body["model"] = model
+            body: dict[str, Any] = {"model": self.model, "prompt": prompt, "max_tokens": MAX_TOKENS,
+                                    "temperature": 0.0, "user": CANARY_USER}
             async with self._session.post(self.supervisor.url + "/v1/completions", json=body, headers=headers,
-                                          timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)) as r:
+                                          timeout=timeout) as r:
                 data = await r.json(content_type=None)
                 if r.status != 200:
                     raise RuntimeError(f"canary request: HTTP {r.status}: {str(data)[:200]}")

@@ -21,7 +21,6 @@ import asyncio
 import json
 import os
 import shutil
-import signal
 import time
 from typing import Any, Callable
 
