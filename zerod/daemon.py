@@ -36,12 +36,12 @@ from zerod.daemon_config import AlertsConfig, DaemonConfig
 from zerod.engine.core.stack_dump import ENV as STACK_ENV
 from zerod.engines import PRESETS
 from zerod.fleet import EngineSpec, engine_specs
+from zerod.flight_recorder import FlightRecorder
 from zerod.preflight import Preflight, PreflightRefused, RecheckWatcher
 from zerod.sdnotify import Notifier
 from zerod.supervisor import EngineSupervisor, api_key_credential, engine_argv, engine_env, engine_url
 from zerod.views import EngineView, Views
 from zerod.watchers import Watcher
-from zerod.flight_recorder import FlightRecorder
 from zerod.watchers.canary import CanaryWatcher
 from zerod.watchers.compute_mode import ComputeModeGuard
 from zerod.watchers.engine_metrics import EngineMetricsWatcher
@@ -89,6 +89,7 @@ class Daemon:
         self.supervisors: list[EngineSupervisor] = []
         self.watchers: list[Watcher] = []
         self.fault_watchers: list[Watcher] = []  # EngineStalled and the canary, each engine's
+        self._nvml_stats: NvmlStatsWatcher | None = None  # EngineStalled's GPU evidence
         self.views: Views | None = None
         self.netlink = None
         self.metrics_address: tuple[str, int] | None = None
