@@ -107,7 +107,7 @@ async def test_a_stalled_engine_is_named_with_its_stack_and_restarted(tmp_path):
 
 async def test_the_canary_catches_perturbed_weights_and_stays_out_of_the_metrics(tmp_path):
     port = free_port()
-    # the record takes at most 3 x 16 steps, each round as many: two rounds agree before the fault
+    # the record takes 3 x 16 steps (ignore_eos), each round as many: two rounds agree before the fault
     d = Daemon(_config(tmp_path, port, "corrupt-after-steps:144", canary_interval_s=0.5, bundle_on_critical=False),
                demo=True)
     run = asyncio.create_task(d.run())
@@ -122,7 +122,7 @@ async def test_the_canary_catches_perturbed_weights_and_stays_out_of_the_metrics
         assert a.severity == "critical" and "differently than at its start, twice" in a.summary
         assert "GPU 0" in a.summary and a.labels["gpu"] == "0"
         first = json.dumps(canary.prompts[-1])
-        assert first in a.description and json.dumps(canary.reference[-1]) in a.description
+        assert first in a.description and json.dumps(canary.reference[-1].text) in a.description
         assert "now " in a.description
         # every canary token so far was unmetered: the engine counts none
         last = d.views.engines[0].engine_metrics.last

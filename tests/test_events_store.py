@@ -43,7 +43,8 @@ def test_every_alert_transition_and_lifecycle_event_is_kept(tmp_path):
     rec.lifecycle("DaemonStarted", "started", "zerod run started")
     clock.t += 5
     book.fire("EngineStalled", "a", severity="critical", summary="engine a stalled", labels={"engine": "a", "pid": 7})
-    book.fire("EngineStalled", "a", severity="critical", summary="engine a stalled", labels={"engine": "a"})  # no change
+    # the same summary again: no transition
+    book.fire("EngineStalled", "a", severity="critical", summary="engine a stalled", labels={"engine": "a"})
     clock.t += 5
     book.fire("GpuHot", "0", severity="warning", summary="GPU 0 at 90 C", labels={"gpu": 0})
     clock.t += 5

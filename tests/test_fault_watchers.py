@@ -13,7 +13,7 @@ from zerod.alerts import AlertBook
 from zerod.daemon_config import DaemonConfig, DaemonConfigError
 from zerod.engine import metrics as names
 from zerod.fleet import EngineSpec
-from zerod.watchers.canary import CanaryWatcher
+from zerod.watchers.canary import Answer, CanaryWatcher, near_tie
 from zerod.watchers.engine_metrics import Histogram, Sample
 from zerod.watchers.engine_stall import EngineStallWatcher, step_thread_stack
 
@@ -107,7 +107,7 @@ def _canary(answers: list[list[str]]):
 
     async def ask():
         asked.append(clock[0])
-        return answers.pop(0)
+        return [a if isinstance(a, Answer) else Answer(a) for a in answers.pop(0)]
     w.ask = ask
 
     def tick(t: float) -> None:
@@ -125,7 +125,7 @@ def test_the_canary_records_at_start_and_fires_on_an_answer_changed_twice():
     ref, bad = ["x1", "y1"], ["x1", "WRONG"]
     book, sup, w, tick, asked = _canary([ref, ref, bad, bad])
     tick(0.0)
-    assert w.reference == ref and w.reference_pid == 100
+    assert [a.text for a in w.reference] == ref and w.reference_pid == 100
     tick(30.0)
     assert asked == [0.0]  # not due yet
     tick(60.0)
@@ -134,7 +134,7 @@ def test_the_canary_records_at_start_and_fires_on_an_answer_changed_twice():
     a = book.get("CanaryMismatch", "a")
     assert a is not None and a.severity == "critical" and "1 of 2 fixed greedy prompts" in a.summary
     assert "GPU 2" in a.summary and a.labels == {"engine": "a", "gpu": "2", "pid": "100"}
-    assert 'prompt "p2": at start "y1", now "WRONG"' in a.description
+    assert 'prompt "p2": at start "y1", now "WRONG"' in a.description and "beyond a near-tie" in a.description
     assert "zerod diag --level full --gpus 2" in a.fix
 
 
@@ -146,7 +146,8 @@ def test_a_near_tie_tipped_once_is_not_a_mismatch_and_a_new_process_records_anew
     assert book.get("CanaryMismatch", "a") is None and len(asked) == 3
     sup.pid = 200  # restarted: a new record, not a comparison with the old process's
     tick(61.0)
-    assert w.reference == ["q", "r"] and w.reference_pid == 200 and book.get("CanaryMismatch", "a") is None
+    assert [a.text for a in w.reference] == ["q", "r"] and w.reference_pid == 200
+    assert book.get("CanaryMismatch", "a") is None
 
 
 @pytest.mark.parametrize("key,value,problem", [
@@ -159,3 +160,15 @@ def test_the_new_settings_refuse_typos(key, value, problem):
     with pytest.raises(DaemonConfigError) as e:
         DaemonConfig.from_dict({key: value})
     assert key in str(e.value) and problem in str(e.value)
+
+
+def test_a_near_tie_in_the_engine_s_own_logprobs_is_not_a_fault():
+    ref = Answer("ab", ["a", "b"], [{"a": -0.1}, {"b": -0.50, "c": -0.60}])
+    tipped = Answer("ac", ["a", "c"], [{"a": -0.1}, {"c": -0.55, "b": -0.58}])   # 0.03 nats apart
+    wrong = Answer("xy", ["x", "y"], [{"x": -0.01, "a": -6.0}, {"y": -0.2}])     # "a" 6 nats below
+    assert near_tie(ref, tipped) and not near_tie(ref, wrong)
+    assert not near_tie(ref, Answer("ab?"))  # no logprobs: no excuse
+    book, sup, w, tick, asked = _canary([[ref, Answer("z")], [tipped, Answer("z")], [tipped, Answer("z")]])
+    tick(0.0)
+    tick(60.0)
+    assert len(asked) == 2 and book.get("CanaryMismatch", "a") is None  # a tie: not even asked again

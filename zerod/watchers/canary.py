@@ -5,8 +5,11 @@ engine process is healthy, the canary sends it a few fixed greedy prompts and
 records the answers; every `[daemon] canary_interval_s` it sends them again. An
 answer that differs from the recorded one, again on an immediate second asking
 (a near-tie that batching tipped once is not a fault), raises `CanaryMismatch`
-(critical) with the prompts, both answers and the GPUs. The record is per process:
-a restarted engine records anew.
+(critical) with the prompts, both answers and the GPUs. A batch of another size
+can round a logit differently and tip a near-tie for good, so the answers carry
+the engine's top-2 logprobs: where two answers first part, a token the other run
+chose within `TIE_NATS` of the chosen one's logprob is such a tie, not a fault.
+The record is per process: a restarted engine records anew.
 
 Canary requests carry `X-Zerod-Canary: 1` (zerod.engine.metrics.CANARY_HEADER) and
 `"user": "zerod-canary"`: zerod's engine keeps them out of its latency histograms
@@ -20,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from zerod.alerts import AlertBook
@@ -33,9 +37,35 @@ PROMPTS = (
     "1, 2, 3, 5, 8, 13,",
 )
 MAX_TOKENS = 16
+TOP_LOGPROBS = 2
+TIE_NATS = 0.5  # where answers part, the other token this close to the chosen one's logprob: a near-tie
 CANARY_USER = "zerod-canary"
 REQUEST_TIMEOUT_S = 30.0
 RETRY_S = 60.0  # after a failed round
+
+
+@dataclass
+class Answer:
+    text: str
+    tokens: list[str] = field(default_factory=list)
+    top: list[dict[str, float]] = field(default_factory=list)  # per token: the top alternatives' logprobs
+
+
+def near_tie(a: Answer, b: Answer) -> bool:
+    """Where the two answers first part, either run had the other's token within TIE_NATS."""
+    i = next((k for k, (x, y) in enumerate(zip(a.tokens, b.tokens)) if x != y), None)
+    if i is None:
+        return False
+    for run, other in ((a, b.tokens[i]), (b, a.tokens[i])):
+        top = run.top[i] if i < len(run.top) and run.top[i] else {}
+        chosen = top.get(run.tokens[i])
+        if chosen is not None and other in top and chosen - top[other] <= TIE_NATS:
+            return True
+    return False
+
+
+def changed(ref: Answer, now: Answer) -> bool:
+    return now.text != ref.text and not near_tie(ref, now)
 
 
 class CanaryWatcher(Watcher):
@@ -58,11 +88,11 @@ class CanaryWatcher(Watcher):
         self.prompts = prompts
         self.clock = clock
         self.interval_s = cfg.watch_interval_s  # the poll; a round every canary_interval_s
-        self.reference: list[str] | None = None
+        self.reference: list[Answer] | None = None
         self.reference_pid: int | None = None
         self.last_round_at: float | None = None
         self.rounds = 0
-        self.last_answers: list[str] | None = None
+        self.last_answers: list[Answer] | None = None
         self._task: asyncio.Task | None = None
         self._retry_at = 0.0
         self._session = None
@@ -105,34 +135,35 @@ class CanaryWatcher(Watcher):
             return
         self.rounds += 1
         self.last_answers = answers
-        if answers == self.reference:
+        if not any(changed(r, a) for r, a in zip(self.reference, answers)):
             self.book.resolve("CanaryMismatch", self.spec.key())
             return
         again = await self.ask()
         if self.supervisor.pid != pid:
             return
-        bad = [i for i, (a, b, r) in enumerate(zip(answers, again, self.reference)) if a != r and b != r]
+        bad = [i for i, (a, b, r) in enumerate(zip(answers, again, self.reference))
+               if changed(r, a) and changed(r, b)]
         if not bad:
             return
         self._fire(bad, again)
 
-    def _fire(self, bad: list[int], answers: list[str]) -> None:
+    def _fire(self, bad: list[int], answers: list[Answer]) -> None:
         named = f" {self.spec.name}" if self.spec.tagged else ""
         gpus = self.gpus()
         where = f"GPU {', '.join(map(str, gpus))}" if gpus else "its GPU"
-        diffs = "; ".join(f"prompt {json.dumps(self.prompts[i])}: at start {json.dumps(self.reference[i])}, "
-                          f"now {json.dumps(answers[i])}" for i in bad)
+        diffs = "; ".join(f"prompt {json.dumps(self.prompts[i])}: at start {json.dumps(self.reference[i].text)}, "
+                          f"now {json.dumps(answers[i].text)}" for i in bad)
         self.book.fire(
             "CanaryMismatch", self.spec.key(), severity="critical",
             labels={**self.spec.labels, "gpu": ",".join(map(str, gpus)) or None, "pid": self.reference_pid},
             summary=f"engine{named} answers {len(bad)} of {len(self.prompts)} fixed greedy prompts differently "
                     f"than at its start, twice: suspect silent corruption on {where}",
             description=f"greedy ({MAX_TOKENS} tokens, temperature 0) answers changed with the same weights "
-                        f"and process: {diffs}",
+                        f"and process, beyond a near-tie: {diffs}",
             fix=f"drain the engine and run `zerod diag --level full --gpus {','.join(map(str, gpus)) or 'N'}`; "
                 f"a restart on another GPU tells the GPU from the engine")
 
-    async def ask(self) -> list[str]:
+    async def ask(self) -> list[Answer]:
         import aiohttp
 
         if self._session is None:
@@ -150,18 +181,24 @@ class CanaryWatcher(Watcher):
             self.model = data["data"][0]["id"]
         out = []
         for prompt in self.prompts:
+            # ignore_eos (vLLM's, SGLang's, zerod's): every answer is MAX_TOKENS long
             body: dict[str, Any] = {"model": self.model, "prompt": prompt, "max_tokens": MAX_TOKENS,
-                                    "temperature": 0.0, "user": CANARY_USER}
+                                    "temperature": 0.0, "ignore_eos": True, "logprobs": TOP_LOGPROBS,
+                                    "user": CANARY_USER}
             async with self._session.post(self.supervisor.url + "/v1/completions", json=body, headers=headers,
                                           timeout=timeout) as r:
                 data = await r.json(content_type=None)
                 if r.status != 200:
                     raise RuntimeError(f"canary request: HTTP {r.status}: {str(data)[:200]}")
-            out.append(data["choices"][0]["text"])
+            choice = data["choices"][0]
+            lp = choice.get("logprobs") or {}
+            out.append(Answer(choice["text"], list(lp.get("tokens") or []),
+                              [t or {} for t in lp.get("top_logprobs") or []]))
         return out
 
     def snapshot(self) -> dict[str, Any]:
-        return {"reference": self.reference, "last_answers": self.last_answers, "rounds": self.rounds,
+        texts = lambda answers: None if answers is None else [a.text for a in answers]  # noqa: E731
+        return {"reference": texts(self.reference), "last_answers": texts(self.last_answers), "rounds": self.rounds,
                 "prompts": list(self.prompts)}
 
     async def close(self) -> None:
