@@ -95,6 +95,7 @@ class CanaryWatcher(Watcher):
         self.last_answers: list[Answer] | None = None
         self._task: asyncio.Task | None = None
         self._retry_at = 0.0
+        self._asked_pid: int | None = None
         self._session = None
 
     async def apoll(self) -> None:
@@ -104,7 +105,8 @@ class CanaryWatcher(Watcher):
             if not self._task.done():
                 return
             task, self._task = self._task, None
-            if not task.cancelled() and task.exception() is not None:
+            gone = self.supervisor.pid != self._asked_pid or self.supervisor.fig.state != "healthy"
+            if not task.cancelled() and task.exception() is not None and not gone:  # gone: the engine's fault
                 # the watcher loop logs and counts it; the next try waits (an engine without
                 # /v1/completions is not asked every second)
                 self._retry_at = self.clock() + min(self.cfg.canary_interval_s, RETRY_S)
@@ -115,6 +117,7 @@ class CanaryWatcher(Watcher):
         if pid is None or self.supervisor.fig.state != "healthy":
             return
         now = self.clock()
+        self._asked_pid = pid
         if pid != self.reference_pid:
             self._task = asyncio.create_task(self._record(pid), name=f"{self.name}-record")
         elif self.last_round_at is None or now - self.last_round_at >= self.cfg.canary_interval_s:
