@@ -120,3 +120,31 @@ def test_sigusr2_appends_every_thread_s_stack_to_the_stack_file(tmp_path):
     finally:
         p.kill()
         p.wait()
+
+
+@pytest.mark.gpu
+def test_corrupt_after_steps_reaches_cuda_graph_replays(tmp_path, monkeypatch):
+    """On the GPU the decode steps replay CUDA graphs captured before the fault: the
+    perturbation is in place, so the graphs read the rotated head and every greedy
+    answer changes."""
+    make_checkpoint(tmp_path, "llama", hidden_size=256, num_heads=4, num_kv_heads=2, intermediate_size=512,
+                    dtype="bfloat16", seed=5)
+    cfg = dict(model=str(tmp_path), device="cuda", dtype="bfloat16", kv_pages=256, max_model_len=256,
+               max_num_seqs=8)
+    clean = Engine(EngineConfig(**cfg))
+    assert clean.runner.graphs  # the graphs are what this test is about
+    clean.start()
+    try:
+        want = [r["token_ids"] for r in generate(clean, _prompts(3), GREEDY)]
+    finally:
+        clean.shutdown(0)
+    monkeypatch.setenv(ENV, "corrupt-after-steps:1")
+    bad = Engine(EngineConfig(**cfg))
+    monkeypatch.delenv(ENV)
+    bad.start()
+    try:
+        generate(bad, [_prompts(1)[0]], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))
+        got = [r["token_ids"] for r in generate(bad, _prompts(3), GREEDY)]
+    finally:
+        bad.shutdown(0)
+    assert all(g != w for g, w in zip(got, want))
