@@ -389,6 +389,7 @@ class Daemon:
             self.recorder.lifecycle("DaemonStopped", "stopped",
                                     f"zerod run stopped ({self._stop_signal or 'no signal'}), exit code {rc}",
                                     severity="info" if rc == EX_OK else "warning")
+            await loop.run_in_executor(None, self.recorder.wait, 10.0)  # a bundle being written: finish it
             self.recorder.close()
 
     async def _serve(self, loop, pool, tasks: list[asyncio.Task]) -> int:
