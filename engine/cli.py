@@ -19,6 +19,7 @@ from pathlib import Path
 
 import click
 from zerod import CONTEXT_SETTINGS
+from zerod.engine.core.stack_dump import register_from_env as register_stack_dump
 from zerod.engine.config import KV_CACHE_DTYPES, QUANTIZATIONS, EngineConfig, EngineError
 from zerod.engine.api.tools import PARSERS
 
@@ -278,6 +279,7 @@ def serve(model, served_model_name, tokenizer, dtype, load_format, quantization,
     from zerod.engine.logs import setup_logging  # the daemon's format too: one journal, one format
 
     setup_logging(log_level)
+    register_stack_dump()   # ZEROD_STACK_FILE: the daemon's EngineStalled evidence
     from zerod.engine.api.http_edge import PortTaken, bind_socket
 
     names = list(served_model_name)

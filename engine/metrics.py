@@ -46,6 +46,10 @@ SLOW_STEP_S = 0.010
 SLOW_STEP_REASONS = ("kernel_build", "garbage_collection", "device_queue", "waiting", "host")
 MAX_ITL_WINDOW_S = 60
 
+# A request with this header set to "1" (the daemon's canary) is served like any other and
+# kept out of every series here: the latency baseline and the users' figures never see it.
+CANARY_HEADER = "X-Zerod-Canary"
+
 # vLLM's names for the same facts (vllm/v1/metrics/loggers.py), labelled by model_name.
 VLLM_NUM_REQUESTS_RUNNING = "vllm:num_requests_running"
 VLLM_NUM_REQUESTS_WAITING = "vllm:num_requests_waiting"

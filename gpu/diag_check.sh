@@ -6,7 +6,7 @@
 # the GPU tests of tests/test_diag_gpu.py, and a short table. Everything lands in $OUT.
 set -u
 cd "$(dirname "$0")/.."
-. gpu/wheels.sh psutil click prometheus_client pynvml  # what the device image may lack, from .whl/
+. gpu/parts/wheels.sh psutil click prometheus_client pynvml  # what the device image may lack, from .whl/
 OUT=${OUT:-/tmp/diag-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 STATE_DIRECTORY="$OUT/state"
 exec > >(tee "$OUT/log.txt") 2>&1

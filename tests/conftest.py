@@ -21,9 +21,13 @@ import pytest
 # doctor and the preflight keep their last report on disk (zerod.checks.last_report):
 # tests write theirs to a directory of this run, never to the user's or /var/lib
 os.environ.setdefault("ZEROD_STATE_DIR", tempfile.mkdtemp(prefix="zerod-state-"))
+# The daemons the tests start keep their events, stack dumps and bundles in a throwaway
+# directory, never the user's state directory ([daemon] state_dir's default).
+os.environ.setdefault("STATE_DIRECTORY", tempfile.mkdtemp(prefix="zerod-test-state-"))
 
 SLOW_MODULES = {
     "test_alerts.py",  # a real Alertmanager
+    "test_daemon_faults.py",  # demo engines with ZEROD_FAULT: stalled and restarted, weights perturbed
     "test_daemon_fleet.py",  # two daemons' engines started, one killed and restarted alone
     "test_daemon_foreign.py",  # a daemon and a foreign GPU holder, alerted within 2 s
     "test_daemon_lifecycle.py",  # daemons started, crashed, hung and stopped

@@ -2,7 +2,8 @@
 empty body (as vLLM's does: no pid), `GET /metrics` serves `vllm:*` series with
 vLLM's labels and real histogram buckets, fed by simulated traffic: 32 running
 requests, 200 inter-token latencies every 0.1 s around 6 ms. SIGUSR1 makes the
-engine three times slower (a rogue job beside it).
+engine three times slower (a rogue job beside it); SIGUSR2 stops its tokens while
+/health still answers (vLLM's stuck engine, its issue #39863).
 
     python tests/fake_vllm.py PORT
 """
@@ -36,6 +37,7 @@ def main(port: int) -> None:
     running.set(32)
     waiting.set(1)
     slow = [1.0]
+    stalled = [False]
 
     async def traffic(_app):
         async def loop():
@@ -47,6 +49,8 @@ def main(port: int) -> None:
                     ttft.observe(0.05 * slow[0] * rng.lognormvariate(0, 0.2))
                 gen.inc(200)
                 await asyncio.sleep(0.1)
+                while stalled[0]:
+                    await asyncio.sleep(0.1)
 
         task = asyncio.create_task(loop())
         yield
@@ -63,6 +67,7 @@ def main(port: int) -> None:
     app.router.add_get("/metrics", metrics)
     app.cleanup_ctx.append(traffic)
     signal.signal(signal.SIGUSR1, lambda *_: slow.__setitem__(0, 3.0))
+    signal.signal(signal.SIGUSR2, lambda *_: stalled.__setitem__(0, True))
     web.run_app(app, host="127.0.0.1", port=port, print=None)
 
 

@@ -10,6 +10,10 @@ with the batch; a rogue CUDA job beside the engine doubled ITL p50 (5.3 ->
 
 from __future__ import annotations
 
+import sys
+import tarfile
+from pathlib import Path
+
 import numpy as np
 import pytest
 from prometheus_client import generate_latest
@@ -214,7 +218,8 @@ def test_a_rogue_job_is_named_within_20_s_and_not_learned_as_normal():
     assert fired_at and fired_at[0] - start <= 20
     a = book.get("LatencyRegression", "itl")
     assert a.summary.startswith(("p99 inter-token latency over 1.5x its normal ",
-                                 "mean inter-token latency over 1.5x its normal "))
+                                 "mean inter-token latency over 1.5x its normal ",
+                                 "sustained mean inter-token latency over 1.5x its normal "))
     assert a.summary.endswith(" ms at 64-95 concurrent requests; likely cause: python3 (pid 9131) on GPU 0")
     assert "rogue_matmul.py" in a.description
     assert f"{a.starts_at - start:.0f} s before the regression began" in a.description
@@ -269,11 +274,13 @@ def test_a_rogue_job_is_named_within_20_s_when_the_tail_is_the_engines_own_launc
             p99_ratio.append(max(c.ratio for c in p99))
 
     run(sim, clock, metrics, latency, 20, each=first_alert)
-    assert fired_at and fired_at[0] - start <= 10   # 5 s here; the p99 alone: 13 s
+    # three scrapes: the sustained mean (the 10 s mean sparing its two worst: 5 s; the p99 alone: 13 s)
+    assert fired_at and fired_at[0] - start <= 4
     a = book.get("LatencyRegression", "itl")
-    assert a.summary.startswith("mean inter-token latency over 1.5x its normal ")
+    assert a.summary.startswith("sustained mean inter-token latency over 1.5x its normal ")
     assert "likely cause: python3 (pid 9131) on GPU 0" in a.summary
-    assert "over the last 10 s, 2." in a.description   # 2.2-2.3x
+    assert "in each of the last 3 scrapes (the lowest of them), 2." in a.description   # 2.2-2.3x
+    assert a.labels["slo"] == "itl_sustained"  # the statistic that fired
     # the tail alone would not have told by then: the minute's p99 was under the factor
     assert p99_ratio[0] < cfg.latency_regression_factor
 
@@ -390,3 +397,37 @@ def test_factor_is_checked(value, problem):
     with pytest.raises(DaemonConfigError) as e:
         DaemonConfig.from_dict({"latency_regression_factor": value})
     assert problem in str(e.value)
+
+
+RESULTS = Path(__file__).resolve().parent.parent / "gpu" / "results"
+
+
+def _replay(path: Path) -> list[dict]:
+    sys.path.insert(0, str(RESULTS.parent))
+    from latency_replay import replay
+
+    return replay(str(path), [])
+
+
+def test_the_h200_rogue_job_is_named_within_10_s_of_starting():
+    """gpu/results/latency/run3-7800440: the engine's scrapes at 32 streams, the rogue
+    job (16 GiB, bf16 matmuls) started at 07:59:06 (timeline.txt); its CUDA start-up
+    takes ~5 s before the steps slow. The default config, replayed."""
+    run = RESULTS / "latency" / "run3-7800440"
+    stamps = dict(reversed(line.split(" ", 2)[1:]) for line in (run / "timeline.txt").read_text().splitlines()
+                  if line.startswith("== "))
+    hms = lambda s: sum(int(x) * k for x, k in zip(s.split(":"), (3600, 60, 1)))  # noqa: E731
+    job_s = hms(stamps["rogue job starts"]) - hms(stamps["load: 32 streams"])  # the recording starts with the load
+    itl = [a for a in _replay(run / "scrapes.jsonl") if "inter-token" in a["summary"]]
+    assert itl, "no LatencyRegression"
+    assert 0 < itl[0]["t_s"] - job_s <= 10, (job_s, itl[0])
+    assert itl[0]["summary"].startswith("sustained mean inter-token latency over 1.5x its normal")
+
+
+def test_no_regression_on_the_h200_s_10_minute_ramp(tmp_path):
+    """gpu/results/daemon/2026-12-01-ramp/run3-e6b9444: 8 -> 200 -> 8 streams in nine
+    stages, each stage's clients arriving at once; the default config, replayed."""
+    with tarfile.open(RESULTS / "daemon" / "2026-12-01-ramp" / "run3-e6b9444" / "ramp.tgz") as tar:
+        (tmp_path / "scrapes.jsonl").write_bytes(tar.extractfile("./scrapes.jsonl").read())
+    assert sum(1 for _ in open(tmp_path / "scrapes.jsonl")) > 600  # the whole ramp
+    assert _replay(tmp_path / "scrapes.jsonl") == []

@@ -82,6 +82,7 @@ class AlertBook:
         self.clock = clock
         self.log_resolved = log_resolved
         self._listeners: list[Callable[[], None]] = []
+        self._transition_listeners: list[Callable[[Alert, str], None]] = []
 
     # --- what watchers call -------------------------------------------------
     def fire(self, alertname: str, key: str = "", *, severity: str = "warning", summary: str,
@@ -105,6 +106,7 @@ class AlertBook:
                           starts_at=now, updated_at=now)
                 self._active[aid] = a
         self._log(a, "firing")
+        self._transition(a, "firing")
         self._changed()
         return a
 
@@ -118,6 +120,7 @@ class AlertBook:
             self._resolved.append(a)
         if self.log_resolved:
             self._log(a, "resolved")
+        self._transition(a, "resolved")
         self._changed()
         return a
 
@@ -166,7 +169,19 @@ class AlertBook:
     def add_listener(self, fn: Callable[[], None]) -> None:
         self._listeners.append(fn)
 
+    def add_transition_listener(self, fn: Callable[[Alert, str], None]) -> None:
+        """fn(alert, "firing" | "resolved") on each transition the log shows (the event
+        store, the flight recorder); called on the watcher's thread."""
+        self._transition_listeners.append(fn)
+
     # --- internals ----------------------------------------------------------
+    def _transition(self, a: Alert, state: str) -> None:
+        for fn in list(self._transition_listeners):
+            try:
+                fn(a, state)
+            except Exception:  # a broken listener must not break a watcher
+                log.exception("alert transition listener failed")
+
     def _changed(self) -> None:
         for fn in list(self._listeners):
             try:

@@ -25,6 +25,8 @@ COMMANDS: dict[str, str] = {
     "install": "zerod.cmd_run:install",
     "top": "zerod.cmd_top:top",
     "config": "zerod.cmd_config:config",
+    "events": "zerod.cmd_events:events",
+    "bundle": "zerod.cmd_events:bundle",
 }
 
 HELP = {
@@ -37,6 +39,8 @@ HELP = {
     "install": "Write the systemd unit, the sysctl drop-in and the NUMA drop-in.",
     "top": "The live terminal dashboard.",
     "config": "Check the configuration file (zerod config check [FILE]).",
+    "events": "What happened on this host: alert transitions and daemon events, kept on disk.",
+    "bundle": "Write a support bundle (.tar.gz) for a ticket.",
 }
 
 

@@ -38,14 +38,18 @@ from zerod.diag.service import DiagService
 from zerod.engines import PRESETS
 from zerod.fleet import EngineSpec, engine_specs
 from zerod.history import HistoryRecorder
+from zerod.engine.core.stack_dump import ENV as STACK_ENV
+from zerod.flight_recorder import FlightRecorder
 from zerod.preflight import Preflight, PreflightRefused, RecheckWatcher
 from zerod.registry import build_watchers
 from zerod.sdnotify import Notifier
 from zerod.supervisor import EngineSupervisor, api_key_credential, engine_argv, engine_env, engine_url
 from zerod.views import EngineView, Views
 from zerod.watchers import Watcher
+from zerod.watchers.canary import CanaryWatcher
 from zerod.watchers.compute_mode import ComputeModeGuard
 from zerod.watchers.engine_metrics import EngineMetricsWatcher
+from zerod.watchers.engine_stall import EngineStallWatcher, stack_file
 from zerod.watchers.gpu_processes import GpuProcessWatcher
 from zerod.watchers.latency import LatencyWatcher
 from zerod.watchers.nvml_gpm import GpmWatcher
@@ -75,6 +79,7 @@ class Daemon:
         self.started_at = time.time()
         self.book = AlertBook(self.alerts_cfg.resolved_retention_s, log_resolved=self.alerts_cfg.log_resolved)
         self.notifier = notifier or Notifier()
+        self.recorder = FlightRecorder(self.cfg, config, self.book, daemon_docs=self._docs)
         self.nvml = NvmlSession(nvml, self.cfg.nvml_retry_s)
         self.api_key = api_key_credential(env)
         self.preflights = [Preflight(config, self.book, enabled=self.cfg.preflight, demo=demo,
@@ -88,6 +93,8 @@ class Daemon:
         self.supervisors: list[EngineSupervisor] = []
         self.watchers: list[Watcher] = []
         self.registered: list[Watcher] = []  # built from zerod.registry (per_host / per_engine)
+        self.fault_watchers: list[Watcher] = []  # EngineStalled and the canary, each engine's
+        self._nvml_stats: NvmlStatsWatcher | None = None  # EngineStalled's GPU evidence
         self.views: Views | None = None
         self.netlink = None
         self.metrics_address: tuple[str, int] | None = None
@@ -129,10 +136,26 @@ class Daemon:
             command or engine_argv(section, self.demo, cfg.engine),
             engine_url(section, cfg), cfg, self.book, self.notifier, self._binding(spec),
             model=str(section.get("served_model_name") or section.get("model", "?")),
-            extra_env=engine_env(section, self.api_key, cfg.engine),
+            extra_env={**engine_env(section, self.api_key, cfg.engine),
+                       **self._stack_env(spec)},
             on_ready=self._on_ready, on_status=self._set_status,
             pid_required=preset.reports_pid and not command,
             health_path=preset.health_path, kind=cfg.engine, spec=spec)
+
+    def _stack_env(self, spec: EngineSpec) -> dict[str, str]:
+        """ZEROD_STACK_FILE for a zerod engine: where SIGUSR2 dumps its stacks (EngineStalled)."""
+        if self.cfg.engine != "zerod" or self.recorder.store is None:
+            return {}
+        return {STACK_ENV: stack_file(self.cfg.state_dir, spec.name)}
+
+    def _engine_gpus(self, spec: EngineSpec) -> list[int]:
+        return list(spec.gpus) if spec.gpus else [self.cfg.gpu_index]
+
+    def _docs(self) -> dict[str, Any]:
+        """The control API's documents, for a bundle written while the daemon runs."""
+        v = self.views
+        return {} if v is None else {"status": v.status(), "engines": v.engines_doc(), "gpus": v.gpus(),
+                                     "alerts": v.alerts(), "processes": v.processes_doc()}
 
     def _build(self) -> Views:
         """The supervisors, the watchers and the views over them (nothing runs yet)."""
@@ -146,12 +169,14 @@ class Daemon:
             engines=lambda: [(s.spec, s.pid) for s in self.supervisors], nvml_ok=lambda: self.nvml.ok,
             roots=self._proc_roots, scan=self._scan, nvml_session=self.nvml)
         xid = XidWatcher(self.nvml, book, cfg)
+        self._nvml_stats = nvml_stats
         gpm = GpmWatcher(self.nvml, cfg)
         self.watchers = [nvml_stats, processes, xid, gpm]
         engines = []
         for sup, preflight in zip(self.supervisors, self.preflights):
             engines.append(self._engine_parts(sup, preflight, processes, preset))
             self.watchers += [engines[-1].engine_metrics, engines[-1].latency]
+            self.watchers += self._fault_watchers(sup, engines[-1].engine_metrics)
             if engines[-1].compute_mode is not None:
                 self.watchers.append(engines[-1].compute_mode)
             if self.cfg.preflight:
@@ -197,6 +222,20 @@ class Daemon:
                 guard.name = f"{guard.name}:{spec.name}"
         return EngineView(sup, engine_metrics, latency, preflight, guard)
 
+    def _fault_watchers(self, sup: EngineSupervisor, metrics: EngineMetricsWatcher) -> list[Watcher]:
+        """EngineStalled and the canary for one engine (each off at 0 s)."""
+        cfg, spec, out = self.cfg, sup.spec, []
+        gpus = self._engine_gpus(spec)
+        if cfg.stall_after_s > 0:
+            stats = self._nvml_stats
+            out.append(EngineStallWatcher(
+                self.book, cfg, metrics, sup, gpus=lambda: [stats.gpus[i] for i in gpus if i in stats.gpus],
+                stacks_path=self._stack_env(spec).get(STACK_ENV)))
+        if cfg.canary_interval_s > 0:
+            out.append(CanaryWatcher(self.book, cfg, sup, api_key=self.api_key, gpus=lambda: gpus))
+        self.fault_watchers += out
+        return out
+
     # ------------------------------------------------------------------ life cycle
     def _set_status(self, text: str) -> None:
         if text != self._status_text:
@@ -208,6 +247,8 @@ class Daemon:
         if self.ready_at is not None or not all(s._ready_sent for s in self.supervisors):
             return
         self.ready_at = time.time()
+        self.recorder.lifecycle("DaemonReady", "ready", f"every engine healthy {self.ready_at - self.started_at:.1f} s "
+                                f"after the daemon started")
         text = "; ".join(f"serving {s.model or '?'} at {s.url} (engine{s.named} pid {s.pid})"
                          for s in self.supervisors)
         log.info("ready: %s", text)
@@ -332,6 +373,9 @@ class Daemon:
         pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="zerod-watch")
         runners: list = []
         tasks: list[asyncio.Task] = []
+        self.recorder.lifecycle("DaemonStarted", "started", f"zerod run (pid {os.getpid()}) started; "
+                                f"{len(self.specs)} engine(s): {', '.join(s.name for s in self.specs)}")
+        rc = EX_FAIL
         try:
             self._set_status("preflight: reading the host")
             try:
@@ -340,10 +384,12 @@ class Daemon:
             except PreflightRefused as exc:
                 log.critical("%s", exc)
                 self._set_status(str(exc).splitlines()[0])
-                return EX_CONFIG
+                rc = EX_CONFIG
+                return rc
             if self._stop.is_set():
                 log.info("%s during preflight: not starting", self._stop_signal)
-                return EX_OK
+                rc = EX_OK
+                return rc
             await loop.run_in_executor(pool, self.nvml.ensure)
             views = self._build()
             try:
@@ -351,10 +397,17 @@ class Daemon:
             except OSError as exc:
                 log.critical("cannot open the daemon's endpoints: %s", exc)
                 self._set_status(f"cannot open endpoints: {exc}")
-                return EX_CONFIG
-            return await self._serve(loop, pool, tasks)
+                rc = EX_CONFIG
+                return rc
+            rc = await self._serve(loop, pool, tasks)
+            return rc
         finally:
             await self._cleanup(loop, pool, tasks, runners)
+            self.recorder.lifecycle("DaemonStopped", "stopped",
+                                    f"zerod run stopped ({self._stop_signal or 'no signal'}), exit code {rc}",
+                                    severity="info" if rc == EX_OK else "warning")
+            await loop.run_in_executor(None, self.recorder.wait, 10.0)  # a bundle being written: finish it
+            self.recorder.close()
 
     async def _serve(self, loop, pool, tasks: list[asyncio.Task]) -> int:
         if self.alerts_cfg.alertmanager_url:
@@ -423,6 +476,9 @@ class Daemon:
                 if e.compute_mode is not None:  # the engine has stopped: the GPUs get their mode back
                     await loop.run_in_executor(None, e.compute_mode.restore)
                 await e.engine_metrics.close()
+            for w in self.fault_watchers:
+                if isinstance(w, CanaryWatcher):
+                    await w.close()
             await loop.run_in_executor(None, self.views.xid.stop)
             for w in self.registered:
                 if hasattr(w, "stop"):

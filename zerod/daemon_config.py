@@ -50,6 +50,21 @@ def default_socket(env: dict[str, str] | None = None, euid: int | None = None) -
     return os.path.join(base, "zerod", "control.sock")
 
 
+def default_state_dir(env: dict[str, str] | None = None, euid: int | None = None) -> str:
+    """Where the events and the flight recorder's bundles are kept: systemd's
+    StateDirectory (/var/lib/zerod), /var/lib/zerod as root, else the user's
+    state directory (so `zerod events` finds what `zerod run` wrote)."""
+    env = os.environ if env is None else env
+    euid = os.geteuid() if euid is None else euid
+    sd = env.get("STATE_DIRECTORY")  # systemd's StateDirectory=zerod
+    if sd:
+        return sd.split(":")[0]
+    if euid == 0:
+        return "/var/lib/zerod"
+    base = env.get("XDG_STATE_HOME") or os.path.join(env.get("HOME") or f"/tmp/zerod-{euid}", ".local", "state")
+    return os.path.join(base, "zerod")
+
+
 def _socket_path(value: str) -> str | None:
     if not value:
         return "must be a path"
@@ -124,6 +139,9 @@ class DaemonConfig:
     latency_window_s: float = setting(60.0, ge=1.0)
     # the recent part of the window whose mean is compared (a sustained shift shows there first)
     latency_shift_s: float = setting(10.0, ge=1.0)  # and <= latency_window_s (when set)
+    # ITL's sustained shift: each of the last N scrape intervals' means over the factor (0: off)
+    latency_sustain_intervals: int = setting(3, ge=0, check=lambda v: None if v != 1 else
+                                             "must be 0 (off) or >= 2: one interval is a burst, not a shift")
     latency_min_samples: int = setting(20, ge=0)
     cause_window_s: float = setting(300.0, ge=0)
     temperature_max_celsius: float = setting(85.0, gt=0, le=150)
@@ -131,6 +149,18 @@ class DaemonConfig:
     throttle_alert_reasons: list[str] = setting(factory=lambda: list(DEFAULT_THROTTLE_REASONS))
     throttle_for_s: float = setting(10.0, ge=0)
     counter_alert_hold_s: float = setting(300.0, ge=0)
+    # EngineStalled: requests running and no token produced for this long (0: off)
+    stall_after_s: float = setting(10.0, ge=0)
+    stall_restart: bool = setting(True)  # restart a stalled engine once its evidence is taken
+    # the canary: fixed greedy prompts against the answer recorded at the engine's start (0: off)
+    canary_interval_s: float = setting(300.0, ge=0)
+    # what lasts: the event store and the flight recorder's bundles (zerod events, zerod bundle)
+    state_dir: str = setting(factory=default_state_dir, check=lambda v: None if v else "must be a path")
+    events_max_age_s: float = setting(30 * 86400.0, ge=60.0)
+    events_max_bytes: int = setting(64 << 20, ge=1 << 16)
+    bundle_on_critical: bool = setting(True)
+    bundle_min_interval_s: float = setting(900.0, ge=0)  # the flight recorder: one per alert name per this long
+    bundles_kept: int = setting(5, ge=1)
 
     @classmethod
     def from_dict(cls, section: dict[str, Any] | None) -> "DaemonConfig":

@@ -303,6 +303,9 @@ class EngineSupervisor:
         while not self._stopping:
             self.progress_at = time.monotonic()
             rc = p.poll()
+            if rc is not None and self._restart_why:
+                why, self._restart_why = self._restart_why, None
+                return why
             if rc is not None:
                 why = f"exited with {_describe_rc(rc)}" + ("" if last_ok else " while starting")
                 return why + (f" ({last_err})" if last_err and self._impostor_said == last_err else "")
@@ -351,6 +354,17 @@ class EngineSupervisor:
                     self._extend_start()
             await self._sleep(pause)
         return "stopping"
+
+    async def restart(self, why: str) -> None:
+        """Kill the engine so the loop restarts it, `why` being its reason (a watcher's
+        verdict, e.g. EngineStalled: an engine that answers /health but does no work)."""
+        if self.pid is None or self._stopping:
+            return
+        self._restart_why = why
+        log.warning("engine%s: restarting it: %s", self.named, why)
+        await self._kill(grace_s=2.0)
+
+    _restart_why: str | None = None
 
     def force_stop(self) -> None:
         """Stop waiting for the drain: SIGKILL the engine now (a second Ctrl-C)."""

@@ -65,6 +65,9 @@ _HEALTH = _obj({
     "status": {"enum": ["ok", "unhealthy", "draining"]}, "pid": _INT, "model": _STR,
     "max_model_len": _INT, "vocab_size": _INT, "inflight": _INT,
     "threads": {"type": "object", "additionalProperties": _INT},
+    # the step loop's last step (null before the first): what a stalled engine did last
+    "steps": _INT, "last_step": {"anyOf": [_obj({"rows": _INT, "prefill_tokens": _INT, "decodes": _INT,
+                                                  "seconds": _NUM, "at": _NUM}), _NULL]},
 }, required=["status", "pid", "model", "max_model_len", "vocab_size"])
 
 _ERROR_TEXT = {

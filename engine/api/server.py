@@ -56,6 +56,7 @@ from zerod.engine.api.cors import CorsPolicy, request_id
 from zerod.engine.core.first_use import FIRST_USES
 from zerod.engine.api.http_edge import EdgeLimits, EdgeRunner, bind_socket, edge_error
 from zerod.engine.interface import EngineLike
+from zerod.engine.metrics import CANARY_HEADER
 from zerod.engine.api.openapi import openapi_document
 from zerod.engine.sampling.structured import GrammarError, GrammarSpec
 from zerod.engine.api.tools import new_call_id, outcome
@@ -382,6 +383,9 @@ class OpenAIServer:
         for k, v in stats.items():
             if isinstance(v, (int, float, str, bool)) or v is None:
                 body.setdefault(k, v)
+        poller = getattr(self.engine, "poller", None)
+        if poller is not None:   # the daemon's EngineStalled evidence
+            body["last_step"] = poller.last_step
         if hasattr(self.engine, "lora_adapters"):   # the daemon shows them (zerod top)
             body["lora_adapters"] = [a.name for a in self._adapters()]
         return _json(body, 200 if status == "ok" else 503)
@@ -495,6 +499,9 @@ class OpenAIServer:
             grammar = await self._compile_grammar(req.grammar)
             for _, params, _ in plan.choices:
                 params.grammar = grammar
+        if request.headers.get(CANARY_HEADER) == "1":   # the daemon's canary: not in the metrics
+            for _, params, _ in plan.choices:
+                params.unmetered = True
         st = _Req()
         st.rid = []
         self.inflight.add(st)

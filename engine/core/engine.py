@@ -34,6 +34,7 @@ from ..lora import LoraAdapter, LoraError, LoraManager
 from ..metrics import SLOW_STEP_S, EngineMetrics
 from ..runner.model_runner import ModelRunner
 from ..tp.parallel import TPGroup, Workers, check_tp
+from .faults import FaultInjector
 from .output import FinishRecord, OutputPoller, StepRecord, set_os_thread_name
 from .request import Request, RequestOutput, SamplingParams
 from ..sampling.sampler import row_class
@@ -156,6 +157,7 @@ class Engine:
         self.config = cfg = config
         t0 = time.monotonic()
         FIRST_USES.install()
+        self._faults = FaultInjector.from_env()   # ZEROD_FAULT: None unless set
         self.model_path = cfg.model
         self.model_dir = self._model_dir(cfg.model)
         self.device = _resolve_device(cfg.device)
@@ -471,6 +473,8 @@ class Engine:
             if batch:
                 self._run_batch(batch)
             self._publish_counts()
+            if self._faults is not None:
+                self._faults.after_step(self)
 
     def _publish_counts(self) -> None:
         """What /metrics and stats() read on other threads after an iteration, each a value

@@ -107,6 +107,23 @@ class FinishRecord:
     error: str | None = None
 
 
+class _Unobserved:
+    """Stands in for the engine's metrics for an unmetered request (the daemon's canary)."""
+
+    def observe(self, _v: float) -> None:
+        pass
+
+    def inc(self, _v: float = 1) -> None:
+        pass
+
+
+class _UnmeteredMetrics:
+    ttft = itl = prompt_tokens = _Unobserved()
+
+
+UNMETERED = _UnmeteredMetrics()
+
+
 class OutputPoller(threading.Thread):
     def __init__(self, tokenizer: Tokenizer, ring: HostRing, metrics, notify_stop: Callable[[Request], None],
                  on_stream_error: Callable[[BaseException], None],
@@ -121,6 +138,7 @@ class OutputPoller(threading.Thread):
         self.q: queue.SimpleQueue = queue.SimpleQueue()
         self.eos = set(tokenizer.eos_token_ids)
         self.inflight = 0           # records queued and not yet handled
+        self.last_step: dict | None = None
         self._lock = threading.Lock()
 
     def put(self, rec) -> None:
@@ -174,11 +192,14 @@ class OutputPoller(threading.Thread):
             log.info("a step took %.0f ms (%d prompt tokens, %d decodes)", step_s * 1000,
                      rec.prefill_tokens, rec.decodes)
         self.on_step_time(rec.prefill_tokens, rec.decodes, step_s)
+        # the last step's shape, in /health: what a stalled engine was doing last
+        self.last_step = {"rows": n, "prefill_tokens": rec.prefill_tokens, "decodes": rec.decodes,
+                          "seconds": round(step_s, 6), "at": time.time()}
         now = time.monotonic()
         gen = 0
         for i, (r, t) in enumerate(zip(rec.rows, toks)):
             if not r.finished:
-                gen += 1
+                gen += not r.params.unmetered
                 self._token(r, t, now, lps.get(i) if lps else None)
         if gen:
             self.metrics.generation_tokens.inc(gen)
@@ -198,7 +219,7 @@ class OutputPoller(threading.Thread):
     # ------------------------------------------------------------------ per token
     def _token(self, r: Request, tok: int, now: float, lp: TokenLogprob | None = None) -> None:
         p = r.params
-        m = self.metrics
+        m = self.metrics if not p.unmetered else UNMETERED
         if r.first_token_at is None:
             r.first_token_at = now
             m.ttft.observe(now - r.arrival)
@@ -247,8 +268,9 @@ class OutputPoller(threading.Thread):
               lp: TokenLogprob | None = None) -> None:
         if reason is not None:
             r.finished = True
-            self.metrics.finished(reason)
-            self.metrics.e2e.observe(time.monotonic() - r.arrival)
+            if not r.params.unmetered:
+                self.metrics.finished(reason)
+                self.metrics.e2e.observe(time.monotonic() - r.arrival)
         out = RequestOutput(r.id, ids, text, reason is not None, reason, r.prompt_len, len(r.out_ids), error,
                             cached_tokens=r.num_cached, logprobs=None if lp is None else [lp],
                             prompt_logprobs=r.prompt_logprobs if len(r.out_ids) == 1 and ids else None)

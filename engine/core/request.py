@@ -66,6 +66,9 @@ class SamplingParams:
     prompt_logprobs: int | None = None   # the same per prompt token (prompt_logprobs.py)
     # a compiled xgrammar grammar (structured.GrammarCompiler.compile): outputs follow it
     grammar: Any = None
+    # the daemon's canary (header X-Zerod-Canary): served like any request, kept out of the
+    # latency histograms and token / request counters its baseline and the users' metrics read
+    unmetered: bool = False
 
     def __post_init__(self) -> None:
         self.stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])

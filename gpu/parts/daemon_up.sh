@@ -2,6 +2,7 @@
 # plus a dummy engine of $M ($DT on $DEV, port 8000), its control socket under $W/run, the
 # doctor checks that fail on the device VM before the run waived (named in the output),
 # and wait until the engine is healthy. Leaves the daemon's pid in DPID.
+# DAEMON_EXTRA: more [daemon] lines (gpu/diag_faults.sh: ZEROD_FAULT, the canary's interval).
 #   M=... DEV=... DT=... W=... PY=... . gpu/parts/daemon_up.sh
 CFG="$W/zerod.toml"
 cat > "$CFG" <<TOML
@@ -18,6 +19,7 @@ port = 8000
 [daemon]
 control_socket = "$W/run/control.sock"
 metrics_port = 9477
+${DAEMON_EXTRA:-}
 TOML
 $PY -m zerod doctor --json --config "$CFG" > "$W/doctor.json"
 $PY - "$W/doctor.json" "$CFG" <<'PYEOF'

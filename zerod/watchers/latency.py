@@ -38,6 +38,8 @@ from zerod.watchers.engine_metrics import EngineMetricsWatcher, Sample
 from zerod.watchers.latency_baseline import LatencyBaseline, Work, load_bucket
 
 HISTORY = 600
+# each statistic as the alert says it (zerod.watchers.latency_baseline: what each is)
+STAT_NAMES = {"p99": "p99", "mean": "mean", "sustained": "sustained mean"}
 RATE_WINDOW_S = 5.0
 # alerts a regression may follow from, besides a new process on the GPU
 CAUSE_ALERTS = ("GpuThrottled", "XidError", "PcieReplays", "EccErrors", "GpuHot", "PreflightFailed")
@@ -166,6 +168,9 @@ class LatencyWatcher(Watcher):
             comps = [c for stat, recent in stats
                      for c in self.baseline.compare(what, cfg.latency_min_samples, cfg.latency_baseline_min_samples,
                                                     cfg.latency_baseline_min_s, stat=stat, recent_s=recent)]
+            if what == "itl" and cfg.latency_sustain_intervals:
+                comps += self.baseline.sustained(what, cfg.latency_sustain_intervals, cfg.latency_min_samples,
+                                                 cfg.latency_baseline_min_samples, cfg.latency_baseline_min_s)
             if comps:
                 over = [c for c in comps if c.ratio > factor]
                 # the statistic that crossed first names the alert while it holds (its
@@ -199,13 +204,17 @@ class LatencyWatcher(Watcher):
                 desc = (f"p50 {_ms(self.figures[f'{what}_p50_s'])}, p99 {_ms(v['p99'])} over the last "
                         f"{self.cfg.latency_window_s:.0f} s ({v['count']} observations)")
             else:
-                summary = (f"{v['stat']} {label} over {self.cfg.latency_regression_factor:g}x its normal "
-                           f"{_ms(v['normal'])} at {v['bucket']} concurrent requests")
-                desc = (f"{v['stat']} {_ms(v['value'])} over the last {v['over_s']:.0f} s, {v['ratio']:.1f}x "
+                summary = (f"{STAT_NAMES[v['stat']]} {label} over {self.cfg.latency_regression_factor:g}x its "
+                           f"normal {_ms(v['normal'])} at {v['bucket']} concurrent requests")
+                over = (f"in each of the last {self.cfg.latency_sustain_intervals} scrapes (the lowest of them)"
+                        if v["stat"] == "sustained" else f"over the last {v['over_s']:.0f} s")
+                desc = (f"{STAT_NAMES[v['stat']]} {_ms(v['value'])} {over}, {v['ratio']:.1f}x "
                         f"the normal of the last {self.cfg.latency_baseline_s / 60:.0f} min at that load "
                         f"({v['count']} observations at {v['bucket']} concurrent requests)")
-            # "slo" names the figure zerod top marks (its p99 row); the summary says what crossed
-            labels: dict[str, Any] = {"slo": f"{what}_p99", "basis": v["basis"], "load": v.get("bucket"),
+            # "slo" names the statistic that fired (itl_p99, itl_mean, itl_sustained, ttft_p99);
+            # zerod top marks the metric's row by its prefix
+            stat = "p99" if v["basis"] == "slo" else v["stat"]
+            labels: dict[str, Any] = {"slo": f"{what}_{stat}", "basis": v["basis"], "load": v.get("bucket"),
                                       **self.spec.labels}
             if self.spec.tagged:
                 summary = f"engine {self.spec.name}: {summary}"

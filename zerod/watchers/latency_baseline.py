@@ -8,7 +8,7 @@ window is only ever compared with the normal of its own bucket. A load ramp
 then moves from bucket to bucket without looking like a regression; a bucket
 with too little history has no normal yet and gives no verdict.
 
-Two statistics are compared, each in its own bucket:
+Three statistics are compared, each in its own bucket:
 - the p99 over the window (`latency_window_s`, a minute): the tail — a monitoring
   agent's GPU poll that took an incident's p99 from 90 to 320 ms;
 - for ITL, the mean over its last `latency_shift_s` seconds: a sustained shift. A rogue
@@ -17,6 +17,11 @@ Two statistics are compared, each in its own bucket:
   normal's ITL in one bucket, so a quantile inside it is an interpolation. The mean is
   exact (the histogram's sum over its count). Not for TTFT: a few seconds hold too few
   first tokens for a steady mean. The H200 run that showed it: docs/daemon.md.
+
+- for ITL, the lowest mean of each of its last `latency_sustain_intervals` scrape
+  intervals ("sustained"): the rogue job's shift within seconds. Every one of them
+  must be over, so a stage's burst (a second or two) never is; the H200's 10-minute
+  ramp stays under 1.04x its normal by it, the rogue job shows 2.1x three scrapes in.
 
 A regression must show beyond the `SPARED` worst intervals of what is compared
 (ranked by the statistic): when a stage of load starts at once, its burst of
@@ -233,6 +238,28 @@ class LatencyBaseline:
                 continue
             out.append(Comparison(metric, stat, bucket, now, normal, int(cur.count), int(base.count)))
         return out
+
+    def sustained(self, metric: str, intervals: int, min_samples: int, normal_min_samples: int,
+                  normal_min_s: float = 0.0) -> list[Comparison]:
+        """The last `intervals` scrape intervals, all at one load: the lowest of their
+        means against the normal's mean ("sustained": a shift that holds in every one
+        of them; a burst spans one or two). Fires `intervals` scrapes after a shift
+        begins, where the window's mean, sparing its worst intervals, needs more."""
+        last = list(self.window)[-intervals:] if intervals > 0 else []
+        if len(last) < intervals or len({iv.bucket for iv in last}) != 1:
+            return []
+        hists = [iv.hists.get(metric) for iv in last]
+        if any(h is None or h.count <= 0 for h in hists) or sum(h.count for h in hists) < max(1, min_samples):
+            return []
+        bucket = last[0].bucket
+        base = self.normal(metric, bucket)
+        if base.count < normal_min_samples or self.normal_seconds(metric, bucket) < normal_min_s:
+            return []
+        now, normal = min(_mean(h) for h in hists), _mean(base)
+        if normal is None:
+            return []
+        return [Comparison(metric, "sustained", bucket, now, normal, int(sum(h.count for h in hists)),
+                           int(base.count))]
 
     def normals(self) -> dict[str, dict[str, float | None]]:
         """{metric: {bucket: normal p99}} for /v1/engine."""
