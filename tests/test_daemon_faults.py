@@ -59,7 +59,7 @@ async def test_a_stalled_engine_is_named_with_its_stack_and_restarted(tmp_path):
     stuck = None
     try:
         await _until(d, lambda: d.ready_at is not None, 120, "READY")
-        first_pid = d.supervisor.pid
+        first_pid = d.supervisors[0].pid
 
         async def long_request():
             async with aiohttp.ClientSession() as s:
@@ -82,9 +82,9 @@ async def test_a_stalled_engine_is_named_with_its_stack_and_restarted(tmp_path):
         assert "step thread stack:" in desc and "_loop_body" in desc and "faults.py" in desc  # where it waits
         assert "no GPU reading" in desc  # the CPU: said, not invented
         # by policy, a restart: a new process, the restart's reason naming the stall
-        await _until(d, lambda: d.supervisor.pid not in (None, first_pid) and d.supervisor.fig.restarts >= 1,
+        await _until(d, lambda: d.supervisors[0].pid not in (None, first_pid) and d.supervisors[0].fig.restarts >= 1,
                      60, "a restart")
-        assert "stalled" in (d.supervisor.fig.last_exit or "")
+        assert "stalled" in (d.supervisors[0].fig.last_exit or "")
         # the flight recorder's bundle, with the stack and the event in it
         await _until(d, lambda: bool(d.recorder.bundles_written), 60, "a bundle")
         with tarfile.open(d.recorder.bundles_written[0]) as tar:
@@ -149,7 +149,7 @@ async def test_a_vllm_engine_stalled_is_told_from_its_metrics(tmp_path):
         await _until(d, lambda: d.ready_at is not None, 30, "READY")
         await _until(d, lambda: (d.views.engine().get("output_tokens_per_s") or 0) > 0, 15, "tokens")
         assert d.book.get("EngineStalled") is None  # tokens flowing: no verdict against it
-        first_pid = d.supervisor.pid
+        first_pid = d.supervisors[0].pid
         os.kill(first_pid, signal.SIGUSR2)
         took = await _until(d, lambda: any(e["alertname"] == "EngineStalled" for e in d.recorder.store.query()),
                             15, "EngineStalled")
@@ -159,6 +159,6 @@ async def test_a_vllm_engine_stalled_is_told_from_its_metrics(tmp_path):
         assert "last step: not reported by this engine" in e["description"]
         if shutil.which("py-spy") is None:
             assert "a vllm engine has no ZEROD_STACK_FILE and py-spy is not installed" in e["description"]
-        await _until(d, lambda: d.supervisor.pid not in (None, first_pid), 30, "a restart")
+        await _until(d, lambda: d.supervisors[0].pid not in (None, first_pid), 30, "a restart")
     finally:
         await _stop(d, run)

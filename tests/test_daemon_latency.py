@@ -10,8 +10,8 @@ with the batch; a rogue CUDA job beside the engine doubled ITL p50 (5.3 ->
 
 from __future__ import annotations
 
+import gzip
 import sys
-import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -399,35 +399,36 @@ def test_factor_is_checked(value, problem):
     assert problem in str(e.value)
 
 
-RESULTS = Path(__file__).resolve().parent.parent / "gpu" / "results"
+REPO = Path(__file__).resolve().parent.parent
+# recorded on the H200 (gpu/results/daemon.md): the rogue-job run and the 10-minute ramp
+RECORDED = Path(__file__).resolve().parent / "fixtures" / "h200_latency"
 
 
 def _replay(path: Path) -> list[dict]:
-    sys.path.insert(0, str(RESULTS.parent))
+    sys.path.insert(0, str(REPO / "gpu"))
     from latency_replay import replay
 
     return replay(str(path), [])
 
 
-def test_the_h200_rogue_job_is_named_within_10_s_of_starting():
-    """gpu/results/latency/run3-7800440: the engine's scrapes at 32 streams, the rogue
-    job (16 GiB, bf16 matmuls) started at 07:59:06 (timeline.txt); its CUDA start-up
-    takes ~5 s before the steps slow. The default config, replayed."""
-    run = RESULTS / "latency" / "run3-7800440"
-    stamps = dict(reversed(line.split(" ", 2)[1:]) for line in (run / "timeline.txt").read_text().splitlines()
+def test_the_h200_rogue_job_is_named_within_10_s_of_starting(tmp_path):
+    """The engine's scrapes at 32 streams, the rogue job (16 GiB, bf16 matmuls) started at
+    07:59:06 (its timeline); its CUDA start-up takes ~5 s before the steps slow. The
+    default config, replayed."""
+    stamps = dict(reversed(line.split(" ", 2)[1:]) for line in (RECORDED / "rogue-timeline.txt").read_text().splitlines()
                   if line.startswith("== "))
     hms = lambda s: sum(int(x) * k for x, k in zip(s.split(":"), (3600, 60, 1)))  # noqa: E731
     job_s = hms(stamps["rogue job starts"]) - hms(stamps["load: 32 streams"])  # the recording starts with the load
-    itl = [a for a in _replay(run / "scrapes.jsonl") if "inter-token" in a["summary"]]
+    (tmp_path / "scrapes.jsonl").write_bytes(gzip.decompress((RECORDED / "rogue-scrapes.jsonl.gz").read_bytes()))
+    itl = [a for a in _replay(tmp_path / "scrapes.jsonl") if "inter-token" in a["summary"]]
     assert itl, "no LatencyRegression"
     assert 0 < itl[0]["t_s"] - job_s <= 10, (job_s, itl[0])
     assert itl[0]["summary"].startswith("sustained mean inter-token latency over 1.5x its normal")
 
 
 def test_no_regression_on_the_h200_s_10_minute_ramp(tmp_path):
-    """gpu/results/daemon/2026-12-01-ramp/run3-e6b9444: 8 -> 200 -> 8 streams in nine
-    stages, each stage's clients arriving at once; the default config, replayed."""
-    with tarfile.open(RESULTS / "daemon" / "2026-12-01-ramp" / "run3-e6b9444" / "ramp.tgz") as tar:
-        (tmp_path / "scrapes.jsonl").write_bytes(tar.extractfile("./scrapes.jsonl").read())
+    """8 -> 200 -> 8 streams in nine stages, each stage's clients arriving at once; the
+    default config, replayed."""
+    (tmp_path / "scrapes.jsonl").write_bytes(gzip.decompress((RECORDED / "ramp-scrapes.jsonl.gz").read_bytes()))
     assert sum(1 for _ in open(tmp_path / "scrapes.jsonl")) > 600  # the whole ramp
     assert _replay(tmp_path / "scrapes.jsonl") == []

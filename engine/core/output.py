@@ -118,7 +118,7 @@ class _Unobserved:
 
 
 class _UnmeteredMetrics:
-    ttft = itl = prompt_tokens = _Unobserved()
+    ttft = itl = max_itl = prompt_tokens = _Unobserved()
 
 
 UNMETERED = _UnmeteredMetrics()
