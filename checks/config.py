@@ -33,6 +33,13 @@ class DoctorConfig:
     load_format: str = "auto"  # "dummy": random weights, nothing to find on disk
     quantization: str | None = None  # "fp8": weights quantized at load (needs compute capability 8.9)
     kv_cache_dtype: str = "auto"     # "fp8" / "fp8_e4m3": FP8 KV pages (the same)
+    # the rest of what sizes the KV pool (the engine's activation headroom and page size)
+    # and what the model must be split over; None: the engine's default
+    max_num_batched_tokens: int | None = None
+    max_prefill_tokens_idle: int | None = None
+    block_size: int | None = None
+    tensor_parallel_size: int = 1
+    enable_lora: bool = False
     engine_env: dict[str, str] = field(default_factory=dict)  # from [daemon] engine_env: NCCL_* for gpu.p2p
     # net.bind_exposure
     bind_address: str = "127.0.0.1"
@@ -93,8 +100,23 @@ class DoctorConfig:
         "load_format": "load_format",
         "quantization": "quantization",
         "kv_cache_dtype": "kv_cache_dtype",
+        "max_num_batched_tokens": "max_num_batched_tokens",
+        "max_prefill_tokens_idle": "max_prefill_tokens_idle",
+        "block_size": "block_size",
+        "tensor_parallel_size": "tensor_parallel_size",
+        "enable_lora": "enable_lora",
         "host": "bind_address",
     }
+
+    def engine_config(self):
+        """The EngineConfig the engine would be started with: the [engine] keys above that
+        are its fields, its defaults for the rest; EngineError when it would refuse a value."""
+        from zerod.engine.config import EngineConfig   # torch-free, validated when built
+
+        flags = {f.name for f in dataclasses.fields(EngineConfig)}
+        kw = {k: getattr(self, k) for k in self.ENGINE_KEYS.values()
+              if k in flags and getattr(self, k) is not None}
+        return EngineConfig(**kw)
 
     @classmethod
     def from_dict(cls, section: dict[str, Any] | None = None,

@@ -37,7 +37,7 @@ from torch import nn
 from ..config import EngineError
 from ..model.linear import Linear, param
 from . import fp8
-from .config import QuantConfig
+from ..spec.quant import QuantConfig
 
 MIN_CAPABILITY = (8, 9)   # e4m3 tensor cores: Ada (sm_89), Hopper (sm_90) and newer
 # The largest M that takes the W8A16 kernel, per weight scales (per-row, block): where it

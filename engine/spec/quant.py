@@ -20,9 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import EngineError
-
-SUPPORTED_FLAG = ("fp8",)          # --quantization values (vLLM's names)
+from ..config import QUANTIZATIONS, EngineError
 
 
 @dataclass(frozen=True)
@@ -64,9 +62,9 @@ def resolve(checkpoint: QuantConfig | None, flag: str | None) -> QuantConfig | N
     """The quantization to serve: the checkpoint's (hf_config parsed it) and the
     `--quantization` flag (None: follow the checkpoint). An FP8 checkpoint is served as
     published whether or not the flag says fp8."""
-    if flag is not None and flag not in SUPPORTED_FLAG:
+    if flag is not None and flag not in QUANTIZATIONS:
         raise EngineError(f"quantization {flag!r} is not supported; use "
-                          f"{', '.join(SUPPORTED_FLAG)} (or leave it out for the checkpoint's own)")
+                          f"{', '.join(QUANTIZATIONS)} (or leave it out for the checkpoint's own)")
     if checkpoint is not None:
         return checkpoint
     return online_fp8() if flag == "fp8" else None
