@@ -375,7 +375,8 @@ class Engine:
             kv_pages_total=self.pool.total, kv_pages_free=self.scheduler.cache.free,
             healthy=self._healthy and (not self._started or self._loop.is_alive()),
             device=str(self.device), model=self.model_name, max_model_len=self.max_model_len,
-            steps=self._steps, cuda_graphs=bool(self.runner.graphs), error=self._error)
+            steps=self._steps, cuda_graphs=bool(self.runner.graphs), error=self._error,
+            last_step=self.poller.last_step)
 
     def shutdown(self, drain_timeout: float = 0.0) -> None:
         """Stop admitting; wait up to drain_timeout for running requests, abort the rest, join."""
