@@ -81,6 +81,8 @@ def engine_config(ctx: Ctx):
         kv_dtype = kv_cache_dtype(cfg.kv_cache_dtype, dtype)
         quant = resolve_quant(mc.quant, cfg.quantization)
         refuse_unservable(mc, quant, cfg.tensor_parallel_size, cfg.enable_lora)
+        # what the weights take on each GPU as the engine allocates them (dummy weights alike)
+        weights = weight_bytes(mc, dtype, quant, cfg.tensor_parallel_size)
     except EngineError as exc:
         return FAIL(f"the engine cannot serve {path}: {exc}", SERVABLE_FIX)
     fp8 = _fp8_uses(mc, quant, kv_dtype)
@@ -92,8 +94,6 @@ def engine_config(ctx: Ctx):
                         "without --quantization fp8 and with [engine] kv_cache_dtype = \"auto\"")
     if not m.get("safetensors_bytes") and cfg.load_format != "dummy":
         return FAIL(f"no *.safetensors weights in {path}", fix_path + " (or `--load-format dummy` for tests)")
-    # what the weights take on each GPU as the engine allocates them (dummy weights alike)
-    weights = weight_bytes(mc, dtype, quant, cfg.tensor_parallel_size)
     notes = []
     if cfg.max_model_len and cfg.max_model_len > mc.max_position_embeddings:
         notes.append(f"max_model_len {cfg.max_model_len} exceeds the model's {mc.max_position_embeddings}")

@@ -53,6 +53,27 @@ class QuantConfig:
         return False
 
 
+def quantizes(quant: QuantConfig | None, parts: list[tuple[str, int]], in_features: int) -> bool:
+    """Whether the projection fused from the HF modules `parts` ((name, rows) in order)
+    is FP8. Refuses fused parts that disagree on being ignored, and block weights that do
+    not tile each part: the engine fuses them into one projection, quantized alike."""
+    if quant is None:
+        return False
+    ignored = {m: quant.ignored(m) for m, _ in parts}
+    if len(set(ignored.values())) > 1:
+        raise EngineError(f"quantization ignores {', '.join(m for m, i in ignored.items() if i)} but not "
+                          f"{', '.join(m for m, i in ignored.items() if not i)}: the engine fuses them "
+                          f"into one projection, which must be quantized alike")
+    if all(ignored.values()):
+        return False
+    if quant.weights == "block":
+        bn, bk = quant.block
+        if any(rows % bn for _, rows in parts[:-1]):   # a fused part must start a block
+            raise EngineError(f"{parts[0][0]}: {sum(r for _, r in parts)}x{in_features} does not divide "
+                              f"into the checkpoint's {bn}x{bk} weight blocks")
+    return True
+
+
 def online_fp8() -> QuantConfig:
     """`--quantization fp8`: the LM head stays in the model dtype, as vLLM does."""
     return QuantConfig("online", "channel", "token", ignore=("lm_head",))

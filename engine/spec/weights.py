@@ -8,7 +8,7 @@ hold it equal to what the engine allocates.
 from __future__ import annotations
 
 from .hf_config import ModelConfig
-from .quant import QuantConfig
+from .quant import QuantConfig, quantizes
 from .sizing import DTYPE_BYTES, canonical_dtype, rank_config, vocab_rows
 
 FP8_BYTES = 1
@@ -25,8 +25,9 @@ def weight_bytes(mc: ModelConfig, dtype: str, quant: QuantConfig | None = None, 
     rows = vocab_rows(mc.vocab_size, tp)
     split = tp > 1
 
-    def linear(names: list[str], out: int, inp: int, bias: bool, q: QuantConfig | None = quant) -> int:
-        if q is None or all(q.ignored(n) for n in names):
+    def linear(parts: list[tuple[str, int]], inp: int, bias: bool, q: QuantConfig | None = quant) -> int:
+        out = sum(size for _, size in parts)
+        if not quantizes(q, parts, inp):
             return out * inp * db + (out * db if bias else 0)
         if q.weights == "block":
             bn, bk = q.block
@@ -38,21 +39,22 @@ def weight_bytes(mc: ModelConfig, dtype: str, quant: QuantConfig | None = None, 
 
     total = rows * h * db + h * db                      # embedding, final norm
     if not mc.tie_word_embeddings:                      # a tied head is the embedding
-        total += rows * h * db if split else linear(["lm_head"], mc.vocab_size, h, False)
-    for i in range(mc.num_layers):
-        p = f"model.layers.{i}."
+        total += rows * h * db if split else linear([("lm_head", mc.vocab_size)], h, False)
+    q, kv, i = r.q_size, r.kv_size, r.intermediate_size
+    fused = mc.spec.fused_checkpoint
+    for n in range(mc.num_layers):
+        p = f"model.layers.{n}."
         total += (4 if mc.gemma_norms else 2) * h * db
         total += 2 * mc.head_dim * db if mc.qk_norm else 0
-        qkv = [p + "self_attn.qkv_proj"] if mc.spec.fused_checkpoint else \
-            [p + f"self_attn.{n}_proj" for n in "qkv"]
-        total += linear(qkv, r.q_size + 2 * r.kv_size, h, mc.qkv_bias)
-        total += linear([p + "self_attn.o_proj"], h, r.q_size, mc.o_bias, None if split else quant)
-        if mc.moe_layers and mc.moe_layers[i]:
+        total += linear([(p + "self_attn.qkv_proj", q + 2 * kv)] if fused else
+                        [(p + "self_attn.q_proj", q), (p + "self_attn.k_proj", kv), (p + "self_attn.v_proj", kv)],
+                        h, mc.qkv_bias)
+        total += linear([(p + "self_attn.o_proj", h)], q, mc.o_bias, None if split else quant)
+        if mc.moe_layers and mc.moe_layers[n]:
             e, ei = mc.num_experts, mc.moe_intermediate_size
             total += (e * h + e * 2 * ei * h + e * h * ei) * db     # router, w13, w2
             continue
-        gate_up = [p + "mlp.gate_up_proj"] if mc.spec.fused_checkpoint else \
-            [p + "mlp.gate_proj", p + "mlp.up_proj"]
-        total += linear(gate_up, 2 * r.intermediate_size, h, mc.mlp_bias)
-        total += linear([p + "mlp.down_proj"], h, r.intermediate_size, mc.mlp_bias, None if split else quant)
+        total += linear([(p + "mlp.gate_up_proj", 2 * i)] if fused else
+                        [(p + "mlp.gate_proj", i), (p + "mlp.up_proj", i)], h, mc.mlp_bias)
+        total += linear([(p + "mlp.down_proj", h)], i, mc.mlp_bias, None if split else quant)
     return total
