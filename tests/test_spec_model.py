@@ -6,6 +6,7 @@ plan for the same config and GPU; what `serve` refuses, doctor refuses in the sa
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from zerod.checks import DoctorConfig, probe_model, run_checks
 from zerod.engine.config import EngineConfig, EngineError
 from zerod.engine.core.engine import Engine
 from zerod.engine.demo import write_tokenizer
+from zerod.engine.model.decoder import LlamaModel
 from zerod.engine.model.loader import build_model
 from zerod.engine.spec.families import FAMILIES
 from zerod.engine.spec.hf_config import load_model_config
@@ -95,6 +97,26 @@ def test_doctor_kv_pages_equal_the_engines_for_the_same_config_and_gpu(tmp_path,
     assert weight_bytes(mc, dtype, quant) == weights == ev["weights_bytes"]
     assert (ev["kv_pages"], ev["max_model_len"]) == (plan.num_pages, plan.max_model_len)
     assert ev["kv_bytes_per_token"] * cfg.block_size == plan.page_bytes
+
+
+@pytest.mark.parametrize("family,tp", [("llama", 2), ("qwen2", 2), ("gemma2", 2), ("qwen3", 4)])
+def test_doctor_sizes_one_ranks_shard_under_tensor_parallelism(tmp_path, family, tp):
+    d = checkpoint(tmp_path / family, family)
+    c = doctor(d, dtype="bfloat16", tensor_parallel_size=tp)
+    assert c.status == "pass", c.message
+    ev = next(e["value"] for e in c.evidence if e["name"] == "kv_budget")
+
+    # rank 0's shard as the engine builds it (every rank holds as many bytes: the vocabulary
+    # rows are padded alike); the group only needs its rank and size to be built
+    mc = load_model_config(d)
+    model = LlamaModel(mc, torch.bfloat16, torch.device("cpu"), tp=SimpleNamespace(rank=0, world=tp))
+    weights = allocated_bytes(model)
+    cfg = EngineConfig(model=d, load_format="dummy", dtype="bfloat16", tensor_parallel_size=tp)
+    plan = plan_kv(cfg, mc, "bfloat16", "cuda", cuda_mem=(GPU_TOTAL - weights, GPU_TOTAL))
+
+    assert weight_bytes(mc, "bfloat16", None, tp) == weights == ev["weights_bytes"]
+    assert weights < weight_bytes(mc, "bfloat16")
+    assert (ev["kv_pages"], ev["max_model_len"]) == (plan.num_pages, plan.max_model_len)
 
 
 REFUSED = [
