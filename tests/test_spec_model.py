@@ -122,6 +122,10 @@ def test_doctor_sizes_one_ranks_shard_under_tensor_parallelism(tmp_path, family,
 REFUSED = [
     ("llama", dict(architectures=["GPT2LMHeadModel"]), {}, "unsupported architecture 'GPT2LMHeadModel'"),
     ("llama", dict(partial_rotary_factor=0.5), {}, "partial_rotary_factor 0.5 is not supported"),
+    ("llama", dict(architectures="LlamaForCausalLM"), {}, "unsupported architecture 'llama'"),  # not a list
+    ("llama", dict(num_attention_heads=0), {}, "sizes must be positive"),
+    ("llama", dict(num_attention_heads=0, head_dim=None), {}, "missing or invalid field"),
+    ("llama", dict(rms_norm_eps="tiny"), {}, "a field has a value the engine cannot read"),
     ("llama", dict(quantization_config={"quant_method": "awq"}), {}, "'awq' is not supported"),
     ("llama", dict(quantization_config={"quant_method": "fp8", "weight_block_size": [128, 128]}), {},
      "does not divide into the checkpoint's 128x128 weight blocks"),

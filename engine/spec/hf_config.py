@@ -15,7 +15,6 @@ from .quant import QuantConfig, parse_checkpoint
 from .rope_scaling import parse_scaling
 from .sizing import expert_layout
 
-SUPPORTED = {f.architecture: f.name for f in BY_ARCHITECTURE.values()}
 _ACTS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
 
 
@@ -80,13 +79,22 @@ def _ids(v) -> list[int]:
 
 
 def parse_model_config(raw: dict[str, Any], where: str = "config.json") -> ModelConfig:
-    archs = raw.get("architectures") or []
-    arch = archs[0] if archs else None
-    if arch not in SUPPORTED:
+    """ModelConfig of a config.json's dict; EngineError naming what the engine cannot run
+    or what the file gets wrong (a value of the wrong type included)."""
+    try:
+        return _parse(raw, where)
+    except (TypeError, ValueError, ZeroDivisionError, AttributeError) as exc:
+        raise EngineError(f"{where}: a field has a value the engine cannot read ({exc})") from None
+
+
+def _parse(raw: dict[str, Any], where: str) -> ModelConfig:
+    archs = raw.get("architectures")
+    arch = archs[0] if isinstance(archs, list) and archs else None
+    if arch not in BY_ARCHITECTURE:
         mt = raw.get("model_type")
         raise EngineError(
             f"{where}: unsupported architecture {arch or mt or '(none given)'!r}; "
-            f"zerod's engine runs {', '.join(sorted(SUPPORTED))}"
+            f"zerod's engine runs {', '.join(sorted(BY_ARCHITECTURE))}"
         )
     fam = BY_ARCHITECTURE[arch]
     family = fam.name
@@ -100,7 +108,7 @@ def parse_model_config(raw: dict[str, Any], where: str = "config.json") -> Model
         layers = int(raw["num_hidden_layers"])
         inter = int(raw["intermediate_size"])
         vocab = int(raw["vocab_size"])
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
         raise EngineError(f"{where}: missing or invalid field {exc} for {arch}") from None
     if min(hidden, heads, kv_heads, head_dim, layers, inter, vocab) < 1:
         raise EngineError(f"{where}: sizes must be positive")
