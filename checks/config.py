@@ -111,12 +111,15 @@ class DoctorConfig:
     def engine_config(self):
         """The EngineConfig the engine would be started with: the [engine] keys above that
         are its fields, its defaults for the rest; EngineError when it would refuse a value."""
-        from zerod.engine.config import EngineConfig   # torch-free, validated when built
+        from zerod.engine.config import EngineConfig, EngineError   # torch-free, validated when built
 
         flags = {f.name for f in dataclasses.fields(EngineConfig)}
         kw = {k: getattr(self, k) for k in self.ENGINE_KEYS.values()
               if k in flags and getattr(self, k) is not None}
-        return EngineConfig(**kw)
+        try:
+            return EngineConfig(**kw)
+        except (TypeError, ValueError) as exc:   # a value of the wrong type in [engine]
+            raise EngineError(f"invalid engine config: {exc}") from None
 
     @classmethod
     def from_dict(cls, section: dict[str, Any] | None = None,
