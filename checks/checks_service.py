@@ -9,7 +9,7 @@ from zerod.engine.config import EngineError
 # torch-free: the engine's own model spec and sizing formula
 from zerod.engine.spec.hf_config import parse_model_config
 from zerod.engine.spec.quant import resolve as resolve_quant
-from zerod.engine.spec.servable import refuse_unservable
+from zerod.engine.spec.servable import refuse_gpu_count, refuse_unservable
 from zerod.engine.spec.sizing import FP8_KV, KVPlan, kv_cache_dtype, plan_kv, serving_dtype
 from zerod.engine.spec.weights import weight_bytes
 
@@ -103,7 +103,12 @@ def engine_config(ctx: Ctx):
     totals = [g["memory"]["total"] for g in gl if g.get("memory")]
     if not totals:
         return SKIP(f"model {path} found ({weights / GiB:.1f} GiB of weights); no GPU to size it against")
-    total = min(totals)
+    try:
+        refuse_gpu_count(cfg.tensor_parallel_size, len(gl))
+    except EngineError as exc:
+        return FAIL(f"the engine cannot serve {path}: {exc}",
+                    "lower [engine] tensor_parallel_size to the GPUs it has, or give it more ([doctor] gpus)")
+    total = min(totals)     # the pool is the same on every GPU: the least of them sizes it
     fix = ("lower [engine] max_model_len or max_num_seqs, raise gpu_memory_utilization (<= 0.92), "
            "or use a larger GPU / more GPUs")
     try:

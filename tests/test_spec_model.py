@@ -5,12 +5,13 @@ plan for the same config and GPU; what `serve` refuses, doctor refuses in the sa
 
 from __future__ import annotations
 
+import copy
 import json
 from types import SimpleNamespace
 
 import pytest
 import torch
-from test_checks_helpers import edit_gpu0, h200
+from test_checks_helpers import edit, edit_gpu0, h200
 
 from zerod.checks import DoctorConfig, probe_model, run_checks
 from zerod.engine.config import EngineConfig, EngineError
@@ -67,9 +68,15 @@ def allocated_bytes(model: torch.nn.Module) -> int:
     return sum(seen.values())
 
 
-def doctor(model_dir: str, facts=None, **engine):
-    cfg = DoctorConfig.from_dict({"gpus": [0]}, engine={"model": model_dir, "load_format": "dummy", **engine})
-    facts = facts or edit_gpu0(h200(), memory={"total": GPU_TOTAL, "free": GPU_TOTAL, "used": 0})
+def gpus(n: int):
+    """The H200 snapshot with n GPUs of GPU_TOTAL bytes."""
+    gpu = edit_gpu0(h200(), memory={"total": GPU_TOTAL, "free": GPU_TOTAL, "used": 0}).value("nvml.gpus")[0]
+    return edit(h200(), "nvml.gpus", [dict(copy.deepcopy(gpu), index=i) for i in range(n)])
+
+
+def doctor(model_dir: str, n_gpus: int = 1, **engine):
+    cfg = DoctorConfig.from_dict({}, engine={"model": model_dir, "load_format": "dummy", **engine})
+    facts = gpus(n_gpus)
     probe_model.probe(facts, model_dir)
     return next(iter(run_checks(facts, cfg, only=["engine.config"]).checks))
 
@@ -102,7 +109,7 @@ def test_doctor_kv_pages_equal_the_engines_for_the_same_config_and_gpu(tmp_path,
 @pytest.mark.parametrize("family,tp", [("llama", 2), ("qwen2", 2), ("gemma2", 2), ("qwen3", 4)])
 def test_doctor_sizes_one_ranks_shard_under_tensor_parallelism(tmp_path, family, tp):
     d = checkpoint(tmp_path / family, family)
-    c = doctor(d, dtype="bfloat16", tensor_parallel_size=tp)
+    c = doctor(d, tp, dtype="bfloat16", tensor_parallel_size=tp)
     assert c.status == "pass", c.message
     ev = next(e["value"] for e in c.evidence if e["name"] == "kv_budget")
 
@@ -149,6 +156,12 @@ def test_doctor_refuses_what_serve_refuses_in_its_words(tmp_path, monkeypatch, f
         Engine(EngineConfig(model=d, load_format="dummy", device="cpu", kv_pages=16, **engine))
     c = doctor(d, **engine)
     assert c.status == "fail" and str(served.value) in c.message, (c.message, str(served.value))
+
+
+def test_doctor_refuses_more_ranks_than_gpus_as_serve_does(tmp_path):
+    d = checkpoint(tmp_path / "llama", "llama")
+    c = doctor(d, 1, tensor_parallel_size=2)
+    assert c.status == "fail" and "--tensor-parallel-size 2 needs 2 GPUs; this process sees 1" in c.message
 
 
 def test_doctor_names_an_explicit_context_the_pool_cannot_hold(tmp_path):

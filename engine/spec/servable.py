@@ -41,3 +41,9 @@ def refuse_split(mc: ModelConfig, n: int, quantized: bool = False, lora: bool = 
     if mc.intermediate_size % n:
         raise EngineError(f"--tensor-parallel-size {n} must divide intermediate_size "
                           f"({mc.intermediate_size})")
+
+
+def refuse_gpu_count(n: int, visible: int) -> None:
+    """Tensor parallelism takes one GPU a rank."""
+    if n > visible:
+        raise EngineError(f"--tensor-parallel-size {n} needs {n} GPUs; this process sees {visible}")

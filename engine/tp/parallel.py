@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from ..config import EngineConfig, EngineError
 from ..spec.hf_config import ModelConfig
-from ..spec.servable import refuse_split
+from ..spec.servable import refuse_gpu_count, refuse_split
 
 log = logging.getLogger("zerod.engine")
 
@@ -46,9 +46,7 @@ def check_tp(mc: ModelConfig, n: int, device: torch.device, quantized: bool = Fa
         if device.index not in (None, 0):
             raise EngineError("--device cuda:N picks one GPU; with --tensor-parallel-size the ranks "
                               "take the first N visible GPUs (set CUDA_VISIBLE_DEVICES to choose them)")
-        visible = torch.cuda.device_count()
-        if n > visible:
-            raise EngineError(f"--tensor-parallel-size {n} needs {n} GPUs; this process sees {visible}")
+        refuse_gpu_count(n, torch.cuda.device_count())
 
 
 def kv_head_start(mc: ModelConfig, rank: int, n: int) -> int:
