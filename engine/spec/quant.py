@@ -111,6 +111,8 @@ def _refuse(where: str, what: str) -> EngineError:
 
 
 def _compressed_tensors(raw: dict, where: str) -> QuantConfig:
+    # the format's own reader; it imports torch, so reading a compressed-tensors checkpoint
+    # is the one case where the spec (and doctor) loads torch
     from compressed_tensors.quantization import QuantizationConfig
     from pydantic import ValidationError
 
