@@ -73,6 +73,9 @@ def engine_config(ctx: Ctx):
         return FAIL(f"model folder {path} does not exist", fix_path)
     if m.get("config_error"):
         return FAIL(m["config_error"], fix_path)
+    if ctx.cfg.engine_kind != "zerod":   # what vLLM / SGLang serve and how they size is their own
+        return SKIP(f"model {path} found; [daemon] engine = \"{ctx.cfg.engine_kind}\" serves it, and doctor "
+                    f"checks a model against zerod's own engine only")
     # the engine's own reading of the checkpoint and its flags: refused here as `serve` refuses
     try:
         cfg = ctx.cfg.engine_config()

@@ -41,6 +41,7 @@ class DoctorConfig:
     tensor_parallel_size: int = 1
     enable_lora: bool = False
     engine_env: dict[str, str] = field(default_factory=dict)  # from [daemon] engine_env: NCCL_* for gpu.p2p
+    engine_kind: str = "zerod"       # from [daemon] engine: engine.config reads models as zerod's engine does
     # net.bind_exposure
     bind_address: str = "127.0.0.1"
     api_key_set: bool = False
@@ -165,4 +166,7 @@ class DoctorConfig:
         state = (config.get("daemon") or {}).get("state_dir")
         if isinstance(state, str) and state and "state_dir" not in doctor:
             doctor["state_dir"] = state
+        kind = (config.get("daemon") or {}).get("engine")
+        if isinstance(kind, str) and "engine_kind" not in doctor:
+            doctor["engine_kind"] = kind
         return cls.from_dict(doctor, engine=config.get("engine"))

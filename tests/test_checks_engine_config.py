@@ -44,3 +44,15 @@ def test_an_engine_flag_the_engine_refuses_fails_in_its_words(tmp_path):
     assert c.status == "fail" and "tensor_parallel_size must be a whole number >= 1" in c.message
     c = _check(tmp_path, load_format="dummy", block_size="16")   # a string, not a number
     assert c.status == "fail" and "invalid engine config" in c.message
+
+
+def test_a_model_for_another_engine_is_not_judged_by_zerods(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(dict(LLAMA3_8B, architectures=["DeepseekV3ForCausalLM"])))
+    facts = h200()
+    probe_model.probe(facts, str(tmp_path))
+    zerod = DoctorConfig.from_config({"engine": {"model": str(tmp_path)}})
+    vllm = DoctorConfig.from_config({"daemon": {"engine": "vllm"}, "engine": {"model": str(tmp_path)}})
+    [mine] = run_checks(facts, zerod, only=["engine.config"]).checks
+    [theirs] = run_checks(facts, vllm, only=["engine.config"]).checks
+    assert mine.status == "fail" and "unsupported architecture 'DeepseekV3ForCausalLM'" in mine.message
+    assert theirs.status == "skip" and 'engine = "vllm"' in theirs.message
