@@ -149,8 +149,7 @@ REFUSED = [
 @pytest.mark.parametrize("family,config,engine,words", REFUSED)
 def test_doctor_refuses_what_serve_refuses_in_its_words(tmp_path, monkeypatch, family, config, engine, words):
     d = checkpoint(tmp_path / family, family, **config)
-    # a refused engine's host-side warm-up (chat template, xgrammar) has nothing to show here,
-    # and would outlive it in a thread of its own
+    # a refused engine's host-side warm-up (chat template, xgrammar) has nothing to show here
     monkeypatch.setattr(Engine, "_warm_host_side", lambda self: None)
     with pytest.raises(EngineError, match=words) as served:
         Engine(EngineConfig(model=d, load_format="dummy", device="cpu", kv_pages=16, **engine))

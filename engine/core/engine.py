@@ -172,8 +172,12 @@ class Engine:
         grammars.start()
         # the device is current only while the engine builds on it (and in its step
         # thread): constructing an engine leaves the process's current device alone
-        with torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext():
-            self._build_device_side()
+        try:
+            with torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext():
+                self._build_device_side()
+        except BaseException:
+            grammars.join()   # a refused engine leaves no warm-up behind (several at once abort xgrammar)
+            raise
 
         self.scheduler = Scheduler(cfg, self.pool, self.loras, ring_window(mc.layer_windows))
         if self.scheduler.ring and cfg.enable_prefix_caching:
