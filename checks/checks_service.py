@@ -73,6 +73,8 @@ def engine_config(ctx: Ctx):
         return FAIL(f"model folder {path} does not exist", fix_path)
     if m.get("config_error"):
         return FAIL(m["config_error"], fix_path)
+    if not isinstance(m.get("config"), dict):   # a snapshot saved before facts held the config itself
+        return SKIP(f"model {path} found; this facts snapshot holds no copy of its config.json to check")
     if ctx.cfg.engine_kind != "zerod":   # what vLLM / SGLang serve and how they size is their own
         return SKIP(f"model {path} found; [daemon] engine = \"{ctx.cfg.engine_kind}\" serves it, and doctor "
                     f"checks a model against zerod's own engine only")
