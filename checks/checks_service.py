@@ -97,8 +97,12 @@ def engine_config(ctx: Ctx):
             return FAIL(f"{' and '.join(fp8)} need(s) compute capability 8.9+ (FP8 tensor cores); {old}",
                         "run FP8 on Ada or Hopper (L4, L40S, H100, H200), or serve a bf16 checkpoint "
                         "without --quantization fp8 and with [engine] kv_cache_dtype = \"auto\"")
-    if not m.get("safetensors_bytes") and cfg.load_format != "dummy":
-        return FAIL(f"no *.safetensors weights in {path}", fix_path + " (or `--load-format dummy` for tests)")
+    if m.get("weights_error") and cfg.load_format != "dummy":
+        return FAIL(f"the engine cannot load {path}: {m['weights_error']}",
+                    fix_path + " (or `--load-format dummy` for tests)")
+    if m.get("tokenizer_error"):
+        return FAIL(f"the engine cannot serve {path}: {m['tokenizer_error']}",
+                    "put the checkpoint's tokenizer.json beside it, or set [engine] tokenizer to its folder")
     notes = []
     if cfg.max_model_len and cfg.max_model_len > mc.max_position_embeddings:
         notes.append(f"max_model_len {cfg.max_model_len} exceeds the model's {mc.max_position_embeddings}")

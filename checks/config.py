@@ -27,6 +27,7 @@ class DoctorConfig:
     gpu_memory_utilization: float = 0.90
     gpus: tuple[int, ...] | None = None  # GPU indexes the engine uses; None = all
     model: str | None = None
+    tokenizer: str | None = None     # the folder of tokenizer.json when not the model's
     max_model_len: int | None = None
     max_num_seqs: int = 256
     dtype: str = "auto"
@@ -94,6 +95,7 @@ class DoctorConfig:
     # Keys of [engine] that doctor reads, and the doctor field each one sets.
     ENGINE_KEYS = {
         "model": "model",
+        "tokenizer": "tokenizer",
         "gpu_memory_utilization": "gpu_memory_utilization",
         "max_model_len": "max_model_len",
         "max_num_seqs": "max_num_seqs",

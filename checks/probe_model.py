@@ -1,18 +1,21 @@
 """Probe the model the engine is configured to serve: its config.json and
 generation_config.json as written (engine.config reads them with the engine's own model
-spec) and the safetensors weights the loader would read."""
+spec), and whether the loader would find its safetensors weights and its tokenizer."""
 
 from __future__ import annotations
 
 import os
 
 from zerod.engine.config import EngineError
-from zerod.engine.spec.hf_config import read_config_json, read_generation_config  # torch-free
+# torch-free: the engine's own reading of a checkpoint folder
+from zerod.engine.spec.checkpoint import checkpoint_files, tokenizer_file
+from zerod.engine.spec.hf_config import read_config_json, read_generation_config
 
 from .facts import Facts
 
 
-def probe(facts: Facts, model: str | None) -> None:
+def probe(facts: Facts, model: str | None, tokenizer: str | None = None) -> None:
+    """tokenizer: [engine] tokenizer, the folder of tokenizer.json when not the model's."""
     if not model:
         facts.fail("engine.model", "no model configured ([engine] model)", "zerod.toml", missing=True)
         return
@@ -28,17 +31,20 @@ def probe(facts: Facts, model: str | None) -> None:
     except EngineError as exc:
         facts.put("engine.model", {"model": model, "exists": True, "config_error": str(exc)}, cfg_path)
         return
-    weights = 0
-    for name in os.listdir(model):
-        if name.endswith(".safetensors"):   # the only weights the engine loads
-            try:
-                weights += os.path.getsize(os.path.join(model, name))
-            except OSError:
-                pass
     facts.put("engine.model", {
         "model": model,
         "exists": True,
         "config": cfg,
         "generation_config": read_generation_config(model),
-        "safetensors_bytes": weights,
+        # what the loader and the tokenizer would refuse of the folder, in their words
+        "weights_error": _refusal(checkpoint_files, model),
+        "tokenizer_error": _refusal(tokenizer_file, tokenizer or model),
     }, cfg_path)
+
+
+def _refusal(read, path: str) -> str | None:
+    try:
+        read(path)
+    except EngineError as exc:
+        return str(exc)
+    return None

@@ -10,6 +10,7 @@ from test_checks_helpers import h200
 
 from zerod.checks import DoctorConfig, run_checks
 from zerod.checks import probe_model
+from zerod.engine.demo import write_tokenizer
 
 LLAMA3_8B = {"architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
              "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
@@ -19,17 +20,25 @@ LLAMA3_8B = {"architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "interm
 
 def _check(tmp_path, **engine):
     (tmp_path / "config.json").write_text(json.dumps(LLAMA3_8B))
+    write_tokenizer(tmp_path)
     cfg = DoctorConfig.from_dict({}, engine={"model": str(tmp_path), **engine})
     facts = h200()
-    probe_model.probe(facts, cfg.model)
+    probe_model.probe(facts, cfg.model, cfg.tokenizer)
     return next(c for c in run_checks(facts, cfg, only=["engine.config"]).checks)
 
 
 def test_config_only_folder_fails_without_dummy(tmp_path):
     c = _check(tmp_path)
     assert c.status == "fail"
-    assert "no *.safetensors weights" in c.message
+    assert "no model.safetensors or sharded safetensors index found" in c.message   # the loader's words
     assert "--load-format dummy" in c.remediation
+
+
+def test_a_folder_without_a_tokenizer_fails_as_serve_does(tmp_path):
+    (tmp_path / "tok").mkdir()
+    c = _check(tmp_path, load_format="dummy", tokenizer=str(tmp_path / "tok"))
+    assert c.status == "fail" and "no tokenizer.json (zerod reads fast-tokenizer files only)" in c.message
+    assert _check(tmp_path, load_format="dummy").status == "pass"     # the model's own
 
 
 def test_dummy_weights_are_sized_from_the_config(tmp_path):

@@ -19,6 +19,7 @@ import fp8_support as S
 from test_checks_helpers import edit_gpu0, h200
 from zerod.checks import DoctorConfig, probe_model, run_checks
 from zerod.engine.config import EngineConfig, EngineError
+from zerod.engine.demo import write_tokenizer
 from zerod.engine.spec.hf_config import parse_model_config
 from zerod.engine.spec.sizing import kv_bytes_per_token, plan_kv
 
@@ -112,6 +113,7 @@ LLAMA3_8B = {"architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "interm
 
 def _doctor(tmp_path, facts, **engine):
     (tmp_path / "config.json").write_text(json.dumps(LLAMA3_8B))
+    write_tokenizer(tmp_path)
     cfg = DoctorConfig.from_dict({}, engine={"model": str(tmp_path), "load_format": "dummy",
                                              "max_model_len": 8192, **engine})
     probe_model.probe(facts, cfg.model)

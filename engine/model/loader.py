@@ -9,7 +9,6 @@ index naming a missing shard) raises EngineError naming the file and the tensor.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 import torch
 
 from ..config import EngineError
+from ..spec.checkpoint import checkpoint_files
 from ..spec.hf_config import ModelConfig
 from .decoder import LlamaModel
 from .moe import SparseMoE
@@ -27,31 +27,6 @@ from ..quant.loading import fp8_loaders, init_dummy_fp8
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _NORM = re.compile(r"(norm|layernorm)\.weight$")
 _IGNORED = re.compile(r"(rotary_emb\.inv_freq|\.rotary_emb\.)")
-
-
-def checkpoint_files(model_dir: Path) -> list[Path]:
-    d = Path(model_dir)
-    index = d / "model.safetensors.index.json"
-    if index.exists():
-        try:
-            wm = json.loads(index.read_text())["weight_map"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise EngineError(f"{index}: broken index file ({exc})") from None
-        files = sorted(set(wm.values()))
-        missing = [f for f in files if not (d / f).exists()]
-        if missing:
-            raise EngineError(f"{index}: names shard(s) that do not exist: {', '.join(missing)}")
-        return [d / f for f in files]
-    single = d / "model.safetensors"
-    if single.exists():
-        return [single]
-    found = sorted(d.glob("*.safetensors"))
-    if found:
-        return found
-    if list(d.glob("*.bin")) or list(d.glob("*.pt")):
-        raise EngineError(f"{d}: only PyTorch .bin/.pt weights found; zerod loads safetensors only")
-    raise EngineError(f"{d}: no model.safetensors or sharded safetensors index found "
-                      f"(use load_format='dummy' for random weights)")
 
 
 @dataclass(frozen=True)
