@@ -5,7 +5,7 @@
     report.exit_code, report.to_dict()
 
 Nothing here imports torch, the daemon or the dashboard; of the engine only its torch-free
-sizing formula (`zerod.engine.spec.sizing`), so doctor sizes a model as the engine does.
+model spec (`zerod.engine.spec`), so doctor reads, refuses and sizes a model as the engine does.
 """
 
 from . import (  # noqa: F401 - register the checks

@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 
 from zerod.engine.config import EngineError
-from zerod.engine.spec.sizing import (DTYPE_BYTES, FP8_KV, kv_bytes_per_token, kv_cache_dtype,  # torch-free:
-                                 serving_dtype)                                            # the engine's own formula
+# torch-free: the engine's own model spec and sizing formula
+from zerod.engine.spec.hf_config import parse_model_config
+from zerod.engine.spec.quant import resolve as resolve_quant
+from zerod.engine.spec.servable import refuse_gpu_count, refuse_unservable
+from zerod.engine.spec.sizing import FP8_KV, KVPlan, kv_cache_dtype, plan_kv, serving_dtype
+from zerod.engine.spec.weights import weight_bytes
 
 from .checks_gpu import GiB, field, label
 from .report import FAIL, PASS, SKIP, WARN, Ctx, check
 
+SERVABLE_FIX = ("serve a supported checkpoint (docs/engine-interface.md lists the architectures) "
+                "with [engine] flags the engine accepts")
 BIND_FIX = ("bind to loopback ([engine] host = \"127.0.0.1\") behind a reverse proxy that "
             "authenticates, or set an API key ([engine] api_key / `zerod serve --api-key`)")
 
@@ -65,82 +72,97 @@ def engine_config(ctx: Ctx):
     if not m.get("exists"):
         return FAIL(f"model folder {path} does not exist", fix_path)
     if m.get("config_error"):
-        return FAIL(f"cannot read {path}/config.json: {m['config_error']}", fix_path)
-    layers, kvh, hd = m.get("num_hidden_layers"), m.get("num_key_value_heads"), m.get("head_dim")
-    if not (layers and kvh and hd):
-        return FAIL(f"{path}/config.json lacks num_hidden_layers/num_key_value_heads/head_dim", fix_path)
+        return FAIL(m["config_error"], fix_path)
+    if not isinstance(m.get("config"), dict):   # a snapshot saved before facts held the config itself
+        return SKIP(f"model {path} found; this facts snapshot holds no copy of its config.json to check")
+    if ctx.cfg.engine_kind != "zerod":   # what vLLM / SGLang serve and how they size is their own
+        return SKIP(f"model {path} found; [daemon] engine = \"{ctx.cfg.engine_kind}\" serves it, and doctor "
+                    f"checks a model against zerod's own engine only")
+    # the engine's own reading of the checkpoint and its flags: refused here as `serve` refuses
     try:
-        dtype = serving_dtype(ctx.cfg.dtype, m.get("torch_dtype"), "cuda")
+        cfg = ctx.cfg.engine_config()
+        mc = parse_model_config(m["config"], f"{path}/config.json")
+        dtype = serving_dtype(cfg.dtype, mc.torch_dtype, "cuda")
+        kv_dtype = kv_cache_dtype(cfg.kv_cache_dtype, dtype)
+        quant = resolve_quant(mc.quant, cfg.quantization)
+        refuse_unservable(mc, quant, cfg.tensor_parallel_size, cfg.enable_lora)
+        # what the weights take on each GPU as the engine allocates them (dummy weights alike)
+        weights = weight_bytes(mc, dtype, quant, cfg.tensor_parallel_size)
     except EngineError as exc:
-        return FAIL(f"the engine cannot serve {path}: {exc}", "set [engine] dtype to bfloat16, float16 or float32")
-    try:
-        kv_dtype = kv_cache_dtype(ctx.cfg.kv_cache_dtype, dtype)
-    except EngineError as exc:
-        return FAIL(str(exc), "set [engine] kv_cache_dtype to auto or fp8")
-    fp8 = _fp8_uses(m, ctx.cfg.quantization, kv_dtype)
-    if isinstance(fp8, str) and fp8.startswith("refuse:"):
-        return FAIL(f"the engine cannot serve {path}: {fp8[7:]}", "use an unquantized or an FP8 checkpoint")
+        return FAIL(f"the engine cannot serve {path}: {exc}", SERVABLE_FIX)
+    fp8 = _fp8_uses(mc, quant, kv_dtype)
     if fp8:
         old = _fp8_incapable(ctx)
         if old:
             return FAIL(f"{' and '.join(fp8)} need(s) compute capability 8.9+ (FP8 tensor cores); {old}",
                         "run FP8 on Ada or Hopper (L4, L40S, H100, H200), or serve a bf16 checkpoint "
                         "without --quantization fp8 and with [engine] kv_cache_dtype = \"auto\"")
-    weights = m.get("weights_bytes") or 0
-    dummy = ctx.cfg.load_format == "dummy"
-    if not weights and dummy and m.get("params_estimate"):
-        # --load-format dummy: random weights of the config's shape, sized from it (FP8: a
-        # byte per parameter, the embedding and head stay wider; close enough to size the KV)
-        weights = m["params_estimate"] * (1 if ctx.cfg.quantization == "fp8" else DTYPE_BYTES[dtype])
-    if not weights:
-        return FAIL(f"no *.safetensors weights in {path}", fix_path + " (or `--load-format dummy` for tests)")
-    max_len = ctx.cfg.max_model_len or m.get("max_position_embeddings") or 0
+    if m.get("weights_error") and cfg.load_format != "dummy":
+        return FAIL(f"the engine cannot load {path}: {m['weights_error']}",
+                    fix_path + " (or `--load-format dummy` for tests)")
+    if m.get("tokenizer_error"):
+        return FAIL(f"the engine cannot serve {path}: {m['tokenizer_error']}",
+                    "put the checkpoint's tokenizer.json beside it, or set [engine] tokenizer to its folder")
     notes = []
-    if m.get("max_position_embeddings") and max_len > m["max_position_embeddings"]:
-        notes.append(f"max_model_len {max_len} exceeds the model's {m['max_position_embeddings']}")
+    if cfg.max_model_len and cfg.max_model_len > mc.max_position_embeddings:
+        notes.append(f"max_model_len {cfg.max_model_len} exceeds the model's {mc.max_position_embeddings}")
     gl = ctx.facts.value("nvml.gpus") or []
     if ctx.cfg.gpus is not None:
         gl = [g for g in gl if g.get("index") in ctx.cfg.gpus]
     totals = [g["memory"]["total"] for g in gl if g.get("memory")]
     if not totals:
         return SKIP(f"model {path} found ({weights / GiB:.1f} GiB of weights); no GPU to size it against")
-    budget = ctx.cfg.gpu_memory_utilization * min(totals) * len(totals)
-    per_token = kv_bytes_per_token(layers, kvh, hd, kv_dtype)
-    kv = budget - weights - GiB  # 1 GiB for activations and graphs
-    ctx.ev("kv_budget", {"budget_bytes": int(budget), "weights_bytes": weights, "dtype": dtype,
-                         "kv_cache_dtype": kv_dtype,
-                         "kv_bytes_per_token": per_token, "max_model_len": max_len}, "computed")
+    try:
+        refuse_gpu_count(cfg.tensor_parallel_size, len(gl))
+    except EngineError as exc:
+        return FAIL(f"the engine cannot serve {path}: {exc}",
+                    "lower [engine] tensor_parallel_size to the GPUs it has, or give it more ([doctor] gpus)")
+    total = min(totals)     # the pool is the same on every GPU: the least of them sizes it
     fix = ("lower [engine] max_model_len or max_num_seqs, raise gpu_memory_utilization (<= 0.92), "
            "or use a larger GPU / more GPUs")
-    if kv <= 0:
-        return FAIL(f"weights ({weights / GiB:.1f} GiB) leave no KV cache room in "
-                    f"{budget / GiB:.1f} GiB", fix)
-    tokens = int(kv // per_token)
-    if max_len and tokens < max_len:
-        return FAIL(f"the KV budget holds {tokens} tokens, less than one {max_len}-token sequence", fix)
-    seqs = tokens // max_len if max_len else 0
+    try:
+        plan, refused = _kv_plan(cfg, mc, dtype, weights, total)
+    except EngineError as exc:     # the weights and headroom leave less than two pages
+        return FAIL(f"weights {weights / GiB:.1f} GiB on a {total / GiB:.1f} GiB GPU: {exc}", fix)
+    tokens = (plan.num_pages - 1) * cfg.block_size     # page 0 is scratch
+    ctx.ev("kv_budget", {"gpu_total_bytes": total, "weights_bytes": weights, "dtype": dtype,
+                         "kv_cache_dtype": kv_dtype, "kv_bytes_per_token": plan.page_bytes // cfg.block_size,
+                         "kv_pages": plan.num_pages, "kv_tokens": tokens,
+                         "max_model_len": plan.max_model_len}, "computed (engine/spec/sizing.py)")
+    if refused:
+        return FAIL(f"the KV pool holds {tokens} tokens, less than one {cfg.max_model_len}-token sequence", fix)
+    want = cfg.max_model_len or mc.max_position_embeddings
     msg = (f"weights {weights / GiB:.1f} GiB; KV room for {tokens} tokens"
-           + (f" = {seqs} full {max_len}-token sequences" if max_len else ""))
+           f" = {tokens // plan.max_model_len} full {plan.max_model_len}-token sequences")
+    if plan.max_model_len < want:
+        notes.append(f"max_model_len is capped to {plan.max_model_len} (the pool's size), "
+                     f"below the model's {want}")
     if notes:
-        return WARN(msg + "; " + "; ".join(notes), "set [engine] max_model_len within the model's limit")
+        return WARN(msg + "; " + "; ".join(notes),
+                    "set [engine] max_model_len within the model's limit and the KV pool")
     return PASS(msg)
 
 
-def _fp8_uses(m: dict, quantization: str | None, kv_dtype: str) -> list[str] | str:
-    """What of this configuration runs in FP8 (the checkpoint's weights, weights
-    quantized at load, the KV cache); "refuse:<why>" for a method the engine cannot run."""
-    uses = []
-    qc = m.get("quantization_config")
-    if qc:
-        from zerod.engine.quant.config import parse_checkpoint   # no torch: reads the config only
+def _kv_plan(cfg, mc, dtype: str, weights: int, total: int) -> tuple[KVPlan, bool]:
+    """The pool the engine sizes on a GPU of `total` bytes holding only these weights
+    (sizing.plan_kv, as the engine calls it after loading them), and whether the engine
+    refuses it because an explicit max_model_len does not fit (the plan is then the pool
+    it would have had)."""
+    mem = (total - weights, total)
+    try:
+        return plan_kv(cfg, mc, dtype, "cuda", mem), False
+    except EngineError:
+        if not cfg.max_model_len:
+            raise
+    return plan_kv(dataclasses.replace(cfg, max_model_len=None), mc, dtype, "cuda", mem), True
 
-        try:
-            parse_checkpoint(qc, "config.json")
-        except EngineError as exc:
-            return "refuse:" + str(exc)
-        uses.append(f"the {m.get('quant_method')} FP8 weights")
-    elif quantization == "fp8":
-        uses.append("--quantization fp8")
+
+def _fp8_uses(mc, quant, kv_dtype: str) -> list[str]:
+    """What of this configuration runs in FP8: the checkpoint's weights, weights quantized
+    at load, the KV cache."""
+    uses = []
+    if quant is not None:
+        uses.append(f"the {quant.source} FP8 weights" if quant.checkpoint_fp8 else "--quantization fp8")
     if kv_dtype == FP8_KV:
         uses.append("the FP8 KV cache")
     return uses

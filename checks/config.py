@@ -27,13 +27,22 @@ class DoctorConfig:
     gpu_memory_utilization: float = 0.90
     gpus: tuple[int, ...] | None = None  # GPU indexes the engine uses; None = all
     model: str | None = None
+    tokenizer: str | None = None     # the folder of tokenizer.json when not the model's
     max_model_len: int | None = None
     max_num_seqs: int = 256
     dtype: str = "auto"
     load_format: str = "auto"  # "dummy": random weights, nothing to find on disk
     quantization: str | None = None  # "fp8": weights quantized at load (needs compute capability 8.9)
     kv_cache_dtype: str = "auto"     # "fp8" / "fp8_e4m3": FP8 KV pages (the same)
+    # the rest of what sizes the KV pool (the engine's activation headroom and page size)
+    # and what the model must be split over; None: the engine's default
+    max_num_batched_tokens: int | None = None
+    max_prefill_tokens_idle: int | None = None
+    block_size: int | None = None
+    tensor_parallel_size: int = 1
+    enable_lora: bool = False
     engine_env: dict[str, str] = field(default_factory=dict)  # from [daemon] engine_env: NCCL_* for gpu.p2p
+    engine_kind: str = "zerod"       # from [daemon] engine: engine.config reads models as zerod's engine does
     # net.bind_exposure
     bind_address: str = "127.0.0.1"
     api_key_set: bool = False
@@ -86,6 +95,7 @@ class DoctorConfig:
     # Keys of [engine] that doctor reads, and the doctor field each one sets.
     ENGINE_KEYS = {
         "model": "model",
+        "tokenizer": "tokenizer",
         "gpu_memory_utilization": "gpu_memory_utilization",
         "max_model_len": "max_model_len",
         "max_num_seqs": "max_num_seqs",
@@ -93,8 +103,26 @@ class DoctorConfig:
         "load_format": "load_format",
         "quantization": "quantization",
         "kv_cache_dtype": "kv_cache_dtype",
+        "max_num_batched_tokens": "max_num_batched_tokens",
+        "max_prefill_tokens_idle": "max_prefill_tokens_idle",
+        "block_size": "block_size",
+        "tensor_parallel_size": "tensor_parallel_size",
+        "enable_lora": "enable_lora",
         "host": "bind_address",
     }
+
+    def engine_config(self):
+        """The EngineConfig the engine would be started with: the [engine] keys above that
+        are its fields, its defaults for the rest; EngineError when it would refuse a value."""
+        from zerod.engine.config import EngineConfig, EngineError   # torch-free, validated when built
+
+        flags = {f.name for f in dataclasses.fields(EngineConfig)}
+        kw = {k: getattr(self, k) for k in self.ENGINE_KEYS.values()
+              if k in flags and getattr(self, k) is not None}
+        try:
+            return EngineConfig(**kw)
+        except (TypeError, ValueError) as exc:   # a value of the wrong type in [engine]
+            raise EngineError(f"invalid engine config: {exc}") from None
 
     @classmethod
     def from_dict(cls, section: dict[str, Any] | None = None,
@@ -140,4 +168,7 @@ class DoctorConfig:
         state = (config.get("daemon") or {}).get("state_dir")
         if isinstance(state, str) and state and "state_dir" not in doctor:
             doctor["state_dir"] = state
+        kind = (config.get("daemon") or {}).get("engine")
+        if isinstance(kind, str) and "engine_kind" not in doctor:
+            doctor["engine_kind"] = kind
         return cls.from_dict(doctor, engine=config.get("engine"))

@@ -47,7 +47,7 @@ def probe_facts(roots: Roots | dict | None = None, config: DoctorConfig | None =
     step("fabric", _fabric_manager, roots)
     step("torch", probe_torch.probe)
     step("net", probe_net.probe)
-    step("model", probe_model.probe, cfg.model)
+    step("model", probe_model.probe, cfg.model, cfg.tokenizer)
     step("diag", probe_diag.probe, roots, cfg.state_dir)
     step("disk", probe_disk.probe, roots, cfg.model, cfg.state_dir)
     facts.host["kernel"] = facts.value("kernel.release")

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from .spec.families import BY_NAME
+
 DEMO_VERSION = "1"
 
 CORPUS = [
@@ -123,7 +125,7 @@ def make_checkpoint(d: Path, family: str = "llama", *, hidden_size: int = 64, nu
         t[p + "self_attn.k_proj.weight"] = rnd(kv, hidden_size)
         t[p + "self_attn.v_proj.weight"] = rnd(kv, hidden_size)
         t[p + "self_attn.o_proj.weight"] = rnd(hidden_size, q)
-        if family == "qwen2":
+        if BY_NAME[family].qkv_bias:
             t[p + "self_attn.q_proj.bias"] = rnd(q)
             t[p + "self_attn.k_proj.bias"] = rnd(kv)
             t[p + "self_attn.v_proj.bias"] = rnd(kv)

@@ -24,6 +24,9 @@ class EngineStats:
     steps: int
     cuda_graphs: bool
     error: str | None = None
+    # the step loop's last step (rows, prefill_tokens, decodes, seconds, at); None before
+    # the first: what a stalled engine did last
+    last_step: dict[str, Any] | None = None
 
 
 class TokenizerLike(Protocol):
@@ -38,6 +41,21 @@ class TokenizerLike(Protocol):
 
     def apply_chat_template(self, messages: list[dict[str, Any]],
                             add_generation_prompt: bool = True, **kwargs: Any) -> str: ...
+
+
+class AdapterLike(Protocol):
+    """A LoRA adapter as /v1/models lists it."""
+    name: str
+    path: str
+    base_model_name: str | None
+
+
+class GrammarCompilerLike(Protocol):
+    def compile(self, spec: Any) -> Any:
+        """The compiled grammar of a structured-output request (sampling.structured.GrammarSpec),
+        set as SamplingParams.grammar; raises GrammarError naming what is wrong. Blocks for
+        as long as compiling takes: the server calls it off its event loop."""
+        ...
 
 
 @runtime_checkable
@@ -55,11 +73,29 @@ class EngineLike(Protocol):
         """Queue a request; returns its id. Raises RequestRejected (400/404/429/503).
         after: the id of a request with the same prompt (a sibling of n > 1), submitted
         just before: this one is admitted once that one's prompt is prefilled, so it
-        shares the prompt's KV pages through the prefix cache. lora: a LoRA adapter's
-        name (the server passes it only to engines with `lora_adapters`)."""
+        shares the prompt's KV pages through the prefix cache. lora: the name of one of
+        `lora_adapters()`, None for the base model."""
         ...
 
     def abort(self, request_id: str) -> None: ...
+
+    # Structured outputs: the compiler, None for an engine that serves none (the server
+    # then refuses response_format / structured_outputs by name). Read off the event loop:
+    # the engine builds it on first use.
+    grammar_compiler: GrammarCompilerLike | None
+
+    def lora_adapters(self) -> list[AdapterLike]:
+        """The LoRA adapters requests can name now; empty without LoRA."""
+        ...
+
+    def load_lora(self, name: str, path: str) -> None:
+        """Register an adapter (reads its files: call off the event loop). Raises
+        EngineError naming what is wrong, or that LoRA is off."""
+        ...
+
+    def unload_lora(self, name: str) -> None:
+        """New requests for `name` are refused at once. KeyError when none has that name."""
+        ...
 
     def stats(self) -> EngineStats: ...
 

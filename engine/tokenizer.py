@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import EngineError
+from .spec.checkpoint import tokenizer_file
 from .text_bound import max_chars_per_token
 
 
@@ -23,9 +24,7 @@ class Tokenizer:
         from tokenizers import Tokenizer as HFTokenizer
 
         d = Path(path)
-        tj = d / "tokenizer.json"
-        if not tj.exists():
-            raise EngineError(f"{d}: no tokenizer.json (zerod reads fast-tokenizer files only)")
+        tj = tokenizer_file(d)
         try:
             self._tok = HFTokenizer.from_file(str(tj))
         except Exception as exc:  # noqa: BLE001

@@ -58,7 +58,7 @@ if SMOKE:
 
 from zerod.engine.model.linear import Linear  # noqa: E402
 from zerod.engine.quant import triton_fp8, triton_w8a16  # noqa: E402
-from zerod.engine.quant.config import QuantConfig  # noqa: E402
+from zerod.engine.spec.quant import QuantConfig  # noqa: E402
 from zerod.engine.quant.linear import W8A16_MAX_M, Fp8Linear  # noqa: E402
 from zerod.engine.quant.triton_w8a16 import TILES, Tiles  # noqa: E402
 

@@ -210,14 +210,17 @@ def test_bind_exposure_without_netlink_says_why():
 def _model(tmp_path, layers=32, kv_heads=8, head_dim=128, weights=16 * GiB, max_pos=8192):
     import json
 
+    from zerod.engine.demo import write_tokenizer
+
     d = tmp_path / "model"
     d.mkdir()
     (d / "config.json").write_text(json.dumps({
         "architectures": ["LlamaForCausalLM"], "num_hidden_layers": layers, "num_attention_heads": 32,
         "num_key_value_heads": kv_heads, "hidden_size": 32 * head_dim, "max_position_embeddings": max_pos,
-        "torch_dtype": "bfloat16"}))
+        "intermediate_size": 32 * head_dim, "vocab_size": 32000, "torch_dtype": "bfloat16"}))
     with open(d / "model.safetensors", "wb") as f:
-        f.truncate(weights)  # sparse: only the size matters
+        f.truncate(weights)  # sparse: doctor reads no weights
+    write_tokenizer(d)
     return str(d)
 
 

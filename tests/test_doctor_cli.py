@@ -78,9 +78,9 @@ def test_doctor_never_imports_torch_nor_creates_a_cuda_context():
             "from zerod.cli import main\n"
             "try:\n    main()\nexcept SystemExit:\n    pass\n"
             "bad = [m for m in ('torch', 'zerod.tui', 'textual', 'pyroute2') if m in sys.modules]\n"
-            # the engine's torch-free sizing formula (and the config it reads) only
+            # the engine's torch-free model spec (and the config it reads) only
             "bad += [m for m in sys.modules if m.startswith('zerod.engine.')\n"
-            "        and m not in ('zerod.engine.spec', 'zerod.engine.spec.sizing', 'zerod.engine.config')]\n"
+            "        and m != 'zerod.engine.config' and not m.startswith('zerod.engine.spec')]\n"
             "assert not bad, bad\nprint('clean', file=sys.stderr)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=cli_env(), timeout=60)
     assert "clean" in p.stderr, p.stderr

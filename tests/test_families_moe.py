@@ -4,8 +4,6 @@ torch reference in Triton's interpreter (CPU) and on the GPU."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
@@ -15,7 +13,7 @@ from zerod.engine.model import ops
 from zerod.engine.config import EngineError
 from zerod.engine.spec.hf_config import load_model_config, parse_model_config
 from zerod.engine.model.moe import fused_experts_reference, route
-from zerod.engine.spec.sizing import param_count
+from zerod.engine.spec.weights import weight_bytes
 
 COMMON = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
               num_key_value_heads=2, head_dim=16, max_position_embeddings=512, rms_norm_eps=1e-5)
@@ -48,10 +46,8 @@ def test_config_reads_the_experts(moe_model):
         assert (mc.num_experts, mc.experts_per_token, mc.moe_intermediate_size, mc.norm_topk_prob) == (8, 3, 32, False)
         assert mc.moe_layers == [False, True, False]
         assert mc.qk_norm
-    # the doctor's parameter count is transformers' own, but for the per-head q/k norms
-    raw = json.loads((d / "config.json").read_text())
-    qk_norms = 3 * 2 * 16 if family == "qwen3_moe" else 0
-    assert param_count(raw) + qk_norms == sum(p.numel() for p in m.parameters())
+    # the spec's weight bytes (doctor's sizing) count what transformers holds, experts included
+    assert weight_bytes(mc, "float32") == 4 * sum(p.numel() for p in m.parameters())
 
 
 @pytest.mark.slow

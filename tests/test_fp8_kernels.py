@@ -32,7 +32,7 @@ def run_checks(device: torch.device) -> list[tuple[str, float, float]]:
     from zerod.engine.model import ops
     from zerod.engine.kernels import load_kernels
     from zerod.engine.quant import fp8, triton_fp8, triton_w8a16
-    from zerod.engine.quant.config import QuantConfig
+    from zerod.engine.spec.quant import QuantConfig
     from zerod.engine.quant.linear import M1_TENSORWISE, W8A16_MAX_M, Fp8Linear
 
     g = torch.Generator().manual_seed(5)

@@ -49,6 +49,7 @@ class FakeEngine:
     model_path = "/models/fake"
     max_model_len = 256
     vocab_size = 1000
+    grammar_compiler = None     # no structured outputs (tests that need them set one)
 
     def __init__(self, tick=0.002, pages=64, max_waiting=1000):
         self.tokenizer = FakeTokenizer()
@@ -75,7 +76,9 @@ class FakeEngine:
         with self.lock:
             return self.pages_total - sum(r["pages"] for r in self.reqs.values())
 
-    def submit(self, prompt_ids, params, on_output, after=None):
+    def submit(self, prompt_ids, params, on_output, after=None, lora=None):
+        if lora is not None:    # the server only names adapters lora_adapters() lists
+            raise RequestRejected(404, f"no LoRA adapter {lora!r}")
         need = (len(prompt_ids) + params.max_tokens + 15) // 16
         if need > self.pages_total:
             raise RequestRejected(400, "request can never fit in the KV pool")
@@ -133,6 +136,16 @@ class FakeEngine:
 
     def shutdown(self, drain_timeout=0):
         self.stop.set()
+
+    def lora_adapters(self):
+        return []
+
+    def load_lora(self, name, path):
+        from zerod.engine.config import EngineError
+        raise EngineError("LoRA is not enabled on this engine (start it with --enable-lora)")
+
+    def unload_lora(self, name):
+        raise KeyError(name)
 
 
 def test_fake_engine_is_engine_like():
@@ -202,6 +215,21 @@ async def test_models_and_health(fake):
         async with s.get(srv.url + "/metrics") as r:
             assert r.status == 200
             assert "zerod_engine_kv_pages_free" in await r.text()
+
+
+async def test_what_the_engine_lacks_is_refused_through_its_interface(fake):
+    """An engine without structured outputs or LoRA says so through EngineLike: the
+    server refuses the field by name and lists no adapters."""
+    eng, srv = fake
+    status, _, raw = await _post(srv.url + "/v1/chat/completions",
+                                 {"model": "fake", "messages": [{"role": "user", "content": "hi"}],
+                                  "max_tokens": 2, "response_format": {"type": "json_object"}})
+    err = json.loads(raw)["error"]
+    assert status == 400 and err["param"] == "response_format"
+    assert "not supported by this server" in err["message"]
+    async with aiohttp.ClientSession() as s:
+        async with s.get(srv.url + "/health") as r:
+            assert (await r.json())["lora_adapters"] == []
 
 
 async def test_completion_stream_framing(fake):

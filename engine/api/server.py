@@ -296,8 +296,7 @@ class OpenAIServer:
 
     def _adapters(self) -> list[Any]:
         """The engine's LoRA adapters now (none for an engine without LoRA)."""
-        listing = getattr(self.engine, "lora_adapters", None)
-        return listing() if listing is not None else []
+        return self.engine.lora_adapters()
 
     def _runtime_lora(self, path: str) -> None:
         if not self.allow_runtime_lora:   # vLLM serves no such route without its switch
@@ -383,11 +382,8 @@ class OpenAIServer:
         for k, v in stats.items():
             if isinstance(v, (int, float, str, bool)) or v is None:
                 body.setdefault(k, v)
-        poller = getattr(self.engine, "poller", None)
-        if poller is not None:   # the daemon's EngineStalled evidence
-            body["last_step"] = poller.last_step
-        if hasattr(self.engine, "lora_adapters"):   # the daemon shows them (zerod top)
-            body["lora_adapters"] = [a.name for a in self._adapters()]
+        body["last_step"] = stats.get("last_step")   # the daemon's EngineStalled evidence
+        body["lora_adapters"] = [a.name for a in self._adapters()]   # the daemon shows them (zerod top)
         return _json(body, 200 if status == "ok" else 503)
 
     async def metrics(self, request: web.Request) -> web.Response:
@@ -477,12 +473,12 @@ class OpenAIServer:
     async def _compile_grammar(self, spec: GrammarSpec) -> Any:
         """The compiled grammar of a structured-output request, compiled on the tokenize
         pool (a large schema takes tens of ms; xgrammar caches what it compiled)."""
-        if not hasattr(self.engine, "grammar_compiler"):
-            raise P.bad(f"'{spec.param}' is not supported by this server: this engine has no "
-                        "structured outputs", spec.param, "unsupported")
-
         def work() -> Any:
-            return self.engine.grammar_compiler.compile(spec)
+            compiler = self.engine.grammar_compiler
+            if compiler is None:
+                raise P.bad(f"'{spec.param}' is not supported by this server: this engine has no "
+                            "structured outputs", spec.param, "unsupported")
+            return compiler.compile(spec)
         try:
             return await self.loop.run_in_executor(self.tokenize_pool, work)
         except GrammarError as exc:
@@ -522,14 +518,11 @@ class OpenAIServer:
         shares the prompt's KV pages), with LoRA adapter `lora` if not None; a refusal
         aborts those already queued."""
         multi = len(plan.choices) > 1
-        kw = {"lora": lora} if lora is not None else {}
         try:
             for i, (ids, params, lead) in enumerate(plan.choices):
                 cb = self.router.callback(st, i if multi else None)
-                if lead is None:
-                    st.rid.append(self.engine.submit(ids, params, cb, **kw))
-                else:
-                    st.rid.append(self.engine.submit(ids, params, cb, after=st.rid[lead], **kw))
+                after = st.rid[lead] if lead is not None else None
+                st.rid.append(self.engine.submit(ids, params, cb, after=after, lora=lora))
             log.debug("request %s is engine request(s) %s", request[REQUEST_ID], st.rid)
         except RequestRejected as exc:
             self._abort(st)

@@ -24,7 +24,7 @@ from typing import Callable
 import torch
 
 from ..config import EngineConfig, EngineError, RequestRejected
-from ..spec.hf_config import load_model_config, parse_dtype
+from ..spec.hf_config import load_model_config
 from ..interface import EngineStats
 from .kv_pool import KVPool, kv_torch_dtype
 from .first_use import FIRST_USES
@@ -39,8 +39,9 @@ from .output import FinishRecord, OutputPoller, StepRecord, set_os_thread_name
 from .request import Request, RequestOutput, SamplingParams
 from ..sampling.sampler import row_class
 from .scheduler import Batch, Scheduler, ring_window
-from ..quant.config import resolve as resolve_quant
+from ..spec.quant import resolve as resolve_quant
 from ..quant.linear import check_device as check_fp8_device
+from ..spec.servable import refuse_unservable
 from ..spec.sizing import FP8_KV, kv_cache_dtype, plan_kv, serving_dtype, wanted_context
 from ..sampling.structured import GrammarCompiler, warm as warm_grammars
 from ..tuning import Tuning
@@ -93,13 +94,10 @@ def build_rank(cfg: EngineConfig, model_dir: Path, dev: torch.device, tp: TPGrou
     rank runs it in the same order: each step of it that communicates does so collectively."""
     mc = load_model_config(model_dir)
     dtype_name = serving_dtype(cfg.dtype, mc.torch_dtype, dev.type)
-    dtype = parse_dtype(dtype_name)
+    dtype = getattr(torch, dtype_name)      # serving_dtype names torch's dtypes
     quant = resolve_quant(mc.quant, cfg.quantization)
     kv_dtype = kv_cache_dtype(cfg.kv_cache_dtype, dtype_name)
-    if quant is not None and mc.num_experts:
-        raise EngineError(f"{mc.architecture}: FP8 weights for mixtures of experts are not supported "
-                          f"(the fused experts kernel runs in the model dtype); serve it unquantized "
-                          f"(--kv-cache-dtype fp8 works)")
+    refuse_unservable(mc, quant)   # the split was checked by check_tp
     if quant is not None or kv_dtype == FP8_KV:
         check_fp8_device(dev)
     try:
@@ -174,8 +172,12 @@ class Engine:
         grammars.start()
         # the device is current only while the engine builds on it (and in its step
         # thread): constructing an engine leaves the process's current device alone
-        with torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext():
-            self._build_device_side()
+        try:
+            with torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext():
+                self._build_device_side()
+        except BaseException:
+            grammars.join()   # a refused engine leaves no warm-up behind (several at once abort xgrammar)
+            raise
 
         self.scheduler = Scheduler(cfg, self.pool, self.loras, ring_window(mc.layer_windows))
         if self.scheduler.ring and cfg.enable_prefix_caching:
@@ -377,7 +379,8 @@ class Engine:
             kv_pages_total=self.pool.total, kv_pages_free=self.scheduler.cache.free,
             healthy=self._healthy and (not self._started or self._loop.is_alive()),
             device=str(self.device), model=self.model_name, max_model_len=self.max_model_len,
-            steps=self._steps, cuda_graphs=bool(self.runner.graphs), error=self._error)
+            steps=self._steps, cuda_graphs=bool(self.runner.graphs), error=self._error,
+            last_step=self.poller.last_step)
 
     def shutdown(self, drain_timeout: float = 0.0) -> None:
         """Stop admitting; wait up to drain_timeout for running requests, abort the rest, join."""

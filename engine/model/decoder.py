@@ -27,8 +27,8 @@ from . import ops
 from .linear import VocabParallelHead, param as _p, row_linear
 from ..spec.hf_config import ModelConfig
 from .moe import SparseMoE
-from ..tp.parallel import rank_config, vocab_rows
-from ..quant.config import QuantConfig
+from ..spec.sizing import rank_config, vocab_rows
+from ..spec.quant import QuantConfig
 from ..quant.fp8 import Fp8Acts
 from ..quant.linear import build_linear
 from .rope import cos_sin_cache
@@ -57,7 +57,7 @@ class Layer(nn.Module):
         def linear(parts, inp, bias):
             return build_linear(quant, [(hf + n, r) for n, r in parts], inp, bias=bias, dtype=dtype, device=device)
 
-        fused = mc.family == "phi3"
+        fused = mc.spec.fused_checkpoint
         self.input_norm = _p(h, dtype=dtype, device=device)
         self.post_norm = _p(h, dtype=dtype, device=device)      # the norm before the MLP
         # Gemma: norms on the attention output and on the MLP output

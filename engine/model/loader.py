@@ -9,7 +9,6 @@ index naming a missing shard) raises EngineError naming the file and the tensor.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,41 +16,17 @@ from pathlib import Path
 import torch
 
 from ..config import EngineError
+from ..spec.checkpoint import checkpoint_files
 from ..spec.hf_config import ModelConfig
 from .decoder import LlamaModel
 from .moe import SparseMoE
 from ..tp.parallel import kv_head_start
-from ..quant.config import QuantConfig
+from ..spec.quant import QuantConfig
 from ..quant.loading import fp8_loaders, init_dummy_fp8
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _NORM = re.compile(r"(norm|layernorm)\.weight$")
 _IGNORED = re.compile(r"(rotary_emb\.inv_freq|\.rotary_emb\.)")
-
-
-def checkpoint_files(model_dir: Path) -> list[Path]:
-    d = Path(model_dir)
-    index = d / "model.safetensors.index.json"
-    if index.exists():
-        try:
-            wm = json.loads(index.read_text())["weight_map"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise EngineError(f"{index}: broken index file ({exc})") from None
-        files = sorted(set(wm.values()))
-        missing = [f for f in files if not (d / f).exists()]
-        if missing:
-            raise EngineError(f"{index}: names shard(s) that do not exist: {', '.join(missing)}")
-        return [d / f for f in files]
-    single = d / "model.safetensors"
-    if single.exists():
-        return [single]
-    found = sorted(d.glob("*.safetensors"))
-    if found:
-        return found
-    if list(d.glob("*.bin")) or list(d.glob("*.pt")):
-        raise EngineError(f"{d}: only PyTorch .bin/.pt weights found; zerod loads safetensors only")
-    raise EngineError(f"{d}: no model.safetensors or sharded safetensors index found "
-                      f"(use load_format='dummy' for random weights)")
 
 
 @dataclass(frozen=True)
@@ -92,7 +67,7 @@ def _targets(model: LlamaModel, mc: ModelConfig, rank: int = 0, n: int = 1) -> d
             t[p + "post_feedforward_layernorm.weight"] = T(L.post_mlp_norm, 0, (h,))
         else:
             t[p + "post_attention_layernorm.weight"] = T(L.post_norm, 0, (h,))
-        fused = mc.family == "phi3"   # checkpoints that store qkv and gate_up already fused (n == 1)
+        fused = mc.spec.fused_checkpoint   # qkv and gate_up stored already fused (n == 1)
         # (name, row offset in the fused parameter, rows in the checkpoint, first row read, rows read)
         qkv_parts = (("qkv_proj", 0, q + 2 * kv, 0, q + 2 * kv),) if fused else (
             ("q_proj", 0, q, qs, lq), ("k_proj", lq, kv, ks, lkv), ("v_proj", lq + lkv, kv, ks, lkv))
@@ -123,14 +98,11 @@ def _targets(model: LlamaModel, mc: ModelConfig, rank: int = 0, n: int = 1) -> d
 
 
 def _expert_targets(moe: SparseMoE, mc: ModelConfig, p: str) -> dict[str, _Target]:
-    """One tensor per expert and projection, stacked: gate and up into w13[e], down into w2[e].
-    Mixtral names them block_sparse_moe.experts.N.w1 / w3 / w2, Qwen3-MoE mlp.experts.N.gate_proj /
-    up_proj / down_proj."""
+    """One tensor per expert and projection, stacked: gate and up into w13[e], down into w2[e],
+    under the names the family declares (spec/families.py)."""
     i, h = mc.moe_intermediate_size, mc.hidden_size
-    if mc.family == "mixtral":
-        pre, (gate, up, down) = p + "block_sparse_moe.", ("w1", "w3", "w2")
-    else:
-        pre, (gate, up, down) = p + "mlp.", ("gate_proj", "up_proj", "down_proj")
+    module, gate, up, down = mc.spec.expert_tensors
+    pre = f"{p}{module}."
     t = {pre + "gate.weight": _Target(moe.gate.weight, 0, (mc.num_experts, h))}
     for e in range(mc.num_experts):
         x = f"{pre}experts.{e}."

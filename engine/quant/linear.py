@@ -37,7 +37,7 @@ from torch import nn
 from ..config import EngineError
 from ..model.linear import Linear, param
 from . import fp8
-from .config import QuantConfig
+from ..spec.quant import QuantConfig, quantizes
 
 MIN_CAPABILITY = (8, 9)   # e4m3 tensor cores: Ada (sm_89), Hopper (sm_90) and newer
 # The largest M that takes the W8A16 kernel, per weight scales (per-row, block): where it
@@ -217,21 +217,8 @@ def _one(device: torch.device) -> torch.Tensor:
 def build_linear(quant: QuantConfig | None, parts: list[tuple[str, int]], in_features: int,
                  *, bias: bool, dtype, device) -> Linear:
     """The projection of the HF modules `parts` ((name, rows), fused in order: q/k/v,
-    gate/up), quantized as the checkpoint or flag says. Fused parts must agree on
-    being ignored, and block weights must tile each part."""
+    gate/up), quantized as the checkpoint or flag says (spec/quant.quantizes)."""
     out_features = sum(rows for _, rows in parts)
-    if quant is None:
+    if not quantizes(quant, parts, in_features):
         return Linear(out_features, in_features, bias=bias, dtype=dtype, device=device)
-    ignored = {m: quant.ignored(m) for m, _ in parts}
-    if len(set(ignored.values())) > 1:
-        raise EngineError(f"quantization ignores {', '.join(m for m, i in ignored.items() if i)} but not "
-                          f"{', '.join(m for m, i in ignored.items() if not i)}: the engine fuses them "
-                          f"into one projection, which must be quantized alike")
-    if all(ignored.values()):
-        return Linear(out_features, in_features, bias=bias, dtype=dtype, device=device)
-    if quant.weights == "block":
-        bn, bk = quant.block
-        if any(rows % bn for _, rows in parts[:-1]):   # a fused part must start a block
-            raise EngineError(f"{parts[0][0]}: {out_features}x{in_features} does not divide into the "
-                              f"checkpoint's {bn}x{bk} weight blocks")
     return Fp8Linear(out_features, in_features, bias=bias, dtype=dtype, device=device, scheme=quant)

@@ -1,4 +1,6 @@
-"""Read a Hugging Face `config.json` into ModelConfig; refuse what the engine cannot run."""
+"""Read a Hugging Face `config.json` (and `generation_config.json`) into ModelConfig;
+refuse what the engine cannot run, naming it. Imports no torch: `zerod doctor` reads a
+checkpoint with this very parser (docs/design.md, "The model spec")."""
 
 from __future__ import annotations
 
@@ -7,40 +9,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ..config import EngineError
+from .families import BY_ARCHITECTURE, BY_NAME, Family
+from .quant import QuantConfig, parse_checkpoint
+from .rope_scaling import parse_scaling
 from .sizing import expert_layout
-from ..quant.config import QuantConfig, parse_checkpoint
-from ..model.rope import parse_scaling
 
-SUPPORTED = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "mistral",
-    "Qwen2ForCausalLM": "qwen2",
-    "Qwen3ForCausalLM": "qwen3",
-    "Phi3ForCausalLM": "phi3",          # Phi-3 and Phi-4: fused qkv_proj / gate_up_proj tensors
-    "Gemma2ForCausalLM": "gemma2",
-    "Gemma3ForCausalLM": "gemma3",      # the text-only checkpoints (Gemma 3 1B, text towers saved alone)
-    "MixtralForCausalLM": "mixtral",    # every layer's MLP is a mixture of experts (moe.py)
-    "Qwen3MoeForCausalLM": "qwen3_moe",  # Qwen3 attention; experts on the layers decoder_sparse_step picks
-}
-GEMMA = ("gemma2", "gemma3")
-MOE = ("mixtral", "qwen3_moe")
 _ACTS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}
-
-_DTYPE = {
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
-    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
-}
-
-
-def parse_dtype(name: str) -> torch.dtype:
-    try:
-        return _DTYPE[name]
-    except KeyError:
-        raise EngineError(f"unsupported dtype {name!r}; use bfloat16, float16 or float32") from None
 
 
 @dataclass
@@ -82,6 +57,11 @@ class ModelConfig:
     quant: QuantConfig | None = None      # the checkpoint's quantization (FP8), None: unquantized
 
     @property
+    def spec(self) -> Family:
+        """The family's declaration (families.py): its traits and refusals."""
+        return BY_NAME[self.family]
+
+    @property
     def q_size(self) -> int:
         return self.num_heads * self.head_dim
 
@@ -99,15 +79,25 @@ def _ids(v) -> list[int]:
 
 
 def parse_model_config(raw: dict[str, Any], where: str = "config.json") -> ModelConfig:
-    archs = raw.get("architectures") or []
-    arch = archs[0] if archs else None
-    if arch not in SUPPORTED:
+    """ModelConfig of a config.json's dict; EngineError naming what the engine cannot run
+    or what the file gets wrong (a value of the wrong type included)."""
+    try:
+        return _parse(raw, where)
+    except (TypeError, ValueError, ZeroDivisionError, AttributeError) as exc:
+        raise EngineError(f"{where}: a field has a value the engine cannot read ({exc})") from None
+
+
+def _parse(raw: dict[str, Any], where: str) -> ModelConfig:
+    archs = raw.get("architectures")
+    arch = archs[0] if isinstance(archs, list) and archs else None
+    if arch not in BY_ARCHITECTURE:
         mt = raw.get("model_type")
         raise EngineError(
             f"{where}: unsupported architecture {arch or mt or '(none given)'!r}; "
-            f"zerod's engine runs {', '.join(sorted(SUPPORTED))}"
+            f"zerod's engine runs {', '.join(sorted(BY_ARCHITECTURE))}"
         )
-    family = SUPPORTED[arch]
+    fam = BY_ARCHITECTURE[arch]
+    family = fam.name
     qc = raw.get("quantization_config")
     quant = parse_checkpoint(qc, where) if qc else None   # FP8 served; any other method refused, named
     try:
@@ -118,7 +108,7 @@ def parse_model_config(raw: dict[str, Any], where: str = "config.json") -> Model
         layers = int(raw["num_hidden_layers"])
         inter = int(raw["intermediate_size"])
         vocab = int(raw["vocab_size"])
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
         raise EngineError(f"{where}: missing or invalid field {exc} for {arch}") from None
     if min(hidden, heads, kv_heads, head_dim, layers, inter, vocab) < 1:
         raise EngineError(f"{where}: sizes must be positive")
@@ -127,7 +117,7 @@ def parse_model_config(raw: dict[str, Any], where: str = "config.json") -> Model
     if head_dim % 2:
         raise EngineError(f"{where}: head_dim {head_dim} must be even for RoPE")
     act = raw.get("hidden_activation") or raw.get("hidden_act") or "silu"
-    if family in GEMMA and act == "gelu":
+    if fam.gemma_norms and act == "gelu":
         act = "gelu_pytorch_tanh"    # transformers runs Gemma's "gelu" as the tanh approximation
     if act not in _ACTS:
         raise EngineError(f"{where}: hidden activation {act!r} is not supported ({', '.join(_ACTS)})")
@@ -140,7 +130,7 @@ def parse_model_config(raw: dict[str, Any], where: str = "config.json") -> Model
         local_theta = float((rp.get("sliding_attention") or {}).get("rope_theta") or 10000.0)
         rp = rp["full_attention"] or {}
         raw = dict(raw, rope_parameters=rp)
-    elif family == "gemma3":
+    elif fam.local_rope:
         local_theta = float(raw.get("rope_local_base_freq") or 10000.0)
     theta = float(raw.get("rope_theta") or rp.get("rope_theta") or 10000.0)
     max_pos = int(raw.get("max_position_embeddings") or 4096)
@@ -149,12 +139,12 @@ def parse_model_config(raw: dict[str, Any], where: str = "config.json") -> Model
     if partial not in (None, 1, 1.0):
         raise EngineError(f"{where}: partial_rotary_factor {partial} is not supported (RoPE over the whole head)")
 
-    qkv_bias = family == "qwen2" or bool(raw.get("attention_bias", False))
-    o_bias = family != "qwen2" and bool(raw.get("attention_bias", False))
-    gemma = _gemma_fields(raw, family, layers, where) if family in GEMMA else {}
-    if family not in GEMMA:
-        gemma["layer_windows"] = _layer_windows(raw, family, layers)
-    moe = _moe_fields(raw, family, where) if family in MOE else {}
+    qkv_bias = fam.qkv_bias or bool(raw.get("attention_bias", False))
+    o_bias = not fam.qkv_bias and bool(raw.get("attention_bias", False))
+    gemma = _gemma_fields(raw, fam, layers, where) if fam.sliding == "gemma" else {}
+    if fam.sliding != "gemma":
+        gemma["layer_windows"] = _layer_windows(raw, fam, layers)
+    moe = _moe_fields(raw, fam, where) if fam.experts else {}
     return ModelConfig(
         architecture=arch,
         family=family,
@@ -176,7 +166,7 @@ def parse_model_config(raw: dict[str, Any], where: str = "config.json") -> Model
         torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
         bos_token_id=raw.get("bos_token_id") if isinstance(raw.get("bos_token_id"), int) else None,
         eos_token_ids=_ids(raw.get("eos_token_id")),
-        qk_norm=family in ("qwen3", "qwen3_moe", "gemma3"),
+        qk_norm=fam.qk_norm,
         hidden_act=_ACTS[act],
         local_rope_theta=local_theta,
         quant=quant,
@@ -185,15 +175,15 @@ def parse_model_config(raw: dict[str, Any], where: str = "config.json") -> Model
     )
 
 
-def _layer_windows(raw: dict[str, Any], family: str, layers: int) -> list[int] | None:
+def _layer_windows(raw: dict[str, Any], fam: Family, layers: int) -> list[int] | None:
     """Mistral / Phi-3: every layer slides when sliding_window is set. Qwen2 / Qwen3 with
     use_sliding_window: the layers layer_types names, else those from max_window_layers on."""
     window = raw.get("sliding_window")
     if not (isinstance(window, int) and window > 0):
         return None
-    if family in ("mistral", "phi3", "mixtral"):
+    if fam.sliding == "every":
         return [window] * layers
-    if family in ("qwen2", "qwen3", "qwen3_moe") and raw.get("use_sliding_window"):
+    if fam.sliding == "opt_in" and raw.get("use_sliding_window"):
         types = raw.get("layer_types")
         if not types or len(types) != layers:
             first = int(raw.get("max_window_layers") or 0)
@@ -203,7 +193,7 @@ def _layer_windows(raw: dict[str, Any], family: str, layers: int) -> list[int] |
     return None
 
 
-def _moe_fields(raw: dict[str, Any], family: str, where: str) -> dict[str, Any]:
+def _moe_fields(raw: dict[str, Any], fam: Family, where: str) -> dict[str, Any]:
     """The experts (sizing.expert_layout: which layers, how many, what size), the router's
     top-k, and whether it renormalises (Mixtral always; Qwen3-MoE with norm_topk_prob)."""
     try:
@@ -219,17 +209,17 @@ def _moe_fields(raw: dict[str, Any], family: str, where: str) -> dict[str, Any]:
         num_experts=layout.num_experts,
         experts_per_token=top_k,
         moe_intermediate_size=layout.expert_size,
-        norm_topk_prob=family == "mixtral" or bool(raw.get("norm_topk_prob", False)),
+        norm_topk_prob=fam.experts == "every" or bool(raw.get("norm_topk_prob", False)),
         moe_layers=layout.sparse,
     )
 
 
-def _gemma_fields(raw: dict[str, Any], family: str, layers: int, where: str) -> dict[str, Any]:
+def _gemma_fields(raw: dict[str, Any], fam: Family, layers: int, where: str) -> dict[str, Any]:
     """Gemma 2 / 3: sliding and global layers, soft-caps, the attention scale."""
     window = raw.get("sliding_window")
     types = raw.get("layer_types")
     if types is None:  # configs written before layer_types: the families' fixed patterns
-        pattern = 2 if family == "gemma2" else int(raw.get("sliding_window_pattern") or 6)
+        pattern = int(raw.get("sliding_window_pattern") or fam.sliding_pattern)
         types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(layers)]
     if len(types) != layers or not set(types) <= {"sliding_attention", "full_attention"}:
         raise EngineError(f"{where}: layer_types must name sliding_attention or full_attention "
@@ -242,11 +232,12 @@ def _gemma_fields(raw: dict[str, Any], family: str, layers: int, where: str) -> 
         attn_scale=float(scalar) ** -0.5 if scalar else None,
         attn_softcap=float(raw.get("attn_logit_softcapping") or 0.0),
         final_softcap=float(raw.get("final_logit_softcapping") or 0.0),
-        gemma_norms=True,
+        gemma_norms=fam.gemma_norms,
     )
 
 
-def load_model_config(model_dir: Path) -> ModelConfig:
+def read_config_json(model_dir: Path | str) -> dict[str, Any]:
+    """config.json of a checkpoint folder as a dict; EngineError saying what is wrong."""
     p = Path(model_dir) / "config.json"
     try:
         raw = json.loads(p.read_text())
@@ -256,14 +247,32 @@ def load_model_config(model_dir: Path) -> ModelConfig:
         raise EngineError(f"{p}: cannot read: {exc}") from None
     if not isinstance(raw, dict):
         raise EngineError(f"{p}: not a JSON object")
-    mc = parse_model_config(raw, str(p))
-    gp = Path(model_dir) / "generation_config.json"
-    if gp.exists():
-        try:
-            g = json.loads(gp.read_text())
-            for t in _ids(g.get("eos_token_id")):
-                if t not in mc.eos_token_ids:
-                    mc.eos_token_ids.append(t)
-        except (OSError, ValueError):
-            pass
+    return raw
+
+
+def read_generation_config(model_dir: Path | str) -> dict[str, Any]:
+    """generation_config.json as a dict (the checkpoint's sampling defaults and extra EOS
+    ids); empty when the folder has none or it is not a readable JSON object, as
+    transformers treats it: an optional file."""
+    try:
+        g = json.loads((Path(model_dir) / "generation_config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return g if isinstance(g, dict) else {}
+
+
+def with_generation_config(mc: ModelConfig, gen: dict[str, Any]) -> ModelConfig:
+    """mc with generation_config.json's EOS ids added to config.json's."""
+    try:
+        extra = _ids(gen.get("eos_token_id"))
+    except (TypeError, ValueError):
+        extra = []
+    for t in extra:
+        if t not in mc.eos_token_ids:
+            mc.eos_token_ids.append(t)
     return mc
+
+
+def load_model_config(model_dir: Path | str) -> ModelConfig:
+    mc = parse_model_config(read_config_json(model_dir), str(Path(model_dir) / "config.json"))
+    return with_generation_config(mc, read_generation_config(model_dir))

@@ -7,7 +7,7 @@ Everything above `plan_kv` is arithmetic on names and numbers and imports no tor
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from ..config import EngineConfig, EngineError
@@ -81,30 +81,25 @@ def expert_layout(raw: dict) -> ExpertLayout:
     return ExpertLayout(experts, size, sparse)
 
 
-def param_count(raw: dict) -> int | None:
-    """Parameters of a Llama-family decoder (experts counted) from its HF config, for sizing
-    dummy weights; per-head norms and biases left out. None when the config lacks a size."""
-    c = raw.get("text_config", raw)
-    try:
-        hidden, heads = int(c["hidden_size"]), int(c["num_attention_heads"])
-        hd = int(c.get("head_dim") or hidden // heads)
-        kvh = int(c.get("num_key_value_heads") or heads)
-        inter, vocab = int(c["intermediate_size"]), int(c["vocab_size"])
-        moe = expert_layout(c)
-    except (KeyError, TypeError, ValueError, ZeroDivisionError):
-        return None
-    attn = hidden * hd * (2 * heads + 2 * kvh)
-    dense_mlp = 3 * hidden * inter
-    sparse_mlp = moe.num_experts * (3 * hidden * moe.expert_size + hidden)   # experts + router row
-    mlps = sum(sparse_mlp if s else dense_mlp for s in moe.sparse)
-    embed = vocab * hidden * (1 if c.get("tie_word_embeddings") else 2)
-    return len(moe.sparse) * (attn + 2 * hidden) + mlps + embed + hidden
-
-
 def kv_heads_per_rank(num_kv_heads: int, tp: int) -> int:
     """KV heads one tensor-parallel rank holds: its share, or one replicated head when
     the ranks outnumber them."""
     return max(num_kv_heads // tp, 1)
+
+
+def rank_config(mc: ModelConfig, n: int) -> ModelConfig:
+    """The model as one rank holds it: its attention heads, its KV heads (split, or one
+    replicated head when N exceeds them) and its slice of the MLP. Vocabulary and hidden
+    size stay whole (the vocabulary split is the embedding's and LM head's own)."""
+    if n == 1:
+        return mc
+    return replace(mc, num_heads=mc.num_heads // n, num_kv_heads=kv_heads_per_rank(mc.num_kv_heads, n),
+                   intermediate_size=mc.intermediate_size // n)
+
+
+def vocab_rows(vocab: int, n: int) -> int:
+    """Rows of the embedding / LM head each rank holds (the last rank's tail is padding)."""
+    return -(-vocab // n)
 
 
 def page_bytes(mc: ModelConfig, page_size: int, dtype: str, tp: int = 1) -> int:

@@ -20,7 +20,6 @@ import socket
 import subprocess
 import sys
 import threading
-from dataclasses import replace
 from typing import Callable
 
 import torch
@@ -28,7 +27,7 @@ import torch.distributed as dist
 
 from ..config import EngineConfig, EngineError
 from ..spec.hf_config import ModelConfig
-from ..spec.sizing import kv_heads_per_rank
+from ..spec.servable import refuse_gpu_count, refuse_split
 
 log = logging.getLogger("zerod.engine")
 
@@ -38,51 +37,16 @@ INIT_TIMEOUT_S = 600          # a 70B checkpoint's slices load before the first 
 
 def check_tp(mc: ModelConfig, n: int, device: torch.device, quantized: bool = False,
              lora: bool = False) -> None:
-    """Refuse, naming the reason, a degree this model or host cannot be split over."""
+    """Refuse, naming the reason, a degree this model (spec/servable.py) or host cannot be
+    split over."""
+    refuse_split(mc, n, quantized=quantized, lora=lora)
     if n == 1:
         return
-    if lora:
-        raise EngineError("--tensor-parallel-size > 1 is not supported with --enable-lora yet "
-                          "(the adapters' slabs are not split over the ranks)")
-    if quantized:
-        raise EngineError("--tensor-parallel-size > 1 is not supported with FP8 weights yet "
-                          "(serve the bfloat16 checkpoint split, or FP8 on one GPU)")
-    if mc.num_experts:
-        raise EngineError(f"--tensor-parallel-size > 1 is not supported for mixtures of experts "
-                          f"({mc.architecture}) yet: every GPU would hold every expert")
-    if mc.num_heads % n:
-        raise EngineError(f"--tensor-parallel-size {n} must divide num_attention_heads ({mc.num_heads})")
-    if mc.num_kv_heads % n and n % mc.num_kv_heads:
-        raise EngineError(f"--tensor-parallel-size {n} and num_key_value_heads ({mc.num_kv_heads}) "
-                          f"must divide one another (KV heads are split, or replicated when fewer)")
-    if mc.intermediate_size % n:
-        raise EngineError(f"--tensor-parallel-size {n} must divide intermediate_size "
-                          f"({mc.intermediate_size})")
-    if mc.family == "phi3":
-        raise EngineError("--tensor-parallel-size > 1 is not supported for Phi-3 / Phi-4 yet "
-                          "(their checkpoints store qkv_proj and gate_up_proj fused)")
     if device.type == "cuda":
         if device.index not in (None, 0):
             raise EngineError("--device cuda:N picks one GPU; with --tensor-parallel-size the ranks "
                               "take the first N visible GPUs (set CUDA_VISIBLE_DEVICES to choose them)")
-        visible = torch.cuda.device_count()
-        if n > visible:
-            raise EngineError(f"--tensor-parallel-size {n} needs {n} GPUs; this process sees {visible}")
-
-
-def rank_config(mc: ModelConfig, n: int) -> ModelConfig:
-    """The model as one rank holds it: its attention heads, its KV heads (split, or one
-    replicated head when N exceeds them) and its slice of the MLP. Vocabulary and hidden
-    size stay whole (the vocabulary split is the embedding's and LM head's own)."""
-    if n == 1:
-        return mc
-    return replace(mc, num_heads=mc.num_heads // n, num_kv_heads=kv_heads_per_rank(mc.num_kv_heads, n),
-                   intermediate_size=mc.intermediate_size // n)
-
-
-def vocab_rows(vocab: int, n: int) -> int:
-    """Rows of the embedding / LM head each rank holds (the last rank's tail is padding)."""
-    return -(-vocab // n)
+        refuse_gpu_count(n, torch.cuda.device_count())
 
 
 def kv_head_start(mc: ModelConfig, rank: int, n: int) -> int:

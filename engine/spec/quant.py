@@ -20,9 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import EngineError
-
-SUPPORTED_FLAG = ("fp8",)          # --quantization values (vLLM's names)
+from ..config import QUANTIZATIONS, EngineError
 
 
 @dataclass(frozen=True)
@@ -55,6 +53,27 @@ class QuantConfig:
         return False
 
 
+def quantizes(quant: QuantConfig | None, parts: list[tuple[str, int]], in_features: int) -> bool:
+    """Whether the projection fused from the HF modules `parts` ((name, rows) in order)
+    is FP8. Refuses fused parts that disagree on being ignored, and block weights that do
+    not tile each part: the engine fuses them into one projection, quantized alike."""
+    if quant is None:
+        return False
+    ignored = {m: quant.ignored(m) for m, _ in parts}
+    if len(set(ignored.values())) > 1:
+        raise EngineError(f"quantization ignores {', '.join(m for m, i in ignored.items() if i)} but not "
+                          f"{', '.join(m for m, i in ignored.items() if not i)}: the engine fuses them "
+                          f"into one projection, which must be quantized alike")
+    if all(ignored.values()):
+        return False
+    if quant.weights == "block":
+        bn, bk = quant.block
+        if any(rows % bn for _, rows in parts[:-1]):   # a fused part must start a block
+            raise EngineError(f"{parts[0][0]}: {sum(r for _, r in parts)}x{in_features} does not divide "
+                              f"into the checkpoint's {bn}x{bk} weight blocks")
+    return True
+
+
 def online_fp8() -> QuantConfig:
     """`--quantization fp8`: the LM head stays in the model dtype, as vLLM does."""
     return QuantConfig("online", "channel", "token", ignore=("lm_head",))
@@ -64,9 +83,9 @@ def resolve(checkpoint: QuantConfig | None, flag: str | None) -> QuantConfig | N
     """The quantization to serve: the checkpoint's (hf_config parsed it) and the
     `--quantization` flag (None: follow the checkpoint). An FP8 checkpoint is served as
     published whether or not the flag says fp8."""
-    if flag is not None and flag not in SUPPORTED_FLAG:
+    if flag is not None and flag not in QUANTIZATIONS:
         raise EngineError(f"quantization {flag!r} is not supported; use "
-                          f"{', '.join(SUPPORTED_FLAG)} (or leave it out for the checkpoint's own)")
+                          f"{', '.join(QUANTIZATIONS)} (or leave it out for the checkpoint's own)")
     if checkpoint is not None:
         return checkpoint
     return online_fp8() if flag == "fp8" else None
@@ -92,6 +111,8 @@ def _refuse(where: str, what: str) -> EngineError:
 
 
 def _compressed_tensors(raw: dict, where: str) -> QuantConfig:
+    # the format's own reader; it imports torch, so reading a compressed-tensors checkpoint
+    # is the one case where the spec (and doctor) loads torch
     from compressed_tensors.quantization import QuantizationConfig
     from pydantic import ValidationError
 
