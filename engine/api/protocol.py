@@ -158,7 +158,8 @@ HARMLESS_METADATA = (("user", Str()), ("metadata", Obj(values=Str())), ("store",
 # Engine requests one API request may make (prompts x n): each holds a slot and its KV.
 MAX_CHOICES = 128
 # Prompt logprobs (echo + logprobs, prompt_logprobs): prompt tokens x (1 + alternatives)
-# per prompt, at most this many (the answer's size; about 40 bytes of JSON each).
+# summed over every choice of the request (prompts x n), at most this many (the answer's
+# size; about 40 bytes of JSON each).
 MAX_PROMPT_LOGPROB_ENTRIES = 65536
 
 # Variables the request sets itself; chat_template_kwargs may not replace them.
@@ -231,7 +232,7 @@ class RequestSchemas:
                   only_why="special tokens are always decoded as the tokenizer joins them"),
             Field("prompt_logprobs", Int(0, MAX_LOGPROBS), doc="vLLM's: the logprob, rank "
                   "and this many top alternatives of each prompt token (the first null); "
-                  f"prompt tokens x (1 + this) <= {MAX_PROMPT_LOGPROB_ENTRIES}; not with "
+                  f"prompt tokens x choices x (1 + this) <= {MAX_PROMPT_LOGPROB_ENTRIES}; not with "
                   "stream."),
             Field("structured_outputs", Obj((
                 Field("json", schema_t, doc="A JSON schema the output follows."),
@@ -681,15 +682,18 @@ def check_context(req: CompletionRequest, prompt_len: int, max_model_len: int,
     return req.max_tokens
 
 
-def check_prompt_logprobs(req: CompletionRequest, prompt_len: int) -> None:
-    """Refuse a prompt whose prompt logprobs would exceed MAX_PROMPT_LOGPROB_ENTRIES."""
+def check_prompt_logprobs(req: CompletionRequest, prompt_tokens: int, choices: int = 1) -> None:
+    """Refuse a request whose prompt logprobs would exceed MAX_PROMPT_LOGPROB_ENTRIES:
+    `prompt_tokens` counts every choice's prompt (prompts x n), since each choice carries
+    its prompt's entries in the answer."""
     k = req.prompt_logprobs
-    if k is None or prompt_len * (1 + k) <= MAX_PROMPT_LOGPROB_ENTRIES:
+    if k is None or prompt_tokens * (1 + k) <= MAX_PROMPT_LOGPROB_ENTRIES:
         return
     param = "prompt_logprobs" if req.show_prompt_logprobs else "logprobs"
-    raise bad(f"prompt logprobs of {prompt_len} prompt tokens x (1 + {k} alternatives) exceed "
-              f"this server's cap of {MAX_PROMPT_LOGPROB_ENTRIES} entries "
-              "(MAX_PROMPT_LOGPROB_ENTRIES); send a shorter prompt or fewer alternatives",
+    raise bad(f"prompt logprobs of {prompt_tokens} prompt tokens over {choices} choice(s) x "
+              f"(1 + {k} alternatives) exceed this server's cap of "
+              f"{MAX_PROMPT_LOGPROB_ENTRIES} entries per request (MAX_PROMPT_LOGPROB_ENTRIES); "
+              "send a shorter prompt, fewer choices or fewer alternatives",
               param, "prompt_logprobs_too_large")
 
 
