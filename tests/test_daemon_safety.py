@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -251,3 +252,56 @@ engine_command = ["{sys.executable}", "{stubborn}", "{port}", "{tmp_path / 'st.j
         assert any("second SIGINT: stopping now" in x for x in d.log)
     finally:
         d.kill()
+
+
+# ------------------------------------------------------------------ the socket's directory chain
+def test_a_directory_above_the_socket_writable_by_others_is_refused(tmp_path):
+    """A 0777 directory anywhere above (another user could rename the daemon's own 0700
+    directory and put a fake socket in its place) is refused, and named."""
+    shared = tmp_path / "zerod-1000"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(ControlSocketError, match=f"{shared} is writable by others.*not sticky"):
+        bind_unix_socket(str(shared / "zerod" / "control.sock"))
+    sticky = tmp_path / "tmp"
+    sticky.mkdir()
+    sticky.chmod(0o1777)   # as /tmp: others cannot move what this user owns in it
+    bind_unix_socket(str(sticky / "mine" / "control.sock")).close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a directory to another user")
+def test_a_directory_above_the_socket_of_another_user_is_refused(tmp_path):
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, 65534, 65534)
+    (theirs / "zerod").mkdir(mode=0o700)
+    with pytest.raises(ControlSocketError, match=f"{theirs} belongs to uid 65534"):
+        bind_unix_socket(str(theirs / "zerod" / "control.sock"))
+
+
+def test_the_dashboard_client_refuses_a_socket_a_stranger_could_have_swapped(tmp_path):
+    from zerod.tui.client import ControlClient, DaemonUnreachable
+
+    shared = tmp_path / "zerod-1000"
+    (shared / "zerod").mkdir(parents=True)
+    shared.chmod(0o777)
+    path = shared / "zerod" / "control.sock"
+    fake = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    fake.bind(str(path))
+    fake.listen(1)
+    try:
+        with pytest.raises(DaemonUnreachable, match=f"{shared} is writable by others"):
+            ControlClient(str(path), timeout=1).request("GET", "/v1/status")
+    finally:
+        fake.close()
+    if os.geteuid() == 0:   # a socket that belongs to another user: not the daemon's
+        own = tmp_path / "own"
+        own.mkdir(mode=0o700)
+        spoof = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        spoof.bind(str(own / "control.sock"))
+        os.chown(own / "control.sock", 65534, 65534)
+        try:
+            with pytest.raises(DaemonUnreachable, match="belongs to uid 65534"):
+                ControlClient(str(own / "control.sock"), timeout=1).request("GET", "/v1/status")
+        finally:
+            spoof.close()
