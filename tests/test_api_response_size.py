@@ -126,3 +126,11 @@ def test_sliced_encoding_equals_json_dumps():
                                      "tokens": ["t"] * 1300}, "text": "q\"\n"}],
            "empty": [], "none": None, "nested": [[1] * 2000, {}]}
     assert encode_sliced(obj) == json.dumps(obj, ensure_ascii=False).encode()
+
+
+async def test_errors_do_not_echo_a_megabyte_model_name(wide):
+    eng, srv = wide
+    st, _, raw = await _post(srv.url + "/v1/completions",
+                             {"model": "m" * 1_000_000, "prompt": "x", "max_tokens": 1})
+    assert st == 404 and json.loads(raw)["error"]["code"] == "model_not_found"
+    assert len(raw) < 2000 and "1000000 characters" in json.loads(raw)["error"]["message"]

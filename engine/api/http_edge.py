@@ -7,8 +7,9 @@
   `head_timeout` of the connection opening or of the previous response (idle keep-alive
   connections close after the same), the body within `body_timeout`; TCP keep-alive and
   TCP_USER_TIMEOUT close half-open connections (a peer gone without a FIN).
-- At most `max_connections` are open at once; one more is answered 503 (JSON,
-  Retry-After) and closed, without touching the ones being served.
+- At most `max_connections` are open at once; one more is answered 429 (JSON,
+  Retry-After: overload, as a full wait line is) and closed, without touching the ones
+  being served.
 - `bind_socket` reserves the port before the model loads, and names the process holding it
   when it is taken.
 
@@ -98,7 +99,8 @@ def _raw_json_response(err: P.APIError) -> bytes:
     """A whole HTTP/1.1 response, for a connection refused before any parsing."""
     body = json.dumps(err.body()).encode()
     head = "".join(f"{k}: {v}\r\n" for k, v in err.headers.items())
-    return (f"HTTP/1.1 {err.status} Service Unavailable\r\nContent-Type: application/json"
+    reason = {429: "Too Many Requests", 503: "Service Unavailable"}.get(err.status, "Error")
+    return (f"HTTP/1.1 {err.status} {reason}\r\nContent-Type: application/json"
             f"\r\nContent-Length: {len(body)}\r\n{head}Connection: close\r\n\r\n"
             ).encode() + body
 
@@ -124,11 +126,12 @@ class EdgeProtocol(RequestHandler):
 
     def _refuse(self, transport: Any) -> None:
         self._refused = True
+        # overload, as a full wait line: 429 with Retry-After, which clients back off on
         transport.write(_raw_json_response(P.APIError(
-            503, f"the server holds its maximum of {self._manager.bound} connections; "
-            "retry shortly", headers={"Retry-After": "1"})))
+            429, f"the server holds its maximum of {self._manager.bound} connections; "
+            "retry shortly", headers={"Retry-After": "1"}, code="rate_limit_exceeded")))
         # Close after the client had a moment to send its request: closing with unread
-        # bytes would reset the connection and the client might never read the 503.
+        # bytes would reset the connection and the client might never read the 429.
         transport.write_eof()
         asyncio.get_running_loop().call_later(1.0, transport.close)
 

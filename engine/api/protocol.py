@@ -74,6 +74,16 @@ def bad(message: str, param: str | None = None, code: str | None = None) -> APIE
     return APIError(400, message, param=param, code=code)
 
 
+# A client's own text quoted back in an error is cut to this: an error must not echo a
+# megabyte the client sent.
+SHOWN_CHARS = 80
+
+
+def shown(text: str) -> str:
+    """`text` as an error message quotes it: at most SHOWN_CHARS characters."""
+    return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]}… ({len(text)} characters)"
+
+
 # --------------------------------------------------------------------------- the request
 
 
@@ -837,6 +847,11 @@ LORA_LOAD_FIELDS = ("lora_name", "lora_path")
 LORA_UNLOAD_FIELDS = ("lora_name",)
 
 
+# An adapter's name is listed by /v1/models and /health and named in every log line of
+# its requests; its path is a filesystem path (PATH_MAX).
+LORA_FIELD_CHARS = {"lora_name": 128, "lora_path": 4096}
+
+
 def parse_lora_request(body: Any, with_path: bool) -> tuple[str, str | None]:
     """The body of /v1/load_lora_adapter ({lora_name, lora_path}) or
     /v1/unload_lora_adapter ({lora_name}) -> (name, path or None)."""
@@ -850,6 +865,8 @@ def parse_lora_request(body: Any, with_path: bool) -> tuple[str, str | None]:
         v = body.get(f)
         if not isinstance(v, str) or not v.strip():
             raise bad(f"'{f}' must be a non-empty string", f)
+        if len(v) > LORA_FIELD_CHARS[f]:
+            raise bad(f"'{f}' is longer than {LORA_FIELD_CHARS[f]} characters", f)
     return body["lora_name"].strip(), body["lora_path"].strip() if with_path else None
 
 

@@ -68,6 +68,9 @@ TOKENIZE_INLINE_CHARS = 2048
 TOKENIZE_THREADS = 2
 # Threads that build and encode non-streamed answers (the event loop never does).
 RESPOND_THREADS = 2
+# A runtime LoRA load reads files a client names on a thread of its own; past this the
+# client is answered (the read itself is bounded: engine/lora/adapter.py).
+LORA_LOAD_TIMEOUT_S = 60
 
 REQUEST_ID = web.RequestKey("request_id", str)  # the request's X-Request-Id (cors.request_id)
 _ABORTED = object()  # pushed into a stream by the server itself when draining ends it
@@ -190,6 +193,7 @@ class OpenAIServer:
                                                 thread_name_prefix="zerod-tokenize")
         self.respond_pool = ThreadPoolExecutor(RESPOND_THREADS,
                                                thread_name_prefix="zerod-respond")
+        self.lora_pool = ThreadPoolExecutor(1, thread_name_prefix="zerod-lora")
         self.created = P.now()
         self.draining = False
         self.inflight: set[_Req] = set()
@@ -224,6 +228,7 @@ class OpenAIServer:
     async def _on_cleanup(self, app: web.Application) -> None:
         self.tokenize_pool.shutdown(wait=False, cancel_futures=True)
         self.respond_pool.shutdown(wait=False, cancel_futures=True)
+        self.lora_pool.shutdown(wait=False, cancel_futures=True)
 
     async def _response_headers(self, request: web.Request, resp: web.StreamResponse) -> None:
         """Before any answer's headers go out (streams included): its id and CORS."""
@@ -317,10 +322,14 @@ class OpenAIServer:
             raise P.bad(f"'{name}' is the base model's name", "lora_name")
         if any(a.name == name for a in self._adapters()):
             raise P.bad(f"The lora adapter '{name}' has already been loaded.", "lora_name")
-        try:   # reads the adapter's files: off the event loop
-            await self.loop.run_in_executor(self.tokenize_pool, self.engine.load_lora, name, path)
+        try:   # reads the adapter's files: off the event loop and off the tokenizer pool
+            await asyncio.wait_for(self.loop.run_in_executor(
+                self.lora_pool, self.engine.load_lora, name, path), LORA_LOAD_TIMEOUT_S)
         except EngineError as exc:   # LoraError is one: names what is wrong
             raise P.bad(str(exc), "lora_path") from None
+        except asyncio.TimeoutError:
+            raise P.bad(f"reading the adapter at {path} took more than {LORA_LOAD_TIMEOUT_S} s "
+                        "(LORA_LOAD_TIMEOUT_S); it was not loaded", "lora_path") from None
         log.info("LoRA adapter %r loaded from %s", name, path)
         return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
 
@@ -429,7 +438,7 @@ class OpenAIServer:
         adapters = [a.name for a in self._adapters()]
         if name in adapters:
             return name
-        raise P.APIError(404, f"The model `{name}` does not exist. This server serves: "
+        raise P.APIError(404, f"The model `{P.shown(name)}` does not exist. This server serves: "
                          f"{', '.join(self.model_names + adapters)}", param="model",
                          code="model_not_found")
 
