@@ -202,6 +202,32 @@ async def test_signal_checks_the_process_is_still_the_one_seen():
         victim.wait()
 
 
+async def test_a_reused_pid_is_seen_as_its_new_process_at_the_next_scan():
+    """The watcher recorded the start time of the pid's previous holder; once the pid is
+    reused, the next scan records the new holder's, which can then be signalled."""
+    holder = subprocess.Popen(["sleep", "60"])
+    try:
+        v = _views()
+        v.allow_write_actions = True
+        v.processes._scan = lambda **kw: [GpuProcess(pid=holder.pid, name="sleep", cmdline="sleep 60", gpus=[0],
+                                                     gpu_memory_bytes=1 << 20, source="nvml")]
+        v.processes.poll()
+        real = v.processes.start_times[holder.pid]
+        v.processes.start_times[holder.pid] = real - 5      # as recorded for the previous holder
+        v.processes.first_seen[holder.pid] = 1.0
+        v.processes._last_full = -1e9                         # the next full scan is due
+        v.processes.poll()
+        assert v.processes.start_times[holder.pid] == real
+        assert v.processes.first_seen[holder.pid] != 1.0    # a new process: seen from now
+        async with TestClient(TestServer(make_app(v))) as client:
+            r = await client.post(f"/v1/processes/{holder.pid}/signal", json={"signal": "TERM"})
+            assert r.status == 200, await r.text()
+        assert holder.wait(5) == -signal.SIGTERM
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 # ------------------------------------------------------------------ the API key
 def test_api_key_credential_goes_to_the_engine_environment_not_its_argv(tmp_path, caplog):
     creds = tmp_path / "creds"
