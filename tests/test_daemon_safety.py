@@ -148,6 +148,26 @@ def test_zerod_run_refuses_a_shared_socket_directory_in_one_line(tmp_path):
     assert "writable by others (mode 1777)" in line
 
 
+def test_a_taken_metrics_port_names_the_setting_and_the_holder(tmp_path):
+    """A second daemon on a taken metrics port: one line naming [daemon] metrics_port and
+    the process holding it, exit 78, no raw errno text alone."""
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen(1)
+    port = squatter.getsockname()[1]
+    try:
+        cfg = tmp_path / "zerod.toml"
+        cfg.write_text(f'[daemon]\ncontrol_socket = "{tmp_path / "c.sock"}"\nmetrics_port = {port}\n')
+        r = subprocess.run([sys.executable, "-m", "zerod", "run", "--demo", "--config", str(cfg)], cwd=ROOT,
+                           capture_output=True, text=True, timeout=60)
+    finally:
+        squatter.close()
+    assert r.returncode == 78 and "Traceback" not in r.stderr
+    [line] = [x for x in r.stderr.splitlines() if "cannot open the daemon's endpoints" in x]
+    assert f"127.0.0.1:{port} ([daemon] metrics_port)" in line
+    assert f"held by pid {os.getpid()}" in line, line
+
+
 AS_USER = """
 import os, sys
 os.geteuid = lambda: 65534  # a non-root user

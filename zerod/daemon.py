@@ -22,6 +22,7 @@ person); 1 anything else.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import signal
@@ -35,6 +36,7 @@ from zerod.alerts import AlertBook, AlertmanagerPusher
 from zerod.daemon_config import AlertsConfig, DaemonConfig
 from zerod.engines import PRESETS
 from zerod.fleet import EngineSpec, engine_specs
+from zerod.port_holder import port_holder
 from zerod.preflight import Preflight, PreflightRefused, RecheckWatcher
 from zerod.sdnotify import Notifier
 from zerod.supervisor import EngineSupervisor, api_key_credential, engine_argv, engine_env, engine_url
@@ -230,7 +232,13 @@ class Daemon:
             r = web.AppRunner(app, access_log=None)
             await r.setup()
             runners.append(r)
-            await web.TCPSite(r, self.cfg.metrics_host, self.cfg.metrics_port).start()
+            try:
+                await web.TCPSite(r, self.cfg.metrics_host, self.cfg.metrics_port).start()
+            except OSError as exc:   # name the port, the setting and who holds it
+                holder = port_holder(self.cfg.metrics_port) if exc.errno == errno.EADDRINUSE else ""
+                raise OSError(exc.errno, f"/metrics cannot listen on {self.cfg.metrics_host}:"
+                              f"{self.cfg.metrics_port} ([daemon] metrics_port): "
+                              f"{exc.strerror or exc}{holder}") from None
             addr = r.addresses[0]
             self.metrics_address = (addr[0], addr[1])
             log.info("metrics on http://%s:%d/metrics", self.cfg.metrics_host, addr[1])

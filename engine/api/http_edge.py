@@ -31,6 +31,8 @@ from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMethod, HttpProcessingError, LineTooLong
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 
+from zerod.port_holder import port_holder
+
 from . import protocol as P
 
 log = logging.getLogger("zerod.engine.api.http_edge")
@@ -235,21 +237,3 @@ def bind_socket(host: str, port: int) -> socket.socket:
         raise PortTaken(exc.errno, f"cannot listen on {host}:{port}: {why}") from None
     sock.setblocking(False)
     return sock
-
-
-def port_holder(port: int) -> str:
-    """' (held by pid 123, python3)' when the listening process is visible, else ''."""
-    try:
-        import psutil
-
-        for c in psutil.net_connections(kind="inet"):
-            if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN:
-                if c.pid is None:
-                    return " (held by a process of another user)"
-                try:
-                    return f" (held by pid {c.pid}, {psutil.Process(c.pid).name()})"
-                except psutil.Error:
-                    return f" (held by pid {c.pid})"
-    except Exception:  # noqa: BLE001 - naming the holder is a courtesy, never an error
-        pass
-    return ""
