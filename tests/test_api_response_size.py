@@ -11,7 +11,9 @@ import aiohttp
 import pytest
 from test_server_fake import FakeEngine, _post
 from zerod.engine.api.protocol import MAX_PROMPT_LOGPROB_ENTRIES
-from zerod.engine.api.response_size import MAX_RESPONSE_LOGPROB_ENTRIES, encode_sliced
+from zerod.engine.api.response_size import (MAX_RESPONSE_LOGPROB_ENTRIES, MAX_RESPONSE_TOKENS,
+                                            check_response_size, encode_sliced)
+from zerod.engine.api.protocol import APIError, CompletionRequest
 from zerod.engine.api.server import ServerThread
 from zerod.engine.core.request import RequestOutput
 from zerod.engine.sampling.logprobs import TokenLogprob
@@ -134,3 +136,15 @@ async def test_errors_do_not_echo_a_megabyte_model_name(wide):
                              {"model": "m" * 1_000_000, "prompt": "x", "max_tokens": 1})
     assert st == 404 and json.loads(raw)["error"]["code"] == "model_not_found"
     assert len(raw) < 2000 and "1000000 characters" in json.loads(raw)["error"]["message"]
+
+
+def test_output_tokens_bound_per_answer():
+    req = CompletionRequest(kind="chat", model=None)
+    req.n = 128
+    per = MAX_RESPONSE_TOKENS // 128
+    check_response_size(req, [10], [per])
+    with pytest.raises(APIError) as e:
+        check_response_size(req, [10], [per + 1])
+    assert e.value.status == 400 and "MAX_RESPONSE_TOKENS" in e.value.message
+    req.stream = True
+    check_response_size(req, [10], [per * 100])   # streamed: nothing accumulates

@@ -1,6 +1,7 @@
 """What one request may make the server produce, and how a large answer is encoded.
 
-A non-streamed answer is built whole in memory, so its logprob entries are bounded per
+A non-streamed answer is built whole in memory, so its output tokens and logprob entries
+are bounded per
 request before any work is queued (a 400 naming the bound). The answer is then encoded
 off the event loop, in slices: one `json.dumps` call holds the GIL for its whole run, so a
 list of many entries is encoded a slice at a time, and the event loop (`/health`, other
@@ -17,6 +18,9 @@ from .protocol import CompletionRequest, bad
 # Logprob entries (each token's logprob plus its alternatives, prompt and output) one
 # non-streamed answer may hold, over all its choices; about 40-100 bytes of JSON each.
 MAX_RESPONSE_LOGPROB_ENTRIES = 1 << 21
+# Output tokens one non-streamed answer may hold over all its choices (its text, a few
+# bytes each): a whole 128k context for 32 choices.
+MAX_RESPONSE_TOKENS = 1 << 22
 # Items of a list encoded by one json.dumps call: a slice of at most a few hundred KB,
 # a millisecond or so of held GIL.
 ENCODE_SLICE = 512
@@ -29,6 +33,13 @@ def check_response_size(req: CompletionRequest, prompt_lens: list[int],
     length and settled max_tokens; each prompt makes req.n choices)."""
     if req.stream:
         return   # a stream sends each token as it comes; nothing accumulates
+    tokens = sum(max_tokens) * req.n
+    if tokens > MAX_RESPONSE_TOKENS:
+        raise bad(f"this request could make an answer of {tokens} output tokens "
+                  f"({len(prompt_lens)} prompt(s) x n={req.n} x max_tokens), over this server's "
+                  f"cap of {MAX_RESPONSE_TOKENS} per answer (MAX_RESPONSE_TOKENS); set a "
+                  "smaller max_tokens or fewer choices, or stream", "max_tokens",
+                  "response_too_large")
     entries = 0
     if req.prompt_logprobs is not None:
         entries += sum(prompt_lens) * req.n * (1 + req.prompt_logprobs)
