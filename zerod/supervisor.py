@@ -232,6 +232,7 @@ class EngineSupervisor:
             return
         deadline = time.monotonic() + grace_s
         while p.poll() is None and time.monotonic() < deadline and not self._forced:
+            self.progress_at = time.monotonic()   # waiting on a drain is progress (watchdog)
             await asyncio.sleep(0.05)
         if p.poll() is None:
             if self._forced:
