@@ -115,6 +115,11 @@ def _path(tmp_path: Path, case: str) -> Path:
     return p
 
 
+def test_dev_null_is_an_empty_config_on_purpose():
+    r = CliRunner().invoke(config_command, ["check", "--demo", os.devnull])
+    assert r.exit_code == 0 and r.output.strip() == f"{os.devnull}: OK", r.output
+
+
 def test_the_corpus_is_large():
     assert len(CORPUS) + len(SPECIAL) >= 65
 

@@ -67,11 +67,14 @@ def load_config(path: str | os.PathLike[str] | None = None) -> dict[str, dict[st
 
 
 def _read(p: Path) -> bytes:
-    """The file's bytes, if it is a regular file of at most MAX_CONFIG_BYTES. Opened
-    non-blocking: a FIFO or a device at the path is refused, never waited on."""
+    """The file's bytes, if it is a regular file of at most MAX_CONFIG_BYTES (or /dev/null:
+    empty). Opened non-blocking: a FIFO or another device at the path is refused, never
+    waited on."""
     fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     try:
         st = os.fstat(fd)
+        if stat.S_ISCHR(st.st_mode) and st.st_rdev == os.stat(os.devnull).st_rdev:
+            return b""   # --config /dev/null: no config, on purpose
         if not stat.S_ISREG(st.st_mode):
             kind = ("a directory" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode)
                     else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode)
