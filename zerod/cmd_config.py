@@ -47,7 +47,7 @@ def check_config(config: dict[str, dict[str, Any]], *, demo: bool = False) -> li
     if config.get("engines") is None:
         if "model" not in engine and not demo and not engine_command:
             out.append(MODEL_MISSING)
-        elif not flag_refusals and kind == "zerod" and not engine_command:
+        elif not flag_refusals and daemon is not None and kind == "zerod" and not engine_command:
             flag_refusals += serve_refusals("engine", engine, demo)
     elif not fleet:
         for entry, spec in zip(config["engines"], engine_specs(config)):
@@ -55,7 +55,8 @@ def check_config(config: dict[str, dict[str, Any]], *, demo: bool = False) -> li
             entry_refusals = _flags(kind, f"engines.{spec.name}", own)
             if "model" not in spec.section and not demo and not spec.command:
                 out.append(f"[engines.{spec.name}] model is not set (nor in [engine]): " + MODEL_MISSING.split(": ", 1)[1])
-            elif not entry_refusals and not flag_refusals and kind == "zerod" and not spec.command:
+            elif (not entry_refusals and not flag_refusals and daemon is not None and kind == "zerod"
+                  and not spec.command):
                 entry_refusals += serve_refusals(f"engines.{spec.name}", spec.section, demo)
             flag_refusals += entry_refusals
     out += flag_refusals
