@@ -11,7 +11,6 @@ import os
 import threading
 import time
 
-import aiohttp
 import pytest
 import torch
 from safetensors.torch import save_file
