@@ -28,35 +28,38 @@ def kernel_version(ctx: Ctx):
     if not v:
         return WARN(f"cannot parse kernel release {rel!r}", fix)
     if v < version_tuple(low):
-        return FAIL(f"kernel {rel} is older than {low}: no usable io_uring, old cgroup and "
+        return FAIL(f"kernel {rel} is older than {low}: old cgroup and "
                     "NVIDIA open-driver support", fix)
     if v < version_tuple(rec):
         return WARN(f"kernel {rel} is older than the recommended {rec}", fix)
     return PASS(f"kernel {rel} >= {rec}")
 
 
-@check("kernel.io_uring", "io_uring built in and enabled", "major")
+@check("kernel.io_uring", "io_uring state (zerod does not use it)", "minor")
 def io_uring(ctx: Ctx):
+    """Reported, never failed: nothing in zerod (daemon, engine, model loading) uses
+    io_uring, and a host that disables it does so on purpose (a security control on many
+    fleets), so its state is information for the operator, not a gate."""
     cfg = ctx.facts.get("kernel.config")
     disabled = ctx.optional("kernel.io_uring_disabled")
-    fix_build = "boot a kernel built with CONFIG_IO_URING=y (every major distribution kernel >= 5.10 is)"
+    unused = "zerod does not use io_uring (its reads are plain file I/O), so nothing to change"
     if cfg.ok:
         ctx.ev("kernel.config", cfg.value, cfg.source)
         if cfg.value.get("CONFIG_IO_URING", "n") != "y":
-            return FAIL(f"CONFIG_IO_URING={cfg.value.get('CONFIG_IO_URING', 'n')} ({cfg.source}): "
-                        "no io_uring for async model loading and networking", fix_build)
+            return PASS(f"CONFIG_IO_URING={cfg.value.get('CONFIG_IO_URING', 'n')} "
+                        f"({cfg.source}): not built; {unused}")
     elif disabled is None:
         ctx.ev("kernel.config", None, cfg.source, error=cfg.error)
         return SKIP(f"cannot tell: {cfg.error}; no /proc/sys/kernel/io_uring_disabled either")
-    fix_sysctl = ("`sudo sysctl -w kernel.io_uring_disabled=0` and persist it in "
-                  f"/etc/sysctl.d/60-zerod.conf ({HARDEN})")
     if disabled == 2:
-        return FAIL("kernel.io_uring_disabled = 2: io_uring is off for every process", fix_sysctl)
+        return PASS(f"kernel.io_uring_disabled = 2: io_uring is off for every process (a "
+                    f"security setting, left as it is); {unused}")
     if disabled == 1:
-        return WARN("kernel.io_uring_disabled = 1: only the kernel.io_uring_group may use io_uring",
-                    fix_sysctl + ", or add zerod's user to that group")
+        return PASS("kernel.io_uring_disabled = 1: only the kernel.io_uring_group may use "
+                    f"io_uring; {unused}")
     how = "CONFIG_IO_URING=y" if cfg.ok else "io_uring_disabled exists"
-    return PASS(f"{how}; kernel.io_uring_disabled = {disabled if disabled is not None else 'n/a (< 6.6)'}")
+    return PASS(f"{how}; kernel.io_uring_disabled = {disabled if disabled is not None else 'n/a (< 6.6)'}"
+                "; zerod does not use io_uring")
 
 
 @check("kernel.numa_balancing", "Automatic NUMA balancing off", "major")

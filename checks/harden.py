@@ -1,12 +1,14 @@
 """`zerod harden`: plan, apply and roll back the host fixes that are safe to automate.
 
-Safe to automate: sysctls (kernel.numa_balancing=0, io_uring enabled) written live
+Safe to automate: sysctls (kernel.numa_balancing=0) written live
 and persisted in /etc/sysctl.d/60-zerod.conf; transparent hugepages and the CPU
 governor written live and persisted with a systemd-tmpfiles rule; the memlock
 limit of the zerod unit as a drop-in; on request (`exclusive_gpu`), the GPUs'
 compute mode set to EXCLUSIVE_PROCESS through NVML (checks/compute_mode.py). Never
 automated: GPU clocks, power limits, persistence, ECC or MIG - those are printed
-for a person to run.
+for a person to run. Harden never lowers a security setting unless asked by name:
+io_uring is enabled only with `--enable-io-uring` (nothing in zerod uses it, and a host
+that disables it does so on purpose).
 
 The persisted files always hold the whole desired state (every setting harden
 manages on this host), never just what drifted since the last apply: a second
@@ -38,11 +40,17 @@ MEMLOCK_DROPIN = "etc/systemd/system/zerod.service.d/60-memlock.conf"
 STATE_FILE = "var/lib/zerod/harden-state.json"
 THP = "sys/kernel/mm/transparent_hugepage"
 
-# key -> (wanted value, why). A leading '-' in the drop-in lets systemd-sysctl and
-# procps skip a key the running kernel lacks (io_uring_disabled exists from 6.6).
+# key -> (wanted value, why): what every harden sets.
 SYSCTLS = {
     "kernel.numa_balancing": ("0", "automatic NUMA balancing migrates the engine's pages: latency spikes"),
-    "kernel.io_uring_disabled": ("0", "io_uring for async model loading and networking"),
+}
+# Security settings harden lowers only when asked by their flag: key -> (value, why, flag).
+# A leading '-' in the drop-in lets systemd-sysctl and procps skip a key the running
+# kernel lacks (io_uring_disabled exists from 6.6).
+LOWERING_SYSCTLS = {
+    "kernel.io_uring_disabled": ("0", "io_uring for processes on this host (asked for by "
+                                 "--enable-io-uring; zerod itself does not use it)",
+                                 "--enable-io-uring"),
 }
 # THP setting -> (the value harden replaces, what it writes instead); any other value is fine.
 THP_SETTINGS = {"enabled": ("always", "madvise"), "defrag": ("always", "defer+madvise")}
@@ -52,14 +60,24 @@ GPU_PREFIX = "nvml:"
 COMPUTE_MODE = "compute_mode"
 
 
-def sysctl_dropin_text() -> str:
-    """The text of /etc/sysctl.d/60-zerod.conf (`zerod install` writes the same)."""
+def sysctl_dropin_text(lowered: tuple[str, ...] = ()) -> str:
+    """The text of /etc/sysctl.d/60-zerod.conf (`zerod install` writes the same);
+    `lowered`: the LOWERING_SYSCTLS keys asked for by name."""
     lines = ["# zerod: kernel settings for LLM inference hosts (zerod harden / zerod install).",
              "# Remove this file and run `sudo sysctl --system` to go back to the defaults."]
     for key, (value, why) in SYSCTLS.items():
-        optional = "-" if key == "kernel.io_uring_disabled" else ""
-        lines += [f"# {why}", f"{optional}{key} = {value}"]
+        lines += [f"# {why}", f"{key} = {value}"]
+    for key in lowered:
+        value, why, _ = LOWERING_SYSCTLS[key]
+        lines += [f"# {why}", f"-{key} = {value}"]
     return "\n".join(lines) + "\n"
+
+
+def _lowered_before(text: str | None) -> tuple[str, ...]:
+    """The LOWERING_SYSCTLS keys an earlier harden wrote into the drop-in (asked for by
+    name then): kept, so that a later apply does not drop what the operator chose."""
+    lines = {ln.strip() for ln in (text or "").splitlines()}
+    return tuple(k for k, (v, _, _) in LOWERING_SYSCTLS.items() if f"-{k} = {v}" in lines)
 
 
 def memlock_dropin_text() -> str:
@@ -136,25 +154,30 @@ def _is_gpu(path: str) -> bool:
 
 
 def plan(rootfs: str = "/", facts=None, governor: str = "performance", exclusive_gpu: bool = False,
-         gpu=None) -> Plan:
+         gpu=None, enable_io_uring: bool = False) -> Plan:
     """What harden would change under `rootfs` (nothing is written). `facts` (optional,
     from probe_facts) adds the GPU settings a person must change by hand. `exclusive_gpu`
     adds the GPUs' compute mode, read through `gpu` (default: NVML) - the host's GPUs,
     whatever `rootfs` is."""
     pl = Plan(rootfs)
-    # 1. sysctls, live and persisted
-    for key, (want, why) in SYSCTLS.items():
+    # 1. sysctls, live and persisted; a security setting only when asked for by name
+    dropin = _p(rootfs, SYSCTL_DROPIN)
+    asked = ("kernel.io_uring_disabled",) if enable_io_uring else ()
+    lowered = tuple(k for k in LOWERING_SYSCTLS if k in asked or k in _lowered_before(_read(dropin)))
+    wanted = {**{k: (v, why) for k, (v, why) in SYSCTLS.items()},
+              **{k: LOWERING_SYSCTLS[k][:2] for k in asked}}
+    for key, (want, why) in wanted.items():
         path = _p(rootfs, "proc/sys/" + key.replace(".", "/"))
         now = _read(path)
         if now is None:
             continue  # this kernel lacks the key
         if now.strip() != want:
             pl.changes.append(Change(key, "value", [path], now.strip(), want, why, "/" + SYSCTL_DROPIN))
-    dropin = _p(rootfs, SYSCTL_DROPIN)
-    if _read(dropin) != sysctl_dropin_text():
+    text = sysctl_dropin_text(lowered)
+    if _read(dropin) != text:
         now = _read(dropin)
         pl.changes.append(Change("sysctl drop-in", "file", [dropin], None if now is None else now,
-                                 sysctl_dropin_text(), "keeps the sysctls across reboots"))
+                                 text, "keeps the sysctls across reboots"))
     # 2. transparent hugepages: at boot, what harden sets, or the value already fine
     thp_boot: dict[str, str] = {}
     for name, (bad, want) in THP_SETTINGS.items():
@@ -270,9 +293,40 @@ def _load_state(rootfs: str) -> dict | None:
     if text is None:
         return None
     try:
-        return json.loads(text)
+        state = json.loads(text)
     except ValueError as exc:
         raise HardenError(f"{_p(rootfs, STATE_FILE)} is damaged ({exc}); restore by hand") from None
+    problem = _state_problem(state)
+    if problem:
+        raise HardenError(f"{_p(rootfs, STATE_FILE)} is damaged ({problem}); restore by hand "
+                          "(nothing was changed)")
+    return state
+
+
+def _state_problem(state) -> str | None:
+    """What makes a parsed state file unusable, or None: every field apply and rollback
+    read, with its type, so a damaged file is refused before anything is restored."""
+    if not isinstance(state, dict):
+        return "not a JSON object"
+    records = state.get("records")
+    if not isinstance(records, list):
+        return "'records' is not a list"
+    for i, r in enumerate(records):
+        if not isinstance(r, dict):
+            return f"records[{i}] is not an object"
+        if not isinstance(r.get("path"), str) or not isinstance(r.get("key"), str):
+            return f"records[{i}] has no path or key"
+        if r.get("kind") not in ("value", "file", COMPUTE_MODE):
+            return f"records[{i}] kind {r.get('kind')!r} is unknown"
+        before = r.get("before")
+        if before is not None and not isinstance(before, str):
+            return f"records[{i}] before is not text"
+        if r["kind"] == COMPUTE_MODE and not (isinstance(before, str) and before.lstrip("-").isdigit()):
+            return f"records[{i}] compute mode {before!r} is not a number"
+    dirs = state.get("dirs", [])
+    if not isinstance(dirs, list) or not all(isinstance(d, str) for d in dirs):
+        return "'dirs' is not a list of paths"
+    return None
 
 
 def _save_state(rootfs: str, state: dict, made: list[str]) -> None:

@@ -27,6 +27,10 @@ _DTYPES = ("auto", "bfloat16", "bf16", "float16", "fp16", "half", "float32", "fp
 _LOAD_FORMATS = ("auto", "safetensors", "dummy")
 QUANTIZATIONS = ("fp8",)                       # --quantization (vLLM's names)
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")  # --kv-cache-dtype; fp8 = fp8_e4m3
+# Upper bounds of the count flags: buffers are sized by them at start (slots, staging,
+# activations), so a typo such as 1e9 is refused here instead of failing an allocation.
+MAX_NUM_SEQS = 16384
+MAX_COUNT = (1 << 31) - 1   # every other count: what an int32 index holds
 
 
 @dataclass
@@ -96,8 +100,17 @@ class EngineConfig:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_prefill_tokens_idle",
                      "block_size", "ring_depth",
                      "cuda_graph_max_bs"):
-            if int(getattr(self, name)) < 1:
-                bad(f"{name} must be >= 1")
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                bad(f"{name} must be a whole number >= 1")
+        for name in ("max_num_batched_tokens", "max_prefill_tokens_idle", "block_size",
+                     "ring_depth", "cuda_graph_max_bs", "max_waiting", "min_prefill_chunk",
+                     "max_model_len", "kv_pages", "max_cpu_loras"):
+            v = getattr(self, name)
+            if isinstance(v, int) and v > MAX_COUNT:
+                bad(f"{name} must be <= {MAX_COUNT}, got {v}")
+        if self.max_num_seqs > MAX_NUM_SEQS:
+            bad(f"max_num_seqs must be <= {MAX_NUM_SEQS} (MAX_NUM_SEQS), got {self.max_num_seqs}")
         for name in ("target_itl_ms", "target_ttft_ms"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and 0 < v < 1e6):

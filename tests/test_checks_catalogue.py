@@ -74,9 +74,6 @@ BROKEN = [
         {"t_s": 990.0, "pci": "0000:00:06", "xid": 13, "text": "Graphics Exception"}]}), "warn", "Xid 13"),
     ("kernel.version", lambda f: edit(f, "kernel.release", "5.4.0-150-generic"), "fail", "older than 5.10"),
     ("kernel.version", lambda f: edit(f, "kernel.release", "5.10.0-28-amd64"), "warn", "recommended 5.15"),
-    ("kernel.io_uring", lambda f: edit(f, "kernel.config", {"CONFIG_IO_URING": "n"}), "fail", "CONFIG_IO_URING=n"),
-    ("kernel.io_uring", lambda f: edit(f, "kernel.io_uring_disabled", 2), "fail", "io_uring_disabled = 2"),
-    ("kernel.io_uring", lambda f: edit(f, "kernel.io_uring_disabled", 1), "warn", "io_uring_group"),
     ("kernel.numa_balancing", lambda f: edit(f, "kernel.numa_balancing", 1), "fail", "numa_balancing = 1"),
     ("numa.gpu_affinity", lambda f: edit(edit(f, "numa.nodes", {"0": "0-7", "1": "8-15"}), "pci.nvidia",
                                          [{**f.value("pci.nvidia")[0], "numa_node": -1}]), "warn", "no NUMA node"),
@@ -95,12 +92,27 @@ def test_check_on_broken_host(cid, broken, status, words):
     assert r.evidence, "a check shows the values it read"
 
 
+@pytest.mark.parametrize("broken, words", [
+    (lambda f: edit(f, "kernel.config", {"CONFIG_IO_URING": "n"}), "CONFIG_IO_URING=n"),
+    (lambda f: edit(f, "kernel.io_uring_disabled", 2), "io_uring_disabled = 2"),
+    (lambda f: edit(f, "kernel.io_uring_disabled", 1), "io_uring_group"),
+])
+def test_io_uring_off_is_reported_never_failed(broken, words):
+    """zerod uses no io_uring, and a host that disables it does so on purpose: the check
+    says so and never fails the preflight gate."""
+    r = result(broken(h200()), "kernel.io_uring")
+    assert r.status == "pass" and words in r.message, r.message
+    assert "zerod does not use io_uring" in r.message
+    assert "async model loading" not in r.message
+
+
 def test_every_check_has_a_failing_case():
     from test_checks_inventory import BROKEN as INVENTORY
     from test_checks_platform import BROKEN as PLATFORM
 
     covered = {b[0] for b in BROKEN + PLATFORM + INVENTORY} | {"gpu.driver_loaded", "gpu.foreign_processes",
                                                     "net.bind_exposure", "engine.config",  # own snapshots below
+                                                    "kernel.io_uring",  # never fails: test below
                                                     "gpu.nvlink", "gpu.p2p"}  # test_checks_links.py
     assert covered == set(CATALOGUE)
 
@@ -143,7 +155,7 @@ def test_snapshot_v100():
 
 def test_snapshot_old_kernel_without_io_uring():
     s = statuses(load("old-kernel"))
-    assert s["kernel.version"] == "fail" and s["kernel.io_uring"] == "fail"
+    assert s["kernel.version"] == "fail" and s["kernel.io_uring"] == "pass"
 
 
 def test_snapshot_numa_balancing_and_affinity():

@@ -241,6 +241,7 @@ control_socket = "{tmp_path / 'control.sock'}"
 metrics_port = 0
 engine_command = ["{sys.executable}", "{script}", "{port}", "{state}"]
 restart_backoff_initial_s = 0.5
+health_failure_threshold = 1
 """, abstract=True)
     try:
         d.wait_message("READY=1", timeout=30)

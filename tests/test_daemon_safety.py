@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -147,6 +148,26 @@ def test_zerod_run_refuses_a_shared_socket_directory_in_one_line(tmp_path):
     assert "writable by others (mode 1777)" in line
 
 
+def test_a_taken_metrics_port_names_the_setting_and_the_holder(tmp_path):
+    """A second daemon on a taken metrics port: one line naming [daemon] metrics_port and
+    the process holding it, exit 78, no raw errno text alone."""
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen(1)
+    port = squatter.getsockname()[1]
+    try:
+        cfg = tmp_path / "zerod.toml"
+        cfg.write_text(f'[daemon]\ncontrol_socket = "{tmp_path / "c.sock"}"\nmetrics_port = {port}\n')
+        r = subprocess.run([sys.executable, "-m", "zerod", "run", "--demo", "--config", str(cfg)], cwd=ROOT,
+                           capture_output=True, text=True, timeout=60)
+    finally:
+        squatter.close()
+    assert r.returncode == 78 and "Traceback" not in r.stderr
+    [line] = [x for x in r.stderr.splitlines() if "cannot open the daemon's endpoints" in x]
+    assert f"127.0.0.1:{port} ([daemon] metrics_port)" in line
+    assert f"held by pid {os.getpid()}" in line, line
+
+
 AS_USER = """
 import os, sys
 os.geteuid = lambda: 65534  # a non-root user
@@ -201,6 +222,32 @@ async def test_signal_checks_the_process_is_still_the_one_seen():
         victim.wait()
 
 
+async def test_a_reused_pid_is_seen_as_its_new_process_at_the_next_scan():
+    """The watcher recorded the start time of the pid's previous holder; once the pid is
+    reused, the next scan records the new holder's, which can then be signalled."""
+    holder = subprocess.Popen(["sleep", "60"])
+    try:
+        v = _views()
+        v.allow_write_actions = True
+        v.processes._scan = lambda **kw: [GpuProcess(pid=holder.pid, name="sleep", cmdline="sleep 60", gpus=[0],
+                                                     gpu_memory_bytes=1 << 20, source="nvml")]
+        v.processes.poll()
+        real = v.processes.start_times[holder.pid]
+        v.processes.start_times[holder.pid] = real - 5      # as recorded for the previous holder
+        v.processes.first_seen[holder.pid] = 1.0
+        v.processes._last_full = -1e9                         # the next full scan is due
+        v.processes.poll()
+        assert v.processes.start_times[holder.pid] == real
+        assert v.processes.first_seen[holder.pid] != 1.0    # a new process: seen from now
+        async with TestClient(TestServer(make_app(v))) as client:
+            r = await client.post(f"/v1/processes/{holder.pid}/signal", json={"signal": "TERM"})
+            assert r.status == 200, await r.text()
+        assert holder.wait(5) == -signal.SIGTERM
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 # ------------------------------------------------------------------ the API key
 def test_api_key_credential_goes_to_the_engine_environment_not_its_argv(tmp_path, caplog):
     creds = tmp_path / "creds"
@@ -251,3 +298,56 @@ engine_command = ["{sys.executable}", "{stubborn}", "{port}", "{tmp_path / 'st.j
         assert any("second SIGINT: stopping now" in x for x in d.log)
     finally:
         d.kill()
+
+
+# ------------------------------------------------------------------ the socket's directory chain
+def test_a_directory_above_the_socket_writable_by_others_is_refused(tmp_path):
+    """A 0777 directory anywhere above (another user could rename the daemon's own 0700
+    directory and put a fake socket in its place) is refused, and named."""
+    shared = tmp_path / "zerod-1000"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(ControlSocketError, match=f"{shared} is writable by others.*not sticky"):
+        bind_unix_socket(str(shared / "zerod" / "control.sock"))
+    sticky = tmp_path / "tmp"
+    sticky.mkdir()
+    sticky.chmod(0o1777)   # as /tmp: others cannot move what this user owns in it
+    bind_unix_socket(str(sticky / "mine" / "control.sock")).close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a directory to another user")
+def test_a_directory_above_the_socket_of_another_user_is_refused(tmp_path):
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, 65534, 65534)
+    (theirs / "zerod").mkdir(mode=0o700)
+    with pytest.raises(ControlSocketError, match=f"{theirs} belongs to uid 65534"):
+        bind_unix_socket(str(theirs / "zerod" / "control.sock"))
+
+
+def test_the_dashboard_client_refuses_a_socket_a_stranger_could_have_swapped(tmp_path):
+    from zerod.tui.client import ControlClient, DaemonUnreachable
+
+    shared = tmp_path / "zerod-1000"
+    (shared / "zerod").mkdir(parents=True)
+    shared.chmod(0o777)
+    path = shared / "zerod" / "control.sock"
+    fake = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    fake.bind(str(path))
+    fake.listen(1)
+    try:
+        with pytest.raises(DaemonUnreachable, match=f"{shared} is writable by others"):
+            ControlClient(str(path), timeout=1).request("GET", "/v1/status")
+    finally:
+        fake.close()
+    if os.geteuid() == 0:   # a socket that belongs to another user: not the daemon's
+        own = tmp_path / "own"
+        own.mkdir(mode=0o700)
+        spoof = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        spoof.bind(str(own / "control.sock"))
+        os.chown(own / "control.sock", 65534, 65534)
+        try:
+            with pytest.raises(DaemonUnreachable, match="belongs to uid 65534"):
+                ControlClient(str(own / "control.sock"), timeout=1).request("GET", "/v1/status")
+        finally:
+            spoof.close()

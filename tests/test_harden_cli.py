@@ -127,7 +127,49 @@ def test_gpu_settings_are_only_printed(tmp_path):
 def test_sysctl_dropin_text_is_what_install_reuses():
     text = H.sysctl_dropin_text()
     lines = [line for line in text.splitlines() if line and not line.startswith("#")]
-    assert lines == ["kernel.numa_balancing = 0", "-kernel.io_uring_disabled = 0"]
+    assert lines == ["kernel.numa_balancing = 0"]
+    lowered = H.sysctl_dropin_text(("kernel.io_uring_disabled",))
+    assert "-kernel.io_uring_disabled = 0" in lowered.splitlines()
+
+
+def test_harden_never_enables_a_disabled_io_uring_unless_asked_by_name(tmp_path):
+    root = host(tmp_path)
+    (root / "proc/sys/kernel/io_uring_disabled").write_text("2\n")
+    r = harden("--rootfs", str(root))
+    assert r.exit_code == 0, r.output
+    assert "io_uring" not in r.output
+    r = harden("--apply", "--rootfs", str(root))
+    assert r.exit_code == 0, r.output
+    assert (root / "proc/sys/kernel/io_uring_disabled").read_text().strip() == "2"
+    assert "io_uring" not in (root / H.SYSCTL_DROPIN).read_text()
+    # asked for by name: planned, applied, persisted, and kept by a later plain apply
+    r = harden("--apply", "--enable-io-uring", "--rootfs", str(root))
+    assert r.exit_code == 0, r.output
+    assert "kernel.io_uring_disabled: 2 -> 0" in r.output
+    assert (root / "proc/sys/kernel/io_uring_disabled").read_text().strip() == "0"
+    assert "-kernel.io_uring_disabled = 0" in (root / H.SYSCTL_DROPIN).read_text()
+    r = harden("--rootfs", str(root))
+    assert "sysctl drop-in" not in r.output, r.output
+    r = harden("--rollback", "--rootfs", str(root))
+    assert r.exit_code == 0, r.output
+    assert (root / "proc/sys/kernel/io_uring_disabled").read_text().strip() == "2"
+
+
+@pytest.mark.parametrize("state", ['[]', '{"records": 5}', '{"records": [7]}',
+                                   '{"records": [{"path": "/x", "key": "k", "kind": "value", "before": 3}]}',
+                                   '{"records": [{"path": "nvml:GPU-1", "key": "k", "kind": "compute_mode", '
+                                   '"before": "x"}]}',
+                                   '{"records": [], "dirs": [1]}'])
+def test_a_damaged_state_file_is_named_not_an_internal_error(tmp_path, state):
+    root = host(tmp_path)
+    (root / H.STATE_FILE).parent.mkdir(parents=True)
+    (root / H.STATE_FILE).write_text(state)
+    before = snapshot(root)
+    for args in (["--rollback"], ["--apply"]):
+        r = harden(*args, "--rootfs", str(root))
+        assert r.exit_code == 1, r.output
+        assert "is damaged" in r.output and "internal error" not in r.output
+        assert snapshot(root) == before
 
 
 def _as_nobody(*args: str) -> subprocess.CompletedProcess:

@@ -164,10 +164,11 @@ def test_connection_bound_refuses_extra_without_harming_served(edge):
         with _connect(srv.port) as extra:
             extra.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
             raw = _read_all(extra)
-        assert raw.startswith(b"HTTP/1.1 503 "), raw
+        assert raw.startswith(b"HTTP/1.1 429 Too Many Requests"), raw   # overload, not down
         head, _, body = raw.partition(b"\r\n\r\n")
         assert b"Retry-After: 1" in head
         assert "maximum of 6 connections" in json.loads(body)["error"]["message"]
+        assert json.loads(body)["error"]["code"] == "rate_limit_exceeded"
         for h in held:
             h.close()
         t.join(10)

@@ -147,3 +147,24 @@ def test_a_symlink_out_of_rootfs_is_refused(tmp_path, how):
                        cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "etc/systemd/system" in r.stderr and "Traceback" not in r.stderr
     assert list(outside.iterdir()) == [] and not (root / "etc/zerod").exists()
+
+
+def test_install_warns_about_paths_the_unit_hides(tmp_path):
+    """The unit has PrivateTmp=yes and ProtectHome=yes: an ExecStart under /tmp, or a
+    script whose #! interpreter is under /root, would not be found when it starts."""
+    from zerod.install import hidden_by_unit
+
+    notes = hidden_by_unit("/tmp/venv/bin/zerod")
+    assert any("ExecStart /tmp/venv/bin/zerod" in n and "PrivateTmp=yes" in n for n in notes), notes
+    script = tmp_path / "zerod"
+    script.write_text("#!/root/.venv/bin/python3\nimport zerod\n")
+    notes = hidden_by_unit(str(script))
+    assert any(n.startswith("its interpreter /root/.venv/bin/python3") and "ProtectHome=yes" in n
+               for n in notes), notes
+    env_script = tmp_path / "zerod-env"
+    env_script.write_text("#!/usr/bin/env /home/ops/venv/bin/python\n")
+    assert any("its interpreter /home/ops/venv/bin/python" in n for n in hidden_by_unit(str(env_script)))
+    assert not [n for n in hidden_by_unit("/opt/zerod/bin/zerod") if "ExecStart" in n or "interpreter" in n]
+    plan = plan_install(rootfs=str(tmp_path / "root"), exec_start="/tmp/venv/bin/zerod",
+                        sysfs=fake_sysfs(tmp_path), bus_id="00000000:18:00.0")
+    assert any("PrivateTmp=yes" in n for n in plan.notes)

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import socket
 import time
 import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
+
+from zerod.socket_dir import chain_problem, socket_owner_problem
 
 DEFAULT_SOCKET = "/run/zerod/control.sock"
 ENDPOINTS = ("status", "checks", "gpus", "processes", "alerts", "engine")
@@ -28,6 +31,10 @@ class ControlError(Exception):
 
 class DaemonUnreachable(ControlError):
     """The daemon could not be reached or did not answer in the contract's shape."""
+
+
+class UntrustedSocket(OSError):
+    """The socket or a directory above it is not controlled by this user or root."""
 
 
 class ApiError(ControlError):
@@ -47,6 +54,11 @@ class UnixHTTPConnection(http.client.HTTPConnection):
         self.socket_path = socket_path
 
     def connect(self) -> None:
+        # a socket another user could have swapped in is never talked to
+        problem = os.path.lexists(self.socket_path) and (
+            chain_problem(self.socket_path, own_dir=False) or socket_owner_problem(self.socket_path))
+        if problem:
+            raise UntrustedSocket(problem)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(self.timeout)
         try:
@@ -58,6 +70,8 @@ class UnixHTTPConnection(http.client.HTTPConnection):
 
 
 def _describe(exc: BaseException) -> str:
+    if isinstance(exc, UntrustedSocket):
+        return str(exc)
     if isinstance(exc, FileNotFoundError):
         return "no such socket (is `zerod run` running?)"
     if isinstance(exc, ConnectionRefusedError):

@@ -19,6 +19,7 @@ import click
 from zerod.checks.config import DoctorConfig, DoctorConfigError
 from zerod.checks.report import CATALOGUE
 from zerod.config import ConfigError, load_config
+from zerod.config_engine import port_refusals, serve_refusals
 from zerod.config_schema import check_options, check_table, refusal
 from zerod.daemon_config import AlertsConfig, DaemonConfig, DaemonConfigError
 from zerod.engine.cli import serve
@@ -46,13 +47,21 @@ def check_config(config: dict[str, dict[str, Any]], *, demo: bool = False) -> li
     if config.get("engines") is None:
         if "model" not in engine and not demo and not engine_command:
             out.append(MODEL_MISSING)
+        elif not flag_refusals and daemon is not None and kind == "zerod" and not engine_command:
+            flag_refusals += serve_refusals("engine", engine, demo)
     elif not fleet:
         for entry, spec in zip(config["engines"], engine_specs(config)):
             own = {k: v for k, v in entry.items() if k not in OWN_KEYS}
-            flag_refusals += _flags(kind, f"engines.{spec.name}", own)
+            entry_refusals = _flags(kind, f"engines.{spec.name}", own)
             if "model" not in spec.section and not demo and not spec.command:
                 out.append(f"[engines.{spec.name}] model is not set (nor in [engine]): " + MODEL_MISSING.split(": ", 1)[1])
+            elif (not entry_refusals and not flag_refusals and daemon is not None and kind == "zerod"
+                  and not spec.command):
+                entry_refusals += serve_refusals(f"engines.{spec.name}", spec.section, demo)
+            flag_refusals += entry_refusals
     out += flag_refusals
+    if daemon is not None and not fleet:
+        out += port_refusals(config, daemon.metrics_host, daemon.metrics_port)
     reasons = (config.get("daemon") or {}).get("throttle_alert_reasons", [])
     if (isinstance(reasons, list) and all(isinstance(r, str) for r in reasons)
             and not set(reasons) <= set(CLOCK_EVENT_REASONS.values())):
@@ -120,7 +129,7 @@ def config() -> None:
 
 
 @config.command("check", context_settings=CONTEXT_SETTINGS)
-@click.argument("path", metavar="[FILE]", required=False, type=click.Path(dir_okay=False))
+@click.argument("path", metavar="[FILE]", required=False)  # zerod.config says what is wrong with it
 @click.option("--demo", is_flag=True, help="Check it as `zerod run --demo` would (no model needed).")
 def check(path: str | None, demo: bool) -> None:
     """Check FILE (default /etc/zerod/zerod.toml) as `zerod run` would, before

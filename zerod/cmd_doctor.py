@@ -115,7 +115,10 @@ def _doctor(as_json, only, skip, procfs, sysfs, rootfs, save_facts, facts_file, 
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 @click.option("--exclusive-gpu", is_flag=True,
               help="Also set every GPU to EXCLUSIVE_PROCESS compute mode (through NVML; --rollback restores it).")
-def harden(do_apply, rollback, rootfs, as_json, exclusive_gpu):
+@click.option("--enable-io-uring", is_flag=True,
+              help="Also set kernel.io_uring_disabled = 0. A security setting: never lowered "
+                   "unless asked (zerod itself does not use io_uring).")
+def harden(do_apply, rollback, rootfs, as_json, exclusive_gpu, enable_io_uring):
     """Plan (default), apply or roll back the host fixes that are safe to automate.
 
     With --exclusive-gpu it also sets the GPUs' compute mode, so that no second
@@ -126,6 +129,8 @@ def harden(do_apply, rollback, rootfs, as_json, exclusive_gpu):
 
     if do_apply and rollback:
         raise click.UsageError("--apply and --rollback exclude each other")
+    if enable_io_uring and rollback:
+        raise click.UsageError("--rollback restores every recorded change: leave out --enable-io-uring")
     if exclusive_gpu and rollback:
         raise click.UsageError("--rollback restores every recorded change, compute modes included: "
                                "leave out --exclusive-gpu")
@@ -141,7 +146,7 @@ def harden(do_apply, rollback, rootfs, as_json, exclusive_gpu):
 
             facts = Facts()
             probe_nvml.probe(facts)
-        plan = H.plan(rootfs, facts, exclusive_gpu=exclusive_gpu)
+        plan = H.plan(rootfs, facts, exclusive_gpu=exclusive_gpu, enable_io_uring=enable_io_uring)
         if as_json and not do_apply:
             click.echo(json.dumps(plan.to_dict(), indent=1))
             sys.exit(0)

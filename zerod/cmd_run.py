@@ -16,7 +16,7 @@ from zerod import CONTEXT_SETTINGS
 
 
 @click.command("run", context_settings=CONTEXT_SETTINGS)
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
+@click.option("--config", "config_path", default=None,  # zerod.config says what is wrong with it
               help="TOML config (default /etc/zerod/zerod.toml).")
 @click.option("--demo", is_flag=True,
               help="The built-in demo model; GPU preflight checks waived (runs on a CPU-only machine).")

@@ -15,6 +15,7 @@ import stat
 from aiohttp import web
 
 from zerod.history import HistoryError, NoSuchSeries, query_args
+from zerod.socket_dir import chain_problem
 from zerod.views import NoSuchEngine, Views
 from zerod.watchers.gpu_processes import process_start_time
 
@@ -156,19 +157,12 @@ def make_app(views: Views) -> web.Application:
     return app
 
 
-def check_socket_directory(parent: str) -> None:
-    """Refuse a directory another user could swap the socket in: it must
-    belong to this user and be writable by nobody else."""
-    st = os.stat(parent)
-    euid = os.geteuid()
-    if st.st_uid != euid:
-        raise ControlSocketError(
-            f"control socket directory {parent} belongs to uid {st.st_uid}, not to this daemon's user "
-            f"(uid {euid}): set [daemon] control_socket in a directory of its own")
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise ControlSocketError(
-            f"control socket directory {parent} is writable by others (mode {stat.S_IMODE(st.st_mode):04o}): "
-            f"set [daemon] control_socket in a directory only this user can write")
+def check_socket_directory(socket_path: str) -> None:
+    """Refuse a socket another user could swap: its whole directory chain is checked
+    (zerod.socket_dir), the directory that is wrong named."""
+    problem = chain_problem(socket_path)
+    if problem:
+        raise ControlSocketError(problem)
 
 
 def bind_unix_socket(path: str) -> socket.socket:
@@ -177,7 +171,7 @@ def bind_unix_socket(path: str) -> socket.socket:
     a live one is refused."""
     parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, mode=0o700, exist_ok=True)
-    check_socket_directory(parent)
+    check_socket_directory(path)
     if os.path.exists(path):
         st = os.lstat(path)
         if not stat.S_ISSOCK(st.st_mode):

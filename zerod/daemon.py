@@ -22,6 +22,7 @@ person); 1 anything else.
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import signal
@@ -40,6 +41,7 @@ from zerod.fleet import EngineSpec, engine_specs
 from zerod.history import HistoryRecorder
 from zerod.engine.core.stack_dump import ENV as STACK_ENV
 from zerod.flight_recorder import FlightRecorder
+from zerod.port_holder import port_holder
 from zerod.preflight import Preflight, PreflightRefused, RecheckWatcher
 from zerod.registry import build_watchers
 from zerod.sdnotify import Notifier
@@ -288,7 +290,13 @@ class Daemon:
             r = web.AppRunner(app, access_log=None)
             await r.setup()
             runners.append(r)
-            await web.TCPSite(r, self.cfg.metrics_host, self.cfg.metrics_port).start()
+            try:
+                await web.TCPSite(r, self.cfg.metrics_host, self.cfg.metrics_port).start()
+            except OSError as exc:   # name the port, the setting and who holds it
+                holder = port_holder(self.cfg.metrics_port) if exc.errno == errno.EADDRINUSE else ""
+                raise OSError(exc.errno, f"/metrics cannot listen on {self.cfg.metrics_host}:"
+                              f"{self.cfg.metrics_port} ([daemon] metrics_port): "
+                              f"{exc.strerror or exc}{holder}") from None
             addr = r.addresses[0]
             self.metrics_address = (addr[0], addr[1])
             log.info("metrics on http://%s:%d/metrics", self.cfg.metrics_host, addr[1])

@@ -117,7 +117,13 @@ class DaemonConfig:
     numa: str = setting("auto", choices=NUMA_MODES)
     numa_memory_policy: str = setting("bind", choices=NUMA_POLICIES)
     health_interval_s: float = setting(1.0, ge=0.1)
-    health_timeout_s: float = setting(3.0, gt=0)  # and > health_interval_s
+    health_timeout_s: float = setting(3.0, gt=0)  # one probe's; and > health_interval_s
+    # a stalled engine: probed this often, judged after this many failures in a row
+    # (Kubernetes' liveness defaults: 3 failures 10 s apart), and when it is still working
+    # (slow, not dead: zerod.liveness) restarted only after this long
+    health_failure_threshold: int = setting(3, ge=1)
+    health_failure_period_s: float = setting(10.0, ge=0.1)
+    health_slow_limit_s: float = setting(120.0, ge=0)
     start_timeout_s: float = setting(900.0, gt=0)
     extend_timeout_step_s: float = setting(30.0, ge=1.0)
     restart_backoff_initial_s: float = setting(1.0, ge=0.1)  # and <= restart_backoff_max_s

@@ -78,6 +78,50 @@ def default_exec_start() -> str:
     return f"{shlex.quote(sys.executable)} -m zerod"
 
 
+# Directories the unit's sandbox hides from the service (systemd/zerod.service): a
+# program, its interpreter or its package there is not found when the unit starts.
+HIDDEN = (("/home/", "ProtectHome=yes", "add ProtectHome=read-only in a drop-in"),
+          ("/root/", "ProtectHome=yes", "add ProtectHome=read-only in a drop-in"),
+          ("/run/user/", "ProtectHome=yes", "add ProtectHome=read-only in a drop-in"),
+          ("/tmp/", "PrivateTmp=yes", "a private /tmp replaces it"),
+          ("/var/tmp/", "PrivateTmp=yes", "a private /var/tmp replaces it"))
+
+
+def hidden_by_unit(program: str) -> list[str]:
+    """Warnings for each path the service needs that its sandbox hides: the ExecStart
+    program, where its links lead, the interpreter of its #! line, and zerod's package."""
+    paths = []
+    if program:
+        paths += [("ExecStart", program), ("ExecStart", os.path.realpath(program))]
+        interpreter = _shebang(program)
+        if interpreter:
+            paths += [("its interpreter", interpreter), ("its interpreter", os.path.realpath(interpreter))]
+    paths.append(("the zerod package", os.path.dirname(os.path.realpath(__file__))))
+    notes, said = [], set()
+    for what, path in paths:
+        for prefix, setting, fix in HIDDEN:
+            if (path + "/").startswith(prefix) and (what, setting) not in said:
+                said.add((what, setting))
+                notes.append(f"{what} {path} is under {prefix.rstrip('/')}, which the unit hides "
+                             f"({setting}): the service would not find it; install zerod "
+                             f"system-wide (e.g. a venv in /opt/zerod), or {fix}")
+    return notes
+
+
+def _shebang(program: str) -> str | None:
+    try:
+        with open(program, "rb") as f:
+            head = f.read(256)
+    except OSError:
+        return None
+    if not head.startswith(b"#!"):
+        return None
+    words = head[2:].split(b"\n", 1)[0].decode(errors="replace").split()
+    if not words:
+        return None
+    return words[1] if os.path.basename(words[0]) == "env" and len(words) > 1 and "/" in words[1] else words[0]
+
+
 def render_unit(exec_start: str) -> str:
     text = _data("zerod.service")
     line = f"ExecStart={exec_start} run --config {UNIT_CONFIG}"
@@ -156,11 +200,7 @@ def plan_install(rootfs: str = "/", exec_start: str | None = None, gpu_index: in
     plan = Plan()
     exe = exec_start or default_exec_start()
     plan.files.append(PlannedFile(_in_root(root, UNIT), render_unit(exe)))
-    first = shlex.split(exe)[0] if exe else ""
-    if first.startswith(("/home/", "/root/")):
-        plan.notes.append(f"ExecStart {first} is under /home or /root, which the unit hides (ProtectHome=yes): "
-                          f"install zerod system-wide (e.g. a venv in /opt/zerod), or add ProtectHome=read-only "
-                          f"in a drop-in")
+    plan.notes += hidden_by_unit(shlex.split(exe)[0] if exe else "")
     plan.files.append(PlannedFile(_in_root(root, SYSCTL_DROPIN), sysctl_text()))
     if bus_id is None:
         bus_id = gpu_bus_id(gpu_index, nvml)

@@ -2,10 +2,15 @@
 
 Start (pinned to the GPU's NUMA node, without the daemon's NOTIFY_SOCKET), wait
 for `GET /health` = 200 while telling systemd to extend its start timeout, then
-check health every `health_interval_s`: a child that exits is seen at the next
-tick (<= 1 s), one that stops answering after `health_timeout_s` (3 s); both
-raise `EngineDown`, the child is killed and started again after a backoff
-(1, 2, 4 … `restart_backoff_max_s`), reset once it has stayed healthy for
+check health every `health_interval_s`, each probe allowed `health_timeout_s`. A
+child that exits is seen at the next tick (<= 1 s). One that stops answering is
+probed every `health_failure_period_s` and judged like a careful orchestrator
+(zerod.liveness): after `health_failure_threshold` failures in a row a process
+that is stopped or uses no CPU is dead, one still working is slow and gets until
+`health_slow_limit_s`; every failure is logged with that evidence. A dead or
+overdue engine raises `EngineDown`, gets SIGTERM (its drain when it is working),
+SIGKILL after, and is started again after a backoff (1, 2, 4 …
+`restart_backoff_max_s`), reset once it has stayed healthy for
 `restart_reset_after_s`. `stop()` sends SIGTERM (the engine drains) and waits
 `drain_timeout_s` before SIGKILL; `force_stop()` cuts that wait short.
 
@@ -31,7 +36,7 @@ from typing import Any, Callable
 import psutil
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from zerod import numa
+from zerod import liveness, numa
 from zerod.alerts import AlertBook
 from zerod.daemon_config import DaemonConfig
 from zerod.engines import PRESETS
@@ -46,6 +51,8 @@ log = logging.getLogger("zerod.supervisor")
 # its command line.
 CREDENTIAL_API_KEY = "api_key"
 CREDENTIAL_ENV = "VLLM_API_KEY"
+# SIGTERM to SIGKILL for an engine judged dead (stopped, or using no CPU): it cannot drain.
+HUNG_KILL_GRACE_S = 2.0
 
 
 def api_key_credential(env: dict[str, str] | None = None) -> str | None:
@@ -201,9 +208,11 @@ class EngineSupervisor:
                 self._impostor_said = impostor
             return False, impostor
         self.lora_adapters = _lora_adapters(body)
+        self._thread_names = _thread_names(body)
         return True, "HTTP 200"
 
     lora_adapters: list[str] = []   # the LoRA adapters its last /health answer named
+    _thread_names: dict[int, str] = {}   # its threads by tid, as its last /health named them
 
     def _impostor(self, body: bytes) -> str | None:
         """Why this /health answer is not our child's, or None when it is."""
@@ -232,6 +241,7 @@ class EngineSupervisor:
             return
         deadline = time.monotonic() + grace_s
         while p.poll() is None and time.monotonic() < deadline and not self._forced:
+            self.progress_at = time.monotonic()   # waiting on a drain is progress (watchdog)
             await asyncio.sleep(0.05)
         if p.poll() is None:
             if self._forced:
@@ -300,6 +310,7 @@ class EngineSupervisor:
         started = time.monotonic()
         last_ok: float | None = None
         last_err = ""
+        stall: liveness.Stall | None = None
         while not self._stopping:
             self.progress_at = time.monotonic()
             rc = p.poll()
@@ -309,20 +320,16 @@ class EngineSupervisor:
             if rc is not None:
                 why = f"exited with {_describe_rc(rc)}" + ("" if last_ok else " while starting")
                 return why + (f" ({last_err})" if last_err and self._impostor_said == last_err else "")
-            # Healthy: one probe per interval, each allowed up to 2 s. Failing after
-            # having been healthy: probe again at once with what is left of
-            # health_timeout_s, so a hang is declared health_timeout_s after the
-            # last good answer, not a whole probe later.
-            if last_ok is not None and self.fig.state != "healthy":
-                budget = max(0.2, self.cfg.health_timeout_s - (time.monotonic() - last_ok))
-            else:
-                budget = min(self.cfg.health_timeout_s, 2.0)
-            ok, detail = await self._health(budget)
+            ok, detail = await self._health(self.cfg.health_timeout_s)
             now = time.monotonic()
             if self._stopping:
                 break
             pause = self.cfg.health_interval_s
             if ok:
+                if stall is not None:
+                    log.warning("engine%s answers /health again after %.1f s (%d failed probe(s)): %s",
+                                self.named, now - last_ok, stall.failures, stall.evidence())
+                    stall = None
                 if last_ok is None or self.fig.state != "healthy":
                     self.fig.healthy_since = time.time()
                     self._set_state("healthy", f"engine healthy (pid {p.pid}) at {self.url}")
@@ -338,15 +345,20 @@ class EngineSupervisor:
             else:
                 last_err = detail
                 if last_ok is not None:
-                    if now - last_ok >= self.cfg.health_timeout_s - 0.05:
-                        why = f"stopped answering /health for {now - last_ok:.1f} s ({detail})"
+                    if stall is None:
+                        stall = liveness.Stall(p.pid, self._thread_names)
+                    stall.failed()
+                    why = self._judge(stall, now - last_ok, detail)
+                    if why:
                         self._set_state("unhealthy", f"engine unhealthy: {detail}")
                         self._alert_down(why)  # before the kill: a hung engine may take a while to die
-                        await self._kill(grace_s=2.0)
+                        # a working engine gets its drain; one that does not run cannot drain
+                        await self._kill(grace_s=self.cfg.drain_timeout_s if stall.slow
+                                         else HUNG_KILL_GRACE_S)
                         return why
                     if self.fig.state == "healthy":
                         self._set_state("unhealthy", f"engine health failing: {detail}")
-                    pause = 0.2
+                    pause = self.cfg.health_failure_period_s
                 elif now - started > self.cfg.start_timeout_s:
                     await self._kill(grace_s=5.0)
                     return f"not healthy within start_timeout_s={self.cfg.start_timeout_s:.0f} s ({last_err})"
@@ -365,6 +377,27 @@ class EngineSupervisor:
         await self._kill(grace_s=2.0)
 
     _restart_why: str | None = None
+
+    def _judge(self, stall: liveness.Stall, stalled_s: float, detail: str) -> str | None:
+        """Why the stalled engine is to be restarted now, or None to probe again. Logged
+        with the process's evidence either way, so a kill never comes unexplained."""
+        cfg = self.cfg
+        evidence = stall.evidence()
+        if stall.failures < cfg.health_failure_threshold:
+            log.warning("engine%s: /health failed %d/%d (%s) %.1f s after its last good answer; "
+                        "%s", self.named, stall.failures, cfg.health_failure_threshold, detail,
+                        stalled_s, evidence)
+            return None
+        if stall.slow and stalled_s < cfg.health_slow_limit_s:
+            log.warning("engine%s: /health failed %d times (%s) over %.1f s but the engine is "
+                        "working: %s; restarted only if this lasts health_slow_limit_s=%g s",
+                        self.named, stall.failures, detail, stalled_s, evidence,
+                        cfg.health_slow_limit_s)
+            return None
+        why = (f"stopped answering /health for {stalled_s:.1f} s, {stall.failures} failed "
+               f"probes ({detail}); {evidence}")
+        log.error("engine%s: %s: restarting it", self.named, why)
+        return why
 
     def force_stop(self) -> None:
         """Stop waiting for the drain: SIGKILL the engine now (a second Ctrl-C)."""
@@ -428,6 +461,13 @@ def _describe_rc(rc: int) -> str:
         except ValueError:
             return f"signal {-rc}"
     return f"exit code {rc}"
+
+
+def _thread_names(body: bytes) -> dict[int, str]:
+    try:
+        return liveness.thread_names(json.loads(body))
+    except ValueError:
+        return {}
 
 
 def _lora_adapters(body: bytes) -> list[str]:

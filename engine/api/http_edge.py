@@ -7,8 +7,9 @@
   `head_timeout` of the connection opening or of the previous response (idle keep-alive
   connections close after the same), the body within `body_timeout`; TCP keep-alive and
   TCP_USER_TIMEOUT close half-open connections (a peer gone without a FIN).
-- At most `max_connections` are open at once; one more is answered 503 (JSON,
-  Retry-After) and closed, without touching the ones being served.
+- At most `max_connections` are open at once; one more is answered 429 (JSON,
+  Retry-After: overload, as a full wait line is) and closed, without touching the ones
+  being served.
 - `bind_socket` reserves the port before the model loads, and names the process holding it
   when it is taken.
 
@@ -29,6 +30,8 @@ from typing import Any
 from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMethod, HttpProcessingError, LineTooLong
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError
+
+from zerod.port_holder import port_holder
 
 from . import protocol as P
 
@@ -98,7 +101,8 @@ def _raw_json_response(err: P.APIError) -> bytes:
     """A whole HTTP/1.1 response, for a connection refused before any parsing."""
     body = json.dumps(err.body()).encode()
     head = "".join(f"{k}: {v}\r\n" for k, v in err.headers.items())
-    return (f"HTTP/1.1 {err.status} Service Unavailable\r\nContent-Type: application/json"
+    reason = {429: "Too Many Requests", 503: "Service Unavailable"}.get(err.status, "Error")
+    return (f"HTTP/1.1 {err.status} {reason}\r\nContent-Type: application/json"
             f"\r\nContent-Length: {len(body)}\r\n{head}Connection: close\r\n\r\n"
             ).encode() + body
 
@@ -124,11 +128,12 @@ class EdgeProtocol(RequestHandler):
 
     def _refuse(self, transport: Any) -> None:
         self._refused = True
+        # overload, as a full wait line: 429 with Retry-After, which clients back off on
         transport.write(_raw_json_response(P.APIError(
-            503, f"the server holds its maximum of {self._manager.bound} connections; "
-            "retry shortly", headers={"Retry-After": "1"})))
+            429, f"the server holds its maximum of {self._manager.bound} connections; "
+            "retry shortly", headers={"Retry-After": "1"}, code="rate_limit_exceeded")))
         # Close after the client had a moment to send its request: closing with unread
-        # bytes would reset the connection and the client might never read the 503.
+        # bytes would reset the connection and the client might never read the 429.
         transport.write_eof()
         asyncio.get_running_loop().call_later(1.0, transport.close)
 
@@ -232,21 +237,3 @@ def bind_socket(host: str, port: int) -> socket.socket:
         raise PortTaken(exc.errno, f"cannot listen on {host}:{port}: {why}") from None
     sock.setblocking(False)
     return sock
-
-
-def port_holder(port: int) -> str:
-    """' (held by pid 123, python3)' when the listening process is visible, else ''."""
-    try:
-        import psutil
-
-        for c in psutil.net_connections(kind="inet"):
-            if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN:
-                if c.pid is None:
-                    return " (held by a process of another user)"
-                try:
-                    return f" (held by pid {c.pid}, {psutil.Process(c.pid).name()})"
-                except psutil.Error:
-                    return f" (held by pid {c.pid})"
-    except Exception:  # noqa: BLE001 - naming the holder is a courtesy, never an error
-        pass
-    return ""

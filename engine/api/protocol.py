@@ -74,6 +74,16 @@ def bad(message: str, param: str | None = None, code: str | None = None) -> APIE
     return APIError(400, message, param=param, code=code)
 
 
+# A client's own text quoted back in an error is cut to this: an error must not echo a
+# megabyte the client sent.
+SHOWN_CHARS = 80
+
+
+def shown(text: str) -> str:
+    """`text` as an error message quotes it: at most SHOWN_CHARS characters."""
+    return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]}… ({len(text)} characters)"
+
+
 # --------------------------------------------------------------------------- the request
 
 
@@ -158,7 +168,8 @@ HARMLESS_METADATA = (("user", Str()), ("metadata", Obj(values=Str())), ("store",
 # Engine requests one API request may make (prompts x n): each holds a slot and its KV.
 MAX_CHOICES = 128
 # Prompt logprobs (echo + logprobs, prompt_logprobs): prompt tokens x (1 + alternatives)
-# per prompt, at most this many (the answer's size; about 40 bytes of JSON each).
+# summed over every choice of the request (prompts x n), at most this many (the answer's
+# size; about 40 bytes of JSON each).
 MAX_PROMPT_LOGPROB_ENTRIES = 65536
 
 # Variables the request sets itself; chat_template_kwargs may not replace them.
@@ -231,7 +242,7 @@ class RequestSchemas:
                   only_why="special tokens are always decoded as the tokenizer joins them"),
             Field("prompt_logprobs", Int(0, MAX_LOGPROBS), doc="vLLM's: the logprob, rank "
                   "and this many top alternatives of each prompt token (the first null); "
-                  f"prompt tokens x (1 + this) <= {MAX_PROMPT_LOGPROB_ENTRIES}; not with "
+                  f"prompt tokens x choices x (1 + this) <= {MAX_PROMPT_LOGPROB_ENTRIES}; not with "
                   "stream."),
             Field("structured_outputs", Obj((
                 Field("json", schema_t, doc="A JSON schema the output follows."),
@@ -681,15 +692,18 @@ def check_context(req: CompletionRequest, prompt_len: int, max_model_len: int,
     return req.max_tokens
 
 
-def check_prompt_logprobs(req: CompletionRequest, prompt_len: int) -> None:
-    """Refuse a prompt whose prompt logprobs would exceed MAX_PROMPT_LOGPROB_ENTRIES."""
+def check_prompt_logprobs(req: CompletionRequest, prompt_tokens: int, choices: int = 1) -> None:
+    """Refuse a request whose prompt logprobs would exceed MAX_PROMPT_LOGPROB_ENTRIES:
+    `prompt_tokens` counts every choice's prompt (prompts x n), since each choice carries
+    its prompt's entries in the answer."""
     k = req.prompt_logprobs
-    if k is None or prompt_len * (1 + k) <= MAX_PROMPT_LOGPROB_ENTRIES:
+    if k is None or prompt_tokens * (1 + k) <= MAX_PROMPT_LOGPROB_ENTRIES:
         return
     param = "prompt_logprobs" if req.show_prompt_logprobs else "logprobs"
-    raise bad(f"prompt logprobs of {prompt_len} prompt tokens x (1 + {k} alternatives) exceed "
-              f"this server's cap of {MAX_PROMPT_LOGPROB_ENTRIES} entries "
-              "(MAX_PROMPT_LOGPROB_ENTRIES); send a shorter prompt or fewer alternatives",
+    raise bad(f"prompt logprobs of {prompt_tokens} prompt tokens over {choices} choice(s) x "
+              f"(1 + {k} alternatives) exceed this server's cap of "
+              f"{MAX_PROMPT_LOGPROB_ENTRIES} entries per request (MAX_PROMPT_LOGPROB_ENTRIES); "
+              "send a shorter prompt, fewer choices or fewer alternatives",
               param, "prompt_logprobs_too_large")
 
 
@@ -833,6 +847,11 @@ LORA_LOAD_FIELDS = ("lora_name", "lora_path")
 LORA_UNLOAD_FIELDS = ("lora_name",)
 
 
+# An adapter's name is listed by /v1/models and /health and named in every log line of
+# its requests; its path is a filesystem path (PATH_MAX).
+LORA_FIELD_CHARS = {"lora_name": 128, "lora_path": 4096}
+
+
 def parse_lora_request(body: Any, with_path: bool) -> tuple[str, str | None]:
     """The body of /v1/load_lora_adapter ({lora_name, lora_path}) or
     /v1/unload_lora_adapter ({lora_name}) -> (name, path or None)."""
@@ -846,6 +865,8 @@ def parse_lora_request(body: Any, with_path: bool) -> tuple[str, str | None]:
         v = body.get(f)
         if not isinstance(v, str) or not v.strip():
             raise bad(f"'{f}' must be a non-empty string", f)
+        if len(v) > LORA_FIELD_CHARS[f]:
+            raise bad(f"'{f}' is longer than {LORA_FIELD_CHARS[f]} characters", f)
     return body["lora_name"].strip(), body["lora_path"].strip() if with_path else None
 
 

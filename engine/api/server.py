@@ -58,6 +58,7 @@ from zerod.engine.api.http_edge import EdgeLimits, EdgeRunner, bind_socket, edge
 from zerod.engine.interface import EngineLike
 from zerod.engine.metrics import CANARY_HEADER
 from zerod.engine.api.openapi import openapi_document
+from zerod.engine.api.response_size import check_response_size, encode_sliced
 from zerod.engine.sampling.structured import GrammarError, GrammarSpec
 from zerod.engine.api.tools import new_call_id, outcome
 
@@ -67,6 +68,11 @@ log = logging.getLogger("zerod.engine.api.server")
 # hop to a thread, so short prompts ("Hello": the idle TTFT figure) pay nothing extra.
 TOKENIZE_INLINE_CHARS = 2048
 TOKENIZE_THREADS = 2
+# Threads that build and encode non-streamed answers (the event loop never does).
+RESPOND_THREADS = 2
+# A runtime LoRA load reads files a client names on a thread of its own; past this the
+# client is answered (the read itself is bounded: engine/lora/adapter.py).
+LORA_LOAD_TIMEOUT_S = 60
 
 REQUEST_ID = web.RequestKey("request_id", str)  # the request's X-Request-Id (cors.request_id)
 _ABORTED = object()  # pushed into a stream by the server itself when draining ends it
@@ -187,6 +193,9 @@ class OpenAIServer:
             per_token * self.max_model_len if per_token else None, tool_parser))
         self.tokenize_pool = ThreadPoolExecutor(TOKENIZE_THREADS,
                                                 thread_name_prefix="zerod-tokenize")
+        self.respond_pool = ThreadPoolExecutor(RESPOND_THREADS,
+                                               thread_name_prefix="zerod-respond")
+        self.lora_pool = ThreadPoolExecutor(1, thread_name_prefix="zerod-lora")
         self.created = P.now()
         self.draining = False
         self.inflight: set[_Req] = set()
@@ -220,6 +229,8 @@ class OpenAIServer:
 
     async def _on_cleanup(self, app: web.Application) -> None:
         self.tokenize_pool.shutdown(wait=False, cancel_futures=True)
+        self.respond_pool.shutdown(wait=False, cancel_futures=True)
+        self.lora_pool.shutdown(wait=False, cancel_futures=True)
 
     async def _response_headers(self, request: web.Request, resp: web.StreamResponse) -> None:
         """Before any answer's headers go out (streams included): its id and CORS."""
@@ -312,10 +323,14 @@ class OpenAIServer:
             raise P.bad(f"'{name}' is the base model's name", "lora_name")
         if any(a.name == name for a in self._adapters()):
             raise P.bad(f"The lora adapter '{name}' has already been loaded.", "lora_name")
-        try:   # reads the adapter's files: off the event loop
-            await self.loop.run_in_executor(self.tokenize_pool, self.engine.load_lora, name, path)
+        try:   # reads the adapter's files: off the event loop and off the tokenizer pool
+            await asyncio.wait_for(self.loop.run_in_executor(
+                self.lora_pool, self.engine.load_lora, name, path), LORA_LOAD_TIMEOUT_S)
         except EngineError as exc:   # LoraError is one: names what is wrong
             raise P.bad(str(exc), "lora_path") from None
+        except asyncio.TimeoutError:
+            raise P.bad(f"reading the adapter at {path} took more than {LORA_LOAD_TIMEOUT_S} s "
+                        "(LORA_LOAD_TIMEOUT_S); it was not loaded", "lora_path") from None
         log.info("LoRA adapter %r loaded from %s", name, path)
         return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
 
@@ -424,7 +439,7 @@ class OpenAIServer:
         adapters = [a.name for a in self._adapters()]
         if name in adapters:
             return name
-        raise P.APIError(404, f"The model `{name}` does not exist. This server serves: "
+        raise P.APIError(404, f"The model `{P.shown(name)}` does not exist. This server serves: "
                          f"{', '.join(self.model_names + adapters)}", param="model",
                          code="model_not_found")
 
@@ -579,6 +594,19 @@ class OpenAIServer:
         if "error" in done:
             raise P.APIError(500, st.error or "the engine failed while generating this "
                              "request", code="engine_error")
+
+        def build() -> bytes:   # a response pool thread: the loop keeps serving meanwhile
+            return encode_sliced(self._answer(req, model, plan, texts, lps, plps, done,
+                                              tokens, cached))
+
+        body = await loop.run_in_executor(self.respond_pool, build)
+        return web.Response(body=body, content_type="application/json")
+
+    def _answer(self, req: P.CompletionRequest, model: str, plan: _Choices,
+                texts: list[list[str]], lps: list[list], plps: list[list],
+                done: list[str | None], tokens: list[int], cached: list[int]) -> dict[str, Any]:
+        """The non-streamed answer object of a collected request."""
+        n = len(plan.choices)
         choices = []
         shown = [P.prompt_logprobs_json(e, self._tok_str, req.prompt_logprobs)
                  if req.show_prompt_logprobs else None for e in plps]
@@ -599,8 +627,8 @@ class OpenAIServer:
                 choices.append(P.completion_choice(i, echo + text, done[i], lp, shown[i]))
         u = P.usage(plan.prompt_tokens, sum(tokens), sum(cached))
         if req.kind == "chat":   # one prompt: its prompt logprobs at the top, as vLLM
-            return _json(P.chat_response(P.new_id("chat"), P.now(), model, choices, u, shown[0]))
-        return _json(P.completion_response(P.new_id(req.kind), P.now(), model, choices, u))
+            return P.chat_response(P.new_id("chat"), P.now(), model, choices, u, shown[0])
+        return P.completion_response(P.new_id(req.kind), P.now(), model, choices, u)
 
     async def _stream(self, request: web.Request, req: P.CompletionRequest, st: _Req,
                       model: str, plan: _Choices) -> web.StreamResponse:
@@ -791,15 +819,19 @@ class _Choices:
         self.n = req.n
         self.prompt_tokens = sum(len(p) for p in prompts)
         self.choices: list[tuple[list[int], Any, int | None]] = []   # (ids, params, lead choice)
+        settled: list[int] = []
         for ids in prompts:
             max_tokens = P.check_context(req, len(ids), max_model_len, default_max_tokens)
-            P.check_prompt_logprobs(req, len(ids))
+            settled.append(max_tokens)
             params = P.sampling_params(req, max_tokens)
             first = len(self.choices)
             for j in range(req.n):
                 # as vLLM: sibling j of a seeded request samples with seed + j
                 p = params if j == 0 or req.seed is None else dataclasses.replace(params, seed=req.seed + j)
                 self.choices.append((ids, p, None if j == 0 else first))
+        # the whole request's answer is bounded, not each prompt's
+        P.check_prompt_logprobs(req, self.prompt_tokens * req.n, len(self.choices))
+        check_response_size(req, [len(p) for p in prompts], settled)
 
     def echo_text(self, index: int) -> str:
         """The prompt of choice `index` as text, when echo is on ("" otherwise)."""

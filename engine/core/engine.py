@@ -325,7 +325,8 @@ class Engine:
     def _adapter(self, name: str) -> LoraAdapter:
         adapter = self.loras.get(name) if self.loras is not None else None
         if adapter is None:
-            raise RequestRejected(404, f"The model `{name}` does not exist: no base model or "
+            shown = name if len(name) <= 80 else f"{name[:80]}…"   # never echo a client's megabyte
+            raise RequestRejected(404, f"The model `{shown}` does not exist: no base model or "
                                        f"LoRA adapter of that name is loaded")
         return adapter
 

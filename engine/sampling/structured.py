@@ -98,7 +98,25 @@ class GrammarCompiler:
 
     def compile(self, spec: GrammarSpec) -> CompiledGrammar:
         """The compiled grammar (blocking: call it off the event loop)."""
-        return CompiledGrammar(self._compile(spec))
+        compiled = self._compile(spec)
+        self._check_first_token(compiled, spec)
+        return CompiledGrammar(compiled)
+
+    def _check_first_token(self, compiled: Any, spec: GrammarSpec) -> None:
+        """Refuse a grammar that compiles but admits no first token (`root ::= root`, rules
+        that only refer to each other): its request could never produce anything, and the
+        step loop would find an all-refusing mask. One mask fill, about a millisecond."""
+        xgr = self._xgr
+        try:
+            matcher = xgr.GrammarMatcher(compiled)
+            mask = xgr.allocate_token_bitmask(1, self.info.vocab_size)
+            matcher.fill_next_token_bitmask(mask)
+        except Exception as exc:  # noqa: BLE001 - xgrammar raises RuntimeError / ValueError
+            raise GrammarError(f"the {spec.kind} cannot start: "
+                               f"{str(exc).strip().splitlines()[0][:300]}") from None
+        if not bool(mask.any()):
+            raise GrammarError(f"the {spec.kind} admits no first token: a rule that only "
+                               "refers to itself (such as root ::= root) matches nothing")
 
     def _compile(self, spec: GrammarSpec) -> Any:
         c = self._json_compiler if spec.kind == "json" else self._compiler

@@ -28,6 +28,7 @@ its alert carries `engine`, and only those engines' latency watchers name it.
 from __future__ import annotations
 
 import collections
+import logging
 import os
 import time
 from typing import Any, Callable
@@ -40,6 +41,8 @@ from zerod.registry import AlertRule, owns
 from zerod.daemon_config import DaemonConfig
 from zerod.fleet import DEFAULT_NAME, EngineSpec
 from zerod.watchers import Watcher
+
+log = logging.getLogger("zerod.watchers.gpu_processes")
 
 
 # the host figures of a process psutil cannot read (gone, or another user's under hidepid)
@@ -247,9 +250,16 @@ class GpuProcessWatcher(Watcher):
         seen: set[int] = set()
         for p in procs:
             seen.add(p.pid)
+            # read at every full scan: a pid reused since the last one is another process,
+            # whose own start time the signal action must compare against
+            start = process_start_time(p.pid)
+            before = self.start_times.get(p.pid)
+            if before is not None and start is not None and abs(start - before) > 0.01:
+                log.info("pid %d is another process than at the last scan (reused)", p.pid)
+                self.first_seen.pop(p.pid, None)
+            if start is not None or p.pid not in self.start_times:
+                self.start_times[p.pid] = start
             first = self.first_seen.setdefault(p.pid, now)
-            if p.pid not in self.start_times:
-                self.start_times[p.pid] = process_start_time(p.pid)
             role, why = gp.classify(p, own, self.allowed)
             mine = [spec.name for spec, pid in engines if pid is not None and (p.pid == pid or pid in p.ancestors)]
             if role == "self":
