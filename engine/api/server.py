@@ -52,7 +52,9 @@ from typing import Any
 from aiohttp import web
 from zerod.engine.api import protocol as P
 from zerod.engine.config import RequestRejected
+from zerod.engine.api.access_log import TALLY, access_middleware, log_request
 from zerod.engine.api.cors import CorsPolicy, request_id
+from zerod.engine.generation_defaults import apply_defaults
 from zerod.engine.api.http_edge import EdgeLimits, EdgeRunner, bind_socket, edge_error
 from zerod.engine.interface import EngineLike
 from zerod.engine.api.openapi import openapi_document
@@ -163,10 +165,18 @@ class OpenAIServer:
                  api_key: str | None = None, drain_timeout: float = 30.0,
                  default_max_tokens: int | None = None,
                  edge: EdgeLimits | None = None, cors: CorsPolicy | None = None,
-                 tool_parser: str | None = None, allow_runtime_lora: bool = False) -> None:
+                 tool_parser: str | None = None, allow_runtime_lora: bool = False,
+                 generation_defaults: dict[str, Any] | None = None,
+                 max_logprobs: int | None = None, log_requests: bool = False,
+                 access_log: bool = True) -> None:
         """tool_parser: --tool-call-parser, given with --enable-auto-tool-choice (None:
         tool_choice "auto" is refused). allow_runtime_lora: serve the LoRA load / unload
-        endpoints (--allow-runtime-lora)."""
+        endpoints (--allow-runtime-lora). generation_defaults: request field -> default
+        for requests that leave it unset (--generation-config). log_requests: the
+        per-request detail log; access_log: a line per request (access_log.py)."""
+        self.generation_defaults = dict(generation_defaults or {})
+        self.log_requests = log_requests
+        self.access_log = access_log
         self.engine = engine
         self.allow_runtime_lora = allow_runtime_lora
         self.tool_parser = tool_parser
@@ -182,7 +192,8 @@ class OpenAIServer:
         per_token = engine.tokenizer.max_chars_per_token
         self.schemas = P.RequestSchemas(P.Limits(
             self.max_model_len, self.vocab_size,
-            per_token * self.max_model_len if per_token else None, tool_parser))
+            per_token * self.max_model_len if per_token else None, tool_parser,
+            *(() if max_logprobs is None else (max_logprobs,))))
         self.tokenize_pool = ThreadPoolExecutor(TOKENIZE_THREADS,
                                                 thread_name_prefix="zerod-tokenize")
         self.created = P.now()
@@ -195,7 +206,8 @@ class OpenAIServer:
 
     def make_app(self) -> web.Application:
         app = web.Application(client_max_size=self.edge.max_body_bytes,
-                              middlewares=[self._middleware])
+                              middlewares=[access_middleware(self.access_log, REQUEST_ID),
+                                           self._middleware])
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
@@ -395,11 +407,15 @@ class OpenAIServer:
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request)
-        return await self._generate(request, self.schemas.parse_completion(body))
+        req = self.schemas.parse_completion(body)
+        apply_defaults(req, body, self.generation_defaults)
+        return await self._generate(request, req)
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request)
-        return await self._generate(request, self.schemas.parse_chat(body))
+        req = self.schemas.parse_chat(body)
+        apply_defaults(req, body, self.generation_defaults)
+        return await self._generate(request, req)
 
     async def _body(self, request: web.Request) -> Any:
         limit = self.edge.max_body_bytes
@@ -494,6 +510,11 @@ class OpenAIServer:
             grammar = await self._compile_grammar(req.grammar)
             for _, params, _ in plan.choices:
                 params.grammar = grammar
+        tally = request[TALLY]
+        tally.model, tally.prompt_tokens = model, plan.prompt_tokens
+        if self.log_requests:
+            log_request(request[REQUEST_ID], req, req.prompts or [req.prompt_text],
+                        [params for _, params, _ in plan.choices][0])
         st = _Req()
         st.rid = []
         self.inflight.add(st)
@@ -517,7 +538,7 @@ class OpenAIServer:
         kw = {"lora": lora} if lora is not None else {}
         try:
             for i, (ids, params, lead) in enumerate(plan.choices):
-                cb = self.router.callback(st, i if multi else None)
+                cb = request[TALLY].counting(i, self.router.callback(st, i if multi else None))
                 if lead is None:
                     st.rid.append(self.engine.submit(ids, params, cb, **kw))
                 else:
@@ -961,11 +982,14 @@ async def serve_async(engine: EngineLike, sock: socket.socket, *, served_model_n
                       on_ready: Callable[[int], None] | None = None,
                       stop_event: asyncio.Event | None = None,
                       handle_signals: bool = True,
-                      tool_parser: str | None = None, allow_runtime_lora: bool = False) -> None:
+                      tool_parser: str | None = None, allow_runtime_lora: bool = False,
+                      **options: Any) -> None:
+    """options: OpenAIServer's other keywords (generation_defaults, max_logprobs,
+    log_requests, access_log)."""
     server = OpenAIServer(engine, served_model_names=served_model_names, api_key=api_key,
                           drain_timeout=drain_timeout, default_max_tokens=default_max_tokens,
                           edge=edge, cors=cors, tool_parser=tool_parser,
-                          allow_runtime_lora=allow_runtime_lora)
+                          allow_runtime_lora=allow_runtime_lora, **options)
     loop = asyncio.get_running_loop()
     stop = stop_event or asyncio.Event()
     if handle_signals:
