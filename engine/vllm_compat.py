@@ -248,5 +248,5 @@ REFUSED_VALUES: dict[str, str] = {
     "-q": "zerod serves bf16/fp16 checkpoints, FP8 checkpoints as published, and "
           "--quantization fp8 (quantized at load); convert other formats first",
     "--load-format": "zerod reads safetensors (auto), or makes random weights (dummy)",
-    "--tool-call-parser": "see docs/engine-server.md for the parsers zerod has",
+    "--tool-call-parser": "zerod reads tool calls in its own parsers' formats only",
 }
