@@ -250,3 +250,18 @@ REFUSED_VALUES: dict[str, str] = {
     "--load-format": "zerod reads safetensors (auto), or makes random weights (dummy)",
     "--tool-call-parser": "zerod reads tool calls in its own parsers' formats only",
 }
+
+
+def markdown_table() -> str:
+    """docs/engine-server.md's table of vLLM's flags zerod has no option for."""
+    rows = ["| vLLM flag | here | why / what zerod does instead |", "|---|---|---|"]
+    for flag, f in sorted(FOREIGN.items(), key=lambda kv: kv[0].lstrip("-")):
+        if f.maps_to:
+            what = f"taken as `{f.maps_to}`"
+        elif f.refused:
+            what = "refused" + (f" (but {', '.join(f'`{v}`' for v in f.harmless if v)} "
+                                "is a no-op)" if any(f.harmless) else "")
+        else:
+            what = "no-op"
+        rows.append(f"| `{flag}` | {what} | {f.note} |")
+    return "\n".join(rows)

@@ -150,3 +150,11 @@ def test_vllm_command_line_refusal_is_one_line_exit_2():
     assert r.stderr.strip().count("\n") == 0, r.stderr
     assert r.stderr.startswith("zerod serve: error: --speculative-config")
     assert "speculative decoding" in r.stderr and "Usage:" not in r.stderr
+
+
+def test_docs_tables_are_the_code_s():
+    from zerod.engine import flags, vllm_compat
+
+    doc = (ROOT / "docs" / "engine-server.md").read_text()
+    assert flags.markdown_table() in doc
+    assert vllm_compat.markdown_table() in doc
