@@ -64,8 +64,9 @@ class EnginePreset:
                 "--enable-metrics"]
 
 
-_OWN = {n: (n,) for n in (
-    names.REQUESTS_RUNNING, names.REQUESTS_WAITING, names.KV_PAGES_TOTAL, names.KV_PAGES_FREE,
+# the pool's size: its gauge first, its deprecated counter name from an older engine after
+_OWN = {names.KV_PAGES_TOTAL: (names.KV_POOL_PAGES, names.KV_PAGES_TOTAL)} | {n: (n,) for n in (
+    names.REQUESTS_RUNNING, names.REQUESTS_WAITING, names.KV_PAGES_FREE,
     names.ALLOCATOR_RETRIES_TOTAL, names.ALLOCATOR_OOMS_TOTAL, names.STREAM_ERRORS_TOTAL,
     names.GENERATION_TOKENS_TOTAL, names.PROMPT_TOKENS_TOTAL,
     names.TIME_TO_FIRST_TOKEN_SECONDS, names.INTER_TOKEN_LATENCY_SECONDS,
