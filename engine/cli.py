@@ -122,7 +122,8 @@ def serve(**opts):
                                  param_hint="--max-logprobs")
     from zerod.logs import setup_logging  # the daemon's format: one journal, one format
 
-    setup_logging("debug" if o.log_level == "trace" else o.log_level)
+    setup_logging("debug" if o.log_level == "trace" else o.log_level, o.log_format,
+                  "zerod-serve")
     for note in ctx.meta.get(NOTES, ()):
         click.echo(f"zerod serve: info: {note}", err=True)
     from zerod.engine.api.http_edge import PortTaken, bind_socket

@@ -21,6 +21,8 @@ from typing import Any
 import click
 
 from .api.tools import PARSERS
+from zerod.logs import LOG_FORMATS
+
 from .config import KV_CACHE_DTYPES, QUANTIZATIONS, EngineConfig
 
 _FIELD_DEFAULTS = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
@@ -318,6 +320,9 @@ FLAGS: tuple[Flag, ...] = (
     # logs
     Flag("log_level", "Log level (trace = debug).", click.Choice(_LOG_LEVELS),
          default="info", field=False, aliases=("--uvicorn-log-level",)),
+    Flag("log_format", "text: one line per record (journald's own fields under systemd); "
+         "json: one JSON object per record.", click.Choice(LOG_FORMATS), default="text",
+         field=False),
     Flag("enable_log_requests", "Log each request's prompt and sampling parameters (as "
          "vLLM's; off by default).", bool, default=False, field=False),
     Flag("disable_uvicorn_access_log", "No access-log line per request (on by default).",

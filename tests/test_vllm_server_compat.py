@@ -115,6 +115,8 @@ def test_access_log_line_per_request(engine, caplog):
         lines = [rec.getMessage() for rec in caplog.records if rec.name == "zerod.access"]
         prompt_tokens = len(engine.tokenizer.encode("hello"))
         first = next(line for line in lines if f"id={rid}" in line)
+        rec = next(r for r in caplog.records if f"id={rid}" in r.getMessage())
+        assert rec.fields["status"] == 200 and rec.fields["output_tokens"] == 5  # json / journal
         assert first.startswith('"POST /v1/completions" 200 ')
         assert f"model={engine.model_name}" in first
         assert f"prompt_tokens={prompt_tokens} output_tokens=5 " in first

@@ -21,6 +21,8 @@ from typing import Any, Callable
 
 from prometheus_client.core import GaugeMetricFamily
 
+from zerod.logs import FIELDS
+
 log = logging.getLogger("zerod.alerts")
 
 ALERT_NAMES = (
@@ -189,7 +191,7 @@ class AlertBook:
                 fields["description"] = a.description
             if a.fix:
                 fields["fix"] = a.fix
-        log.log(level, logfmt(fields))
+        log.log(level, logfmt(fields), extra={FIELDS: fields})  # journal / JSON fields too
 
 
 def _iso(t: float) -> str:

@@ -16,6 +16,7 @@ import time
 from typing import Any, Callable
 
 from aiohttp import web
+from zerod.logs import FIELDS
 
 log = logging.getLogger("zerod.access")
 requests_log = logging.getLogger("zerod.requests")
@@ -65,18 +66,29 @@ def access_middleware(enabled: bool, request_id_key: Any) -> Callable:
             raise
         finally:
             if enabled:
-                log.info(line(request.method, request.path, status,
-                              request.get(request_id_key), tally, time.monotonic()))
+                fields = access_fields(request.method, request.path, status,
+                                       request.get(request_id_key), tally, time.monotonic())
+                log.info(line(fields), extra={FIELDS: fields})
 
     return access
 
 
-def line(method: str, path: str, status: int, rid: str | None, tally: Tally, now: float) -> str:
-    ttft = ("-" if tally.first_token_at is None
-            else f"{(tally.first_token_at - tally.start) * 1000:.1f}ms")
-    return (f'"{method} {path}" {status} id={rid or "-"} model={tally.model or "-"} '
-            f"prompt_tokens={tally.prompt_tokens} output_tokens={sum(tally.output_tokens.values())} "
-            f"ttft={ttft} duration={(now - tally.start) * 1000:.1f}ms")
+def access_fields(method: str, path: str, status: int, rid: str | None, tally: Tally,
+                  now: float) -> dict[str, Any]:
+    """The access line's facts (also its journal / JSON fields)."""
+    ttft = None if tally.first_token_at is None else (tally.first_token_at - tally.start) * 1000
+    return {"method": method, "path": path, "status": status, "request_id": rid,
+            "model": tally.model, "prompt_tokens": tally.prompt_tokens,
+            "output_tokens": sum(tally.output_tokens.values()),
+            "ttft_ms": None if ttft is None else round(ttft, 1),
+            "duration_ms": round((now - tally.start) * 1000, 1)}
+
+
+def line(f: dict[str, Any]) -> str:
+    ttft = "-" if f["ttft_ms"] is None else f"{f['ttft_ms']:.1f}ms"
+    return (f'"{f["method"]} {f["path"]}" {f["status"]} id={f["request_id"] or "-"} '
+            f'model={f["model"] or "-"} prompt_tokens={f["prompt_tokens"]} '
+            f'output_tokens={f["output_tokens"]} ttft={ttft} duration={f["duration_ms"]:.1f}ms')
 
 
 def log_request(rid: str, req: Any, prompts: list[Any], params: Any) -> None:
