@@ -184,7 +184,8 @@ def serve(**opts):
                                 generation_defaults=field_defaults,
                                 max_logprobs=o.max_logprobs,
                                 log_requests=o.enable_log_requests,
-                                access_log=not o.disable_uvicorn_access_log))
+                                access_log=not o.disable_uvicorn_access_log,
+                                reasoning_parser=o.reasoning_parser))
     except EngineError as exc:
         click.echo(f"zerod serve: error: {exc}", err=True)
         code = 1

@@ -20,6 +20,7 @@ from typing import Any
 
 import click
 
+from .api.reasoning import REASONING_PARSERS
 from .api.tools import PARSERS
 from zerod.logs import LOG_FORMATS
 
@@ -305,6 +306,9 @@ FLAGS: tuple[Flag, ...] = (
          "--tool-call-parser.", bool, default=False, field=False),
     Flag("tool_call_parser", "How tool calls are read from the output (see "
          "docs/engine-server.md).", click.Choice(PARSERS), field=False),
+    Flag("reasoning_parser", "Split chat answers' reasoning (reasoning_content) from their "
+         "content: deepseek_r1 (DeepSeek-R1, and templates that open the thinking) or qwen3.",
+         click.Choice(REASONING_PARSERS), field=False),
     # LoRA
     Flag("enable_lora", "Serve LoRA adapters: a request names one in `model`.", bool),
     Flag("lora_modules", "LoRA adapters (PEFT directories) served from the start: name=path "

@@ -237,8 +237,6 @@ FOREIGN: dict[str, Foreign] = {
     "--kv-events-config": _refuse("value", "zerod publishes no KV events; /metrics carries "
                                   "the prefix cache"),
     "--additional-config": _refuse("value", "zerod takes no platform config", "{}"),
-    "--reasoning-parser": _refuse("value", "this build does not split reasoning from "
-                                  "content"),
 }
 
 # Values of zerod's own flags that vLLM serves and zerod does not: one line saying why.
@@ -249,6 +247,7 @@ REFUSED_VALUES: dict[str, str] = {
           "--quantization fp8 (quantized at load); convert other formats first",
     "--load-format": "zerod reads safetensors (auto), or makes random weights (dummy)",
     "--tool-call-parser": "zerod reads tool calls in its own parsers' formats only",
+    "--reasoning-parser": "zerod splits reasoning in its own parsers' formats only",
 }
 
 
