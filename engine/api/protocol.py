@@ -209,6 +209,9 @@ class RequestSchemas:
             Field("n", Int(1, MAX_CHOICES), doc=f"Choices per prompt; at most {MAX_CHOICES} "
                   "choices per request in all."),
             Field("best_of", Int(1, 128), only=1, only_why="only best_of=1"),
+            Field("priority", Int(INT64_MIN, INT64_MAX), only=0,
+                  only_why="requests are served first come first served (vLLM's priority "
+                  "scheduling is not served)"),
             Field("temperature", Num(0.0, 2.0), doc="0 = greedy."),
             Field("top_p", Num(0.0, 1.0, lo_open=True)),
             Field("top_k", Int(-1, vocab, hi_why="(the vocabulary size)"),
