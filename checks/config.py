@@ -99,6 +99,8 @@ class DoctorConfig:
         for ekey, dkey in cls.ENGINE_KEYS.items():
             if engine and engine.get(ekey) is not None:
                 kw[dkey] = engine[ekey]
+        if isinstance(kw.get("max_model_len"), str):   # "32k", "auto": zerod serve's reading
+            kw["max_model_len"] = _token_count(kw["max_model_len"])
         if engine and engine.get("api_key"):
             kw["api_key_set"] = True
         kw.update(section)
@@ -126,3 +128,15 @@ class DoctorConfig:
         if isinstance(env, dict) and "engine_env" not in doctor:
             doctor["engine_env"] = env
         return cls.from_dict(doctor, engine=config.get("engine"))
+
+
+def _token_count(text: str) -> int | None:
+    """[engine] max_model_len as `zerod serve --max-model-len` reads it (engine/flags.py)."""
+    import click
+
+    from zerod.engine.flags import BY_NAME
+
+    try:
+        return BY_NAME["max_model_len"].kind.convert(text, None, None)
+    except click.BadParameter as exc:
+        raise DoctorConfigError(f"[engine] max_model_len: {exc.message}") from None

@@ -158,3 +158,20 @@ def test_docs_tables_are_the_code_s():
     doc = (ROOT / "docs" / "engine-server.md").read_text()
     assert flags.markdown_table() in doc
     assert vllm_compat.markdown_table() in doc
+
+
+def test_daemon_engine_table_takes_the_same_keys_and_values():
+    from zerod.cmd_config import check_config
+    from zerod.engines import PRESETS
+
+    engine = {"model": "demo", "max_model_len": "32k", "served_model_name": ["a", "b"],
+              "reasoning_parser": "qwen3", "log_format": "json", "enable_prefix_caching": False,
+              "generation_config": "vllm"}
+    assert check_config({"engine": engine}) == []
+    argv = PRESETS["zerod"].argv(engine)
+    p = _parse(argv[argv.index("serve") + 1:]).params
+    assert (p["max_model_len"], p["served_model_name"], p["reasoning_parser"]) == \
+        (32000, ("a", "b"), "qwen3")
+    assert p["enable_prefix_caching"] is False   # false turns a default-on flag off
+    bad = check_config({"engine": {"model": "demo", "max_model_len": "32q"}})
+    assert len(bad) == 1 and bad[0].startswith('[engine] max_model_len = "32q"')
