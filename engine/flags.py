@@ -291,7 +291,8 @@ FLAGS: tuple[Flag, ...] = (
          "default to 16 as OpenAI). Default: what the context leaves, which reserves KV pages "
          "for the whole context at admission.", int, lo=1, field=False),
     Flag("max_logprobs", "Most logprobs / top_logprobs / prompt_logprobs a request may ask "
-         "for. Default: the engine's cap (20, as vLLM's default).", int, lo=0, field=False),
+         "for. Default: the engine's cap, MAX_LOGPROBS (vLLM's default).", int, lo=0,
+         field=False),
     Flag("allowed_origins", "CORS: origins allowed (a JSON list, as vLLM's).", JsonList(),
          default='["*"]', field=False),
     Flag("allowed_methods", "CORS: methods allowed (a JSON list).", JsonList(),

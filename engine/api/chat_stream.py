@@ -22,8 +22,8 @@ import json
 import re
 from typing import Any
 
-from .reasoning import ReasoningStream
-from .tools import (ToolCall, new_call_id, outcome, param_type, qwen3_value)
+from .reasoning import ReasoningStream, partial_tail
+from .tools import new_call_id, outcome, param_type, parse_hermes, qwen3_value
 
 _HERMES_OPEN, _HERMES_CLOSE = "<tool_call>", "</tool_call>"
 _HERMES_HEAD = re.compile(r'^\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*')
@@ -113,11 +113,16 @@ class ChoiceStream:
         return {"tool_calls": [{"index": self.calls - 1, "function": {"arguments": arguments}}]}
 
 
-def _partial_tail(text: str, tag: str) -> int:
-    for n in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:n]):
-            return n
-    return 0
+def _to_open_tag(calls, out: list[dict[str, Any]]) -> bool:
+    """Before a call: content up to `<tool_call>` (none after the first call: text between
+    and after calls is not content, as the whole-output parsers read it), holding back what
+    may be the tag's start. True once the tag is consumed."""
+    i = calls.buf.find(_HERMES_OPEN)
+    cut = i if i >= 0 else len(calls.buf) - partial_tail(calls.buf, _HERMES_OPEN)
+    if calls.state == "content" and cut:
+        out.append({"content": calls.buf[:cut]})
+    calls.buf = calls.buf[i + len(_HERMES_OPEN):] if i >= 0 else calls.buf[cut:]
+    return i >= 0
 
 
 def _name_first(buf: str) -> bool:
@@ -146,16 +151,9 @@ class _HermesCalls:
         out: list[dict[str, Any]] = []
         while True:
             if self.state in ("content", "after"):
-                i = self.buf.find(_HERMES_OPEN)
-                if i < 0:
-                    keep = _partial_tail(self.buf, _HERMES_OPEN)
-                    piece, self.buf = self.buf[:len(self.buf) - keep], self.buf[len(self.buf) - keep:]
-                    if piece and self.state == "content":
-                        out.append({"content": piece})
+                if not _to_open_tag(self, out):
                     return out
-                if self.state == "content" and self.buf[:i]:
-                    out.append({"content": self.buf[:i]})
-                self.buf, self.state, self.sent = self.buf[i + len(_HERMES_OPEN):], "head", 0
+                self.state, self.sent = "head", 0
             if self.state == "head":
                 m = _HERMES_HEAD.match(self.buf)
                 if m is None:
@@ -180,7 +178,7 @@ class _HermesCalls:
             if self.state == "args":
                 j = self.buf.find(_HERMES_CLOSE)
                 body = self.buf[:j] if j >= 0 else \
-                    self.buf[:len(self.buf) - _partial_tail(self.buf, _HERMES_CLOSE)]
+                    self.buf[:len(self.buf) - partial_tail(self.buf, _HERMES_CLOSE)]
                 upto = _args_end(body)
                 if upto > self.sent:
                     out.append(cs.args_delta(body[self.sent:upto]))
@@ -197,8 +195,6 @@ class _HermesCalls:
                 self.buf, self.state = self.buf[j + len(_HERMES_CLOSE):], "after"
 
     def _whole(self, cs: ChoiceStream, body: str) -> list[dict[str, Any]]:
-        from .tools import parse_hermes
-
         _, calls = parse_hermes(_HERMES_OPEN + body + _HERMES_CLOSE)
         return [cs.call_delta(c.name, c.arguments) for c in calls]
 
@@ -235,16 +231,9 @@ class _Qwen3CoderCalls:
         out: list[dict[str, Any]] = []
         while True:
             if self.state in ("content", "after"):
-                i = self.buf.find(_HERMES_OPEN)
-                if i < 0:
-                    keep = _partial_tail(self.buf, _HERMES_OPEN)
-                    piece, self.buf = self.buf[:len(self.buf) - keep], self.buf[len(self.buf) - keep:]
-                    if piece and self.state == "content":
-                        out.append({"content": piece})
+                if not _to_open_tag(self, out):
                     return out
-                if self.state == "content" and self.buf[:i]:
-                    out.append({"content": self.buf[:i]})
-                self.buf, self.state = self.buf[i + len(_HERMES_OPEN):], "function"
+                self.state = "function"
             if self.state == "function":
                 m = _QWEN3_FUNCTION.search(self.buf)
                 if m is None:
@@ -281,5 +270,3 @@ class _Qwen3CoderCalls:
         self.buf = ""
         return out
 
-
-__all__ = ["ChoiceStream", "ToolCall"]

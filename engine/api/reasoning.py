@@ -66,7 +66,7 @@ class ReasoningStream:
         if self.thinking:
             end = buf.find(THINK_END)
             if end < 0:
-                keep = _partial_tail(buf, THINK_END)
+                keep = partial_tail(buf, THINK_END)
                 self.held = buf[len(buf) - keep:]
                 return buf[:len(buf) - keep], ""
             reasoning, buf = buf[:end], buf[end + len(THINK_END):]
@@ -84,7 +84,7 @@ class ReasoningStream:
         return "", held
 
 
-def _partial_tail(text: str, tag: str) -> int:
+def partial_tail(text: str, tag: str) -> int:
     """How many characters at the end of text may be the start of tag."""
     for n in range(min(len(tag) - 1, len(text)), 0, -1):
         if text.endswith(tag[:n]):
