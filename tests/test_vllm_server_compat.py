@@ -139,3 +139,58 @@ def test_access_log_off_and_request_log_on(engine, caplog):
         assert len(detail) == 1 and "sesame" in detail[0] and "temperature=0.25" in detail[0]
     finally:
         srv.stop()
+
+
+def test_a_vllm_command_line_starts_zerod_unchanged(tmp_path):
+    """The flags people paste from their vLLM units, with the demo model on the CPU."""
+    import os
+    import re
+    import signal
+    import threading
+    import urllib.request
+
+    (tmp_path / "generation_config.json").write_text('{"temperature": 0.6, "top_p": 0.95}')
+    env = {k: v for k, v in os.environ.items() if k not in ("ZEROD_API_KEY", "VLLM_API_KEY",
+                                                           "JOURNAL_STREAM")}
+    p = subprocess.Popen([sys.executable, "-m", "zerod", "serve", "demo", "--trust-remote-code",
+                          "--served-model-name", "a", "b", "--max-model-len", "4k",
+                          "--enable-chunked-prefill", "--disable-log-requests",
+                          "--uvicorn-log-level", "info", "--shutdown-timeout", "2",
+                          "--max-logprobs", "5", "--generation-config", str(tmp_path),
+                          "-pp", "1", "--device", "cpu", "--port", "0", "--kv-pages", "600"],
+                         cwd=ROOT, env={**env, "PYTHONUNBUFFERED": "1"}, stderr=subprocess.PIPE,
+                         text=True)
+    lines: list[str] = []
+    try:
+        url = None
+        for line in p.stderr:
+            lines.append(line)
+            m = re.search(r"ready on (http://\S+)", line)
+            if m:
+                url = m.group(1)
+                break
+        assert url, "".join(lines)
+        reader = threading.Thread(target=lambda: lines.extend(p.stderr), daemon=True)
+        reader.start()
+        models = json.load(urllib.request.urlopen(url + "/v1/models", timeout=10))
+        assert [m["id"] for m in models["data"]] == ["a", "b"]
+        assert models["data"][0]["max_model_len"] == 4000
+        c = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        c.completions.create(model="b", prompt="hi", max_tokens=3)
+        with pytest.raises(openai.BadRequestError):
+            c.completions.create(model="a", prompt="hi", max_tokens=3, logprobs=6)
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=30) == 0
+        reader.join(timeout=10)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    text = "".join(lines)
+    for flag in ("--trust-remote-code", "--enable-chunked-prefill", "--disable-log-requests",
+                 "-pp 1"):
+        assert f"zerod serve: info: {flag}: no effect: " in text
+    assert "request defaults: temperature=0.6, top_p=0.95" in text
+    assert re.search(r'"POST /v1/completions" 200 id=\S+ model=b prompt_tokens=\d+ '
+                     r'output_tokens=3 ', text)
+    assert "Traceback" not in text
