@@ -25,13 +25,13 @@ from .api.tools import PARSERS
 from zerod.logs import LOG_FORMATS
 
 from .config import KV_CACHE_DTYPES, QUANTIZATIONS, EngineConfig
+from .token_count import parse_token_count
 
 _FIELD_DEFAULTS = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
 
 # --------------------------------------------------------------------------- value types
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
-_COUNT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?)\s*$")
 
 
 class ByteSize(click.ParamType):
@@ -53,8 +53,8 @@ class ByteSize(click.ParamType):
 
 
 class TokenCount(click.ParamType):
-    """A token count as vLLM reads one: 32768, 32k (x1000), 32K (x1024), 1M, 1m;
-    with `auto` (or -1) allowed, the model's own value (None)."""
+    """A token count as vLLM reads one (engine/token_count.py), at least `lo`; with
+    `auto`, also auto / -1 for the model's own value (None)."""
 
     def __init__(self, lo: int = 1, auto: bool = False):
         self.lo, self.auto = lo, auto
@@ -63,24 +63,11 @@ class TokenCount(click.ParamType):
     def convert(self, value, param, ctx):
         if value is None:
             return None
-        text = str(value).strip()
-        if self.auto and text.lower() in ("auto", "-1"):
-            return None
-        if isinstance(value, int) and not isinstance(value, bool):
-            n = value
-        else:
-            m = _COUNT.match(text)
-            if not m:
-                self.fail(f"{value!r} is not a token count (e.g. 32768, 32k, 32K, 1M"
-                          + (", auto" if self.auto else "") + ")", param, ctx)
-            suffix = m.group(2)
-            mult = {"": 1, "k": 1000, "m": 1000 ** 2, "g": 1000 ** 3,
-                    "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}[suffix]
-            n = float(m.group(1)) * mult
-            if not n.is_integer():
-                self.fail(f"{value!r} is not a whole number of tokens", param, ctx)
-            n = int(n)
-        if n < self.lo:
+        try:
+            n = parse_token_count(value, self.auto)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+        if n is not None and n < self.lo:
             self.fail(f"must be >= {self.lo}", param, ctx)
         return n
 

@@ -175,3 +175,12 @@ def test_daemon_engine_table_takes_the_same_keys_and_values():
     assert p["enable_prefix_caching"] is False   # false turns a default-on flag off
     bad = check_config({"engine": {"model": "demo", "max_model_len": "32q"}})
     assert len(bad) == 1 and bad[0].startswith('[engine] max_model_len = "32q"')
+
+
+def test_doctor_reads_engine_lengths_as_the_flag_does():
+    from zerod.checks.config import DoctorConfig, DoctorConfigError
+
+    assert DoctorConfig.from_dict({}, engine={"max_model_len": "32K"}).max_model_len == 32768
+    assert DoctorConfig.from_dict({}, engine={"max_model_len": "auto"}).max_model_len is None
+    with pytest.raises(DoctorConfigError, match="not a token count"):
+        DoctorConfig.from_dict({}, engine={"max_model_len": "lots"})
