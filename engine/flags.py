@@ -130,7 +130,7 @@ class Flag:
     aliases: tuple[str, ...] = ()  # vLLM's other spellings (-tp, --shutdown-timeout)
     field: bool = True             # an EngineConfig field: its default is the field's
     default: Any = None            # the default of a flag that is not a field
-    negatable: bool = False        # a bool flag that also has --no-NAME (vLLM's BooleanOptionalAction)
+    negatable: bool = False        # a bool flag with --no-NAME too (vLLM's BooleanOptionalAction)
     many: bool = False             # several values (vLLM's nargs "+"): after one flag, or repeated
     envvar: tuple[str, ...] = ()
     metavar: str | None = None
@@ -212,10 +212,14 @@ FLAGS: tuple[Flag, ...] = (
          "or 'demo' for the built-in tiny random model; also the first positional argument "
          "(`zerod serve MODEL`, as `vllm serve MODEL`).", default=None, field=False,
          metavar="DIR"),
+    Flag("config", "A YAML file of flags, as vLLM's --config (keys are flag names, with "
+         "dashes or underscores); the command line's own flags win.", field=False,
+         metavar="FILE.yaml"),
     Flag("served_model_name", "Names clients pass as `model` (several after one flag, or "
-         "the flag repeated). Default: the model's name.", field=False, many=True),
+         "the flag repeated). Default: the model's name.", field=False, many=True,
+         metavar="NAME"),
     Flag("tokenizer", "Directory with tokenizer.json (default: the model directory).",
-         click.Path(exists=True, file_okay=False)),
+         click.Path(exists=True, file_okay=False), metavar="DIR"),
     Flag("dtype", "Weights and KV cache dtype; auto = config.json's (float32 on CPU).",
          click.Choice(["auto", "bfloat16", "float16", "half", "float32", "float"])),
     Flag("load_format", "dummy: random weights from config.json alone (benchmarks).",
@@ -228,19 +232,21 @@ FLAGS: tuple[Flag, ...] = (
          "their bytes (the checkpoint's k/v scales, else 1.0; compute capability 8.9+).",
          click.Choice(KV_CACHE_DTYPES)),
     Flag("max_model_len", "Context length (prompt + output): 32768, 32k, 32K, 1M or auto. "
-         "Default: the model's, capped by the KV pool.", TokenCount(2, auto=True)),
+         "Default: the model's, capped by the KV pool.", TokenCount(2, auto=True),
+         metavar="N|32k|auto"),
     Flag("generation_config", "Request defaults: auto = the model's generation_config.json "
          "(temperature, top_p, top_k, min_p, repetition_penalty, max_new_tokens), vllm = "
          "none, or a directory holding a generation_config.json.", default="auto",
          field=False, metavar="auto|vllm|DIR"),
     Flag("override_generation_config", "A JSON object of request defaults laid over "
-         "--generation-config's, e.g. '{\"temperature\": 0.5}'.", JsonObject(), field=False),
+         "--generation-config's, e.g. '{\"temperature\": 0.5}'.", JsonObject(), field=False,
+         metavar="JSON"),
     # the scheduler
     Flag("max_num_seqs", "Most requests running at once.", int, lo=1),
     Flag("max_num_batched_tokens", "Prompt tokens per step (chunked prefill budget; 2048, "
-         "8k ...).", TokenCount(1)),
+         "8k ...).", TokenCount(1), metavar="N|8k"),
     Flag("max_prefill_tokens_idle", "Prompt tokens per step while nothing decodes (a long "
-         "prompt then goes in whole, unchunked).", TokenCount(1)),
+         "prompt then goes in whole, unchunked).", TokenCount(1), metavar="N|16k"),
     Flag("enable_prefix_caching", "Share the KV of full prompt pages between requests with "
          "the same prefix.", bool, negatable=True),
     Flag("target_itl_ms", "While streams decode, prompt chunks keep a step within this (from "
@@ -258,22 +264,25 @@ FLAGS: tuple[Flag, ...] = (
     Flag("kv_pages", "KV pool size in pages of --block-size tokens (CPU budget; on CUDA it "
          "overrides --gpu-memory-utilization's sizing).", int, lo=2),
     Flag("kv_cache_memory_bytes", "CPU: KV pool budget in bytes when --kv-pages is not given "
-         "(e.g. 2GiB; default 256 MiB).", ByteSize()),
+         "(e.g. 2GiB; default 256 MiB).", ByteSize(), metavar="BYTES"),
     Flag("block_size", "KV page size in tokens (a power of two).", int, lo=1),
     # the device
-    Flag("device", "cpu, cuda, cuda:N; auto = cuda if available.", Device()),
+    Flag("device", "cpu, cuda, cuda:N; auto = cuda if available.", Device(),
+         metavar="auto|cpu|cuda|cuda:N"),
     Flag("tensor_parallel_size", "Split the model over N GPUs (the first N visible: set "
          "CUDA_VISIBLE_DEVICES), one process per GPU; on the CPU, N processes.", int, lo=1,
          aliases=("-tp",)),
     Flag("enforce_eager", "CUDA: no CUDA graphs.", bool),
     Flag("seed", "Seeds dummy weights and requests that carry no seed.", int),
     # the HTTP server
-    Flag("host", "Bind address.", default="127.0.0.1", field=False),
+    Flag("host", "Bind address.", default="127.0.0.1", field=False, metavar="ADDR"),
     Flag("port", "TCP port (0: any free one).", int, lo=0, hi=65535, default=8000, field=False),
     Flag("api_key", "Require 'Authorization: Bearer KEY' on /v1/* (env ZEROD_API_KEY or, as "
-         "vLLM, VLLM_API_KEY).", field=False, envvar=("ZEROD_API_KEY", "VLLM_API_KEY")),
+         "vLLM, VLLM_API_KEY).", field=False, envvar=("ZEROD_API_KEY", "VLLM_API_KEY"),
+         metavar="KEY"),
     Flag("drain_timeout", "On SIGTERM: seconds in-flight requests get to finish before they "
-         "are ended.", float, lo=0, default=30.0, field=False, aliases=("--shutdown-timeout",)),
+         "are ended.", float, lo=0, default=30.0, field=False, aliases=("--shutdown-timeout",),
+         metavar="S"),
     Flag("default_max_tokens", "Cap for requests that send no max_tokens (chat; completions "
          "default to 16 as OpenAI). Default: what the context leaves, which reserves KV pages "
          "for the whole context at admission.", int, lo=1, field=False),
@@ -281,11 +290,11 @@ FLAGS: tuple[Flag, ...] = (
          "for. Default: the engine's cap, MAX_LOGPROBS (vLLM's default).", int, lo=0,
          field=False),
     Flag("allowed_origins", "CORS: origins allowed (a JSON list, as vLLM's).", JsonList(),
-         default='["*"]', field=False),
+         default='["*"]', field=False, metavar="JSON"),
     Flag("allowed_methods", "CORS: methods allowed (a JSON list).", JsonList(),
-         default='["*"]', field=False),
+         default='["*"]', field=False, metavar="JSON"),
     Flag("allowed_headers", "CORS: request headers allowed (a JSON list).", JsonList(),
-         default='["*"]', field=False),
+         default='["*"]', field=False, metavar="JSON"),
     Flag("allow_credentials", "CORS: allow credentials (cookies, Authorization).", bool,
          default=False, field=False),
     Flag("chat_template", "A Jinja chat template served instead of the model's: a file, or "
@@ -353,6 +362,32 @@ def markdown_table() -> str:
         bound = "" if f.lo is None and f.hi is None else f" ({describe_bound(f.lo, f.hi)})"
         rows.append(f"| {spell} | {default} | {f.help}{bound} |")
     return "\n".join(rows)
+
+
+def usage_block(head: str = "zerod serve   ", width: int = 100) -> str:
+    """The README's `zerod serve` lines: every flag, wrapped."""
+    words = ["MODEL|demo"]
+    for f in FLAGS:
+        if f.name == "model":
+            words.append("[--model DIR]")
+            continue
+        value = "" if f.kind is bool else " " + (f.metavar or _metavar(f))
+        alt = f" | --no-{f.opt[2:]}" if f.negatable else ""
+        words.append(f"[{f.opt}{value}{alt}]" + (" ..." if f.many else ""))
+    lines, line = [], head
+    for w in words:
+        if len(line) + 1 + len(w) > width and line.strip():
+            lines.append(line.rstrip())
+            line = " " * len(head)
+        line += w + " "
+    return "\n".join(lines + [line.rstrip()])
+
+
+def _metavar(f: Flag) -> str:
+    choices = getattr(f.kind, "choices", None)
+    if choices:
+        return "|".join(choices)
+    return {int: "N", float: "F"}.get(f.kind, "VALUE")
 
 
 def read_chat_template(value: str) -> str:

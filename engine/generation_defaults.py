@@ -41,7 +41,8 @@ def generation_defaults(mode: str, model: str, overrides: dict[str, Any] | None)
             raise ValueError(f"{mode} is not auto, vllm nor a directory holding "
                              f"{GENERATION_CONFIG_FILE}")
         source = _read(d / GENERATION_CONFIG_FILE)
-    for layer, where in ((source, GENERATION_CONFIG_FILE), (overrides or {}, "--override-generation-config")):
+    layers = ((source, GENERATION_CONFIG_FILE), (overrides or {}, "--override-generation-config"))
+    for layer, where in layers:
         for key, value in layer.items():
             if key not in FIELDS:
                 if layer is overrides:

@@ -1,5 +1,6 @@
-"""Rewrite docs/engine-server.md's flag tables from engine/flags.py and
-engine/vllm_compat.py (tests/test_vllm_flags.py fails while they differ).
+"""Rewrite docs/engine-server.md's flag tables and README's `zerod serve` lines from
+engine/flags.py and engine/vllm_compat.py (tests/test_vllm_flags.py and
+tests/test_readme_commands.py fail while they differ).
 
     python scripts/engine_flag_docs.py
 """
@@ -11,7 +12,9 @@ from pathlib import Path
 
 from zerod.engine import flags, vllm_compat
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "engine-server.md"
+ROOT = Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "engine-server.md"
+README = ROOT / "README.md"
 TABLES = {"flags": flags.markdown_table, "vllm-flags": vllm_compat.markdown_table}
 
 
@@ -21,6 +24,10 @@ def main() -> None:
         text = re.sub(rf"(<!-- {marker}:begin[^>]*-->\n).*?(\n<!-- {marker}:end -->)",
                       lambda m: m.group(1) + table() + m.group(2), text, flags=re.DOTALL)
     DOC.write_text(text)
+    readme = README.read_text()
+    readme = re.sub(r"^zerod serve .*?(?=^zerod bench )", lambda m: flags.usage_block() + "\n",
+                    readme, count=1, flags=re.DOTALL | re.MULTILINE)
+    README.write_text(readme)
 
 
 if __name__ == "__main__":
