@@ -246,6 +246,8 @@ REFUSED_VALUES: dict[str, str] = {
     "-q": "zerod serves bf16/fp16 checkpoints, FP8 checkpoints as published, and "
           "--quantization fp8 (quantized at load); convert other formats first",
     "--load-format": "zerod reads safetensors (auto), or makes random weights (dummy)",
+    "--kv-cache-dtype": "zerod's FP8 KV pages are e4m3 (the checkpoint's k/v scales, else 1.0)",
+    "--dtype": "zerod computes in bf16, fp16 or fp32",
     "--tool-call-parser": "zerod reads tool calls in its own parsers' formats only",
     "--reasoning-parser": "zerod splits reasoning in its own parsers' formats only",
 }

@@ -103,6 +103,8 @@ def test_refused_flag_with_a_harmless_value_is_accepted():
         _parse(["demo", "-pp", "2"])
     with pytest.raises(Refused, match="--quantization awq: not served: .*fp8"):
         _parse(["demo", "--quantization", "awq"])
+    with pytest.raises(Refused, match="--kv-cache-dtype fp8_e5m2: not served: .*e4m3"):
+        _parse(["demo", "--kv-cache-dtype", "fp8_e5m2"])
 
 
 def test_config_yaml_with_vllm_keys_and_command_line_wins(tmp_path):
