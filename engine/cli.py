@@ -115,11 +115,12 @@ def serve(**opts):
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--generation-config") from None
     field_defaults, default_max_tokens = split_max_tokens(gen_defaults, o.default_max_tokens)
-    from zerod.engine.sampling.logprobs import MAX_LOGPROBS
+    if o.max_logprobs is not None:
+        from zerod.engine.sampling.logprobs import MAX_LOGPROBS  # torch: only when asked
 
-    if o.max_logprobs is not None and o.max_logprobs > MAX_LOGPROBS:
-        raise click.BadParameter(f"must be <= {MAX_LOGPROBS} (the engine's cap)",
-                                 param_hint="--max-logprobs")
+        if o.max_logprobs > MAX_LOGPROBS:
+            raise click.BadParameter(f"must be <= {MAX_LOGPROBS} (the engine's cap)",
+                                     param_hint="--max-logprobs")
     from zerod.logs import setup_logging  # the daemon's format: one journal, one format
 
     setup_logging("debug" if o.log_level == "trace" else o.log_level, o.log_format,
