@@ -186,7 +186,8 @@ def serve(**opts):
                                 max_logprobs=o.max_logprobs,
                                 log_requests=o.enable_log_requests,
                                 access_log=not o.disable_uvicorn_access_log,
-                                reasoning_parser=o.reasoning_parser))
+                                reasoning_parser=o.reasoning_parser,
+                                max_log_len=o.max_log_len))
     except EngineError as exc:
         click.echo(f"zerod serve: error: {exc}", err=True)
         code = 1

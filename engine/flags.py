@@ -326,6 +326,8 @@ FLAGS: tuple[Flag, ...] = (
          field=False),
     Flag("enable_log_requests", "Log each request's prompt and sampling parameters (as "
          "vLLM's; off by default).", bool, default=False, field=False),
+    Flag("max_log_len", "--enable-log-requests: the most characters of a prompt it prints "
+         "(default: all).", int, lo=0, field=False),
     Flag("disable_uvicorn_access_log", "No access-log line per request (on by default).",
          bool, default=False, field=False),
 )

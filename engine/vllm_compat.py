@@ -56,7 +56,6 @@ FOREIGN: dict[str, Foreign] = {
                                             "prompt_tokens_details.cached_tokens"),
     "--enable-server-load-tracking": _noop("flag", "/health and /metrics carry the load"),
     "--enable-log-outputs": _noop("flag", "outputs are never logged"),
-    "--max-log-len": _noop("value", "the request log prints prompts whole"),
     "--disable-fastapi-docs": _noop("flag", "no docs pages are served, only /openapi.json"),
     "--h11-max-incomplete-event-size": _noop("value", "zerod's HTTP edge bounds request "
                                              "lines and headers itself"),

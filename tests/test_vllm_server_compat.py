@@ -129,14 +129,19 @@ def test_access_log_line_per_request(engine, caplog):
 
 
 def test_access_log_off_and_request_log_on(engine, caplog):
-    srv = _server(engine, access_log=False, log_requests=True)
+    srv = _server(engine, access_log=False, log_requests=True, max_log_len=12)
     try:
         with caplog.at_level(logging.INFO):
             _client(srv).completions.create(model=engine.model_name, prompt="sesame",
                                             max_tokens=2, temperature=0.25)
+            _client(srv).completions.create(model=engine.model_name, prompt="x" * 50,
+                                            max_tokens=2)
         assert not [r for r in caplog.records if r.name == "zerod.access"]
         detail = [r.getMessage() for r in caplog.records if r.name == "zerod.requests"]
-        assert len(detail) == 1 and "sesame" in detail[0] and "temperature=0.25" in detail[0]
+        assert len(detail) == 2 and "sesame" in detail[0] and "temperature=0.25" in detail[0]
+        shown = repr(["x" * 50])   # the prompt list as logged, cut at --max-log-len 12
+        assert f"prompt={shown[:12]}... ({len(shown)} characters)" in detail[1]
+        assert shown[:13] not in detail[1]
     finally:
         srv.stop()
 

@@ -91,7 +91,11 @@ def line(f: dict[str, Any]) -> str:
             f'output_tokens={f["output_tokens"]} ttft={ttft} duration={f["duration_ms"]:.1f}ms')
 
 
-def log_request(rid: str, req: Any, prompts: list[Any], params: Any) -> None:
-    """--enable-log-requests: the prompt(s) and sampling parameters of one request."""
-    requests_log.info("request %s: prompt=%r params=%r", rid,
-                      req.messages if req.kind == "chat" else prompts, params)
+def log_request(rid: str, req: Any, prompts: list[Any], params: Any,
+                max_len: int | None = None) -> None:
+    """--enable-log-requests: the prompt(s) (their first `max_len` characters, as
+    --max-log-len) and sampling parameters of one request."""
+    prompt = repr(req.messages if req.kind == "chat" else prompts)
+    if max_len is not None and len(prompt) > max_len:
+        prompt = prompt[:max_len] + f"... ({len(prompt)} characters)"
+    requests_log.info("request %s: prompt=%s params=%r", rid, prompt, params)

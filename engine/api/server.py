@@ -170,7 +170,8 @@ class OpenAIServer:
                  tool_parser: str | None = None, allow_runtime_lora: bool = False,
                  generation_defaults: dict[str, Any] | None = None,
                  max_logprobs: int | None = None, log_requests: bool = False,
-                 access_log: bool = True, reasoning_parser: str | None = None) -> None:
+                 access_log: bool = True, reasoning_parser: str | None = None,
+                 max_log_len: int | None = None) -> None:
         """tool_parser: --tool-call-parser, given with --enable-auto-tool-choice (None:
         tool_choice "auto" is refused). allow_runtime_lora: serve the LoRA load / unload
         endpoints (--allow-runtime-lora). generation_defaults: request field -> default
@@ -179,6 +180,7 @@ class OpenAIServer:
         self.generation_defaults = dict(generation_defaults or {})
         self.reasoning_parser = reasoning_parser   # --reasoning-parser (reasoning.py)
         self.log_requests = log_requests
+        self.max_log_len = max_log_len   # --max-log-len: of a prompt in the request log
         self.access_log = access_log
         self.engine = engine
         self.allow_runtime_lora = allow_runtime_lora
@@ -519,7 +521,7 @@ class OpenAIServer:
         tally.model, tally.prompt_tokens = model, plan.prompt_tokens
         if self.log_requests:
             log_request(request[REQUEST_ID], req, req.prompts or [req.prompt_text],
-                        [params for _, params, _ in plan.choices][0])
+                        plan.choices[0][1], self.max_log_len)
         st = _Req()
         st.rid = []
         self.inflight.add(st)
