@@ -161,6 +161,12 @@ def test_qwen3_without_thinking_is_all_content(server):
     assert _joined(seen, "content") == "No thinking here." and not _joined(seen, "reasoning")
 
 
+def test_an_output_cut_while_thinking_has_no_content(server):
+    c = server("<think>still going", reasoning_parser="deepseek_r1")
+    m = c.chat.completions.create(model="fake", messages=MSGS, max_tokens=200).choices[0].message
+    assert m.content is None and m.model_extra["reasoning_content"] == "still going"
+
+
 def test_structured_outputs_with_a_reasoning_parser_are_refused_by_name(server):
     c = server("{}", reasoning_parser="deepseek_r1")
     with pytest.raises(openai.BadRequestError) as e:

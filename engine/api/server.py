@@ -621,6 +621,8 @@ class OpenAIServer:
                     thought, text = split.reasoning, split.content or ""
                 content, calls, finish = outcome(req.tool_choice, req.tool_name, self.tool_parser,
                                                  text, done[i], req.tools)
+                if self.reasoning_parser and not content:
+                    content = None   # all reasoning: no answer (as vLLM)
                 choice = P.chat_choice(i, content, finish, lp, [c.to_openai() for c in calls])
                 if self.reasoning_parser:   # both names: vLLM's older and newer
                     choice["message"]["reasoning_content"] = thought
