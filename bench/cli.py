@@ -17,10 +17,17 @@ Named scenarios (`--scenario`, repeatable, or `all`):
   mix           Poisson 25 req/s, prompts 32-4096 and outputs 16-512 tokens, log-uniform
   prefix        Poisson 16 req/s, one of 16 shared 2,000-token prefixes + 48 unique tokens,
                 64 output tokens; reports the prefix-cache hit rate
+  throughput-table  docs/perf.md's table in one command: streams-200 twice (two bursts,
+                no warm-up), decode-b1, prefill-16k
 `--goodput ttft:MS --goodput itl:MS` adds the share (and rate) of requests meeting every
 SLO given, as vLLM's benchmark counts goodput (itl = a request's mean inter-token gap).
 Flags given explicitly override a scenario's values (e.g. smaller shapes on a CPU), except
 what defines it: hello-ttft keeps its prompt and max_tokens 1, prefill-16k max_tokens 1.
+
+vLLM's `bench serve` flags: `--backend openai|vllm|openai-chat` (the chat endpoint: a
+random prompt is sent as words), `--dataset-name sharegpt --dataset-path FILE`
+(bench/datasets.py), `--burstiness` (gamma arrivals), `--save-result --result-dir
+--result-filename` (vLLM's result file: bench/vllm_result.py).
 
 Runs with only the standard library, click and aiohttp (no numpy, no psutil, nothing of
 the engine): it measures any OpenAI-compatible server from outside.
@@ -38,8 +45,10 @@ from typing import Any
 import click
 from zerod import CONTEXT_SETTINGS
 
-from zerod.bench.client import Client
-from zerod.bench.scenarios import ORDER, SCENARIOS, run_scenario
+from zerod.bench.client import BACKENDS, Client
+from zerod.bench.datasets import DatasetError, load_sharegpt
+from zerod.bench.scenarios import COMPOSITE, ORDER, SCENARIOS, run_scenario
+from zerod.bench.vllm_result import default_filename, save, vllm_result
 
 
 def _f(v: Any, fmt: str = "{:,.1f}") -> str:
@@ -68,7 +77,7 @@ def table(results: dict[str, dict]) -> str:
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(rw, widths)) for rw in rows]
     extra = []
     for name, r in results.items():
-        if "phases" in r:
+        if "itl_p99_over_p50" in r:
             q = r["itl_p99_over_p50"]
             extra.append(f"{name}: ITL p99/p50 short {_f(q['short'], '{:.3f}')}, long "
                          f"{_f(q['long'], '{:.3f}')}, long-short "
@@ -126,7 +135,7 @@ def _is_local(base_url: str) -> bool:
                    "of them, chosen at random, as its model.")
 @click.option("--api-key", envvar="ZEROD_API_KEY", default=None)
 @click.option("--scenario", "scenarios", multiple=True,
-              type=click.Choice(list(SCENARIOS) + ["all", "random"]),
+              type=click.Choice(list(SCENARIOS) + list(COMPOSITE) + ["all", "random"]),
               help="Named scenario (repeatable); 'all' runs every one; default: 'random' "
                    "with the shapes below.")
 @click.option("--input-len", "--random-input-len", "input_len", type=click.IntRange(min=1),
@@ -169,6 +178,25 @@ def _is_local(base_url: str) -> bool:
 @click.option("--workers", type=click.IntRange(min=0), default=0, show_default=True,
               help="Client processes sharing the load (0 = one per 64 concurrent streams, "
                    "so the client does not bound what it measures).")
+@click.option("--backend", type=click.Choice(list(BACKENDS)), default="openai",
+              show_default=True, help="openai / vllm: /v1/completions; openai-chat: "
+                                      "/v1/chat/completions.")
+@click.option("--dataset-name", type=click.Choice(["random", "sharegpt"]), default="random",
+              show_default=True, help="random: random prompts of the shapes above; sharegpt: "
+                                      "prompts from --dataset-path.")
+@click.option("--dataset-path", type=click.Path(dir_okay=False), default=None,
+              help="ShareGPT's JSON file (a list of {\"conversations\": [...]}).")
+@click.option("--sharegpt-output-len", type=click.IntRange(min=1), default=None,
+              help="Output tokens of every sharegpt request (default: its reply's length).")
+@click.option("--burstiness", type=click.FloatRange(min=0, min_open=True), default=1.0,
+              show_default=True, help="With --request-rate: the gamma shape of the gaps "
+                                      "between arrivals (1: Poisson; < 1 burstier).")
+@click.option("--save-result", is_flag=True, help="Write each run as vLLM's result JSON.")
+@click.option("--result-dir", type=click.Path(file_okay=False), default=None,
+              help="Where --save-result writes (default: here).")
+@click.option("--result-filename", default=None,
+              help="--save-result's file name (default: vLLM's; with several runs, each "
+                   "gets its scenario's name before .json).")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--out", type=click.Path(dir_okay=False, writable=True), default=None,
               help="Write the results as JSON here.")
@@ -176,7 +204,9 @@ def _is_local(base_url: str) -> bool:
 def bench(base_url, host, port, model, lora_modules, api_key, scenarios, input_len, output_len,
           short_input_len, num_prompts, concurrency, request_rate, input_len_range,
           output_len_range, prefix_len, num_prefixes, suffix_len, goodput, extra_body, warmup,
-          vocab_size, server_pid, workers, seed, out, progress):
+          vocab_size, server_pid, workers, backend, dataset_name, dataset_path,
+          sharegpt_output_len, burstiness, save_result, result_dir, result_filename, seed, out,
+          progress):
     """Drive a running zerod (or any OpenAI-compatible) server and report TTFT, ITL, TPOT
     and throughput."""
     base_url = (base_url or f"http://{host}:{port}").rstrip("/")
@@ -189,18 +219,38 @@ def bench(base_url, host, port, model, lora_modules, api_key, scenarios, input_l
                  "input_len_range": _range(input_len_range, "--input-len-range"),
                  "output_len_range": _range(output_len_range, "--output-len-range"),
                  "prefix_len": prefix_len, "num_prefixes": num_prefixes, "suffix_len": suffix_len,
-                 "goodput": _slos(goodput)}
+                 "goodput": _slos(goodput), "burstiness": burstiness}
     if request_rate is not None and request_rate <= 0:
         raise click.BadParameter("must be > 0", param_hint="--request-rate")
     extra = _extra(extra_body)
     loras = [n.strip() for item in lora_modules for n in item.split(",") if n.strip()]
     if lora_modules and not loras:
         raise click.BadParameter("no adapter name given", param_hint="--lora-modules")
+    dataset = None
+    if dataset_name == "sharegpt":
+        if dataset_path is None:
+            raise click.BadParameter("--dataset-name sharegpt needs --dataset-path FILE",
+                                     param_hint="--dataset-path")
+        need = max([load_for_count(n, overrides) for n in names])
+        try:
+            dataset = load_sharegpt(dataset_path, need, seed, sharegpt_output_len)
+        except DatasetError as exc:
+            raise click.BadParameter(str(exc), param_hint="--dataset-path") from None
+    saving = {"backend": backend, "dir": result_dir, "filename": result_filename,
+              "burstiness": burstiness} if save_result else None
     results = asyncio.run(_main(base_url, model, api_key, names, overrides, short_input_len,
                                 vocab_size, server_pid, seed, progress, out, workers, extra,
-                                loras))
+                                loras, backend, dataset, saving))
     failed = sum(r.get("failed", 0) for r in results.values())
     sys.exit(1 if failed else 0)
+
+
+def load_for_count(name: str, overrides: dict[str, Any]) -> int:
+    """Requests a scenario sends (warm-up included): how many dataset prompts it takes."""
+    from zerod.bench.scenarios import load_for
+
+    shapes = [s for _, s in COMPOSITE[name]] if name in COMPOSITE else [name]
+    return sum(load_for(s, overrides).num_prompts + load_for(s, overrides).warmup for s in shapes)
 
 
 def _range(text: str | None, flag: str) -> tuple[int, int] | None:
@@ -247,7 +297,7 @@ def _extra(text: str | None) -> dict[str, Any]:
 
 async def _main(base_url, model, api_key, names, overrides, short_input_len, vocab_size,
                 server_pid, seed, progress, out, workers=0, extra=None,
-                loras=None) -> dict[str, dict]:
+                loras=None, backend="openai", dataset=None, saving=None) -> dict[str, dict]:
     health, models = await _server_info(base_url, api_key)
     if health.get("_status") != 200:
         raise click.ClickException(f"the server is not healthy: /health answered "
@@ -264,6 +314,8 @@ async def _main(base_url, model, api_key, names, overrides, short_input_len, voc
     client.workers = workers
     client.extra_body = extra or {}
     client.lora_modules = list(loras or [])
+    client.backend = backend
+    client.dataset = dataset
     if pid is not None and pid == health.get("pid") and isinstance(health.get("threads"), dict):
         client.thread_names = {int(tid): name for name, tid in health["threads"].items()
                                if isinstance(tid, int)}
@@ -272,8 +324,36 @@ async def _main(base_url, model, api_key, names, overrides, short_input_len, voc
         results[name] = await run_scenario(client, name, overrides, short_input_len)
         if out:
             _write(out, base_url, model, health, results, client.lora_modules)
+    if saving is not None:
+        runs = list(_runs(results))
+        for label, report in runs:
+            res = vllm_result(report, backend=saving["backend"], model=model,
+                              burstiness=saving["burstiness"])
+            name = saving["filename"]
+            if name and len(runs) > 1:
+                stem, dot, ext = name.rpartition(".") if "." in name else (name, "", "")
+                name = f"{stem}-{label.replace(':', '-')}{dot}{ext}"
+            path = save(res, saving["dir"], name or default_filename(saving["backend"], res, label))
+            click.echo(f"bench: saved {path}", err=True)
     click.echo(table(results))
     return results
+
+
+def _runs(results: dict[str, dict]):
+    """(label, report) of every measured run, phases of a scenario each on their own."""
+    for name, r in results.items():
+        if "phases" in r:
+            for ph, pr in r["phases"].items():
+                yield f"{name}:{ph}", pr
+        else:
+            yield name, r
+
+
+def _public(obj: Any) -> Any:
+    """The results without their per-request lists (those go to --save-result only)."""
+    if isinstance(obj, dict):
+        return {k: _public(v) for k, v in obj.items() if k != "_raw"}
+    return obj
 
 
 def _write(path: str, base_url: str, model: str | None, health: dict,
@@ -281,7 +361,7 @@ def _write(path: str, base_url: str, model: str | None, health: dict,
     doc = {"zerod_bench": 1, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "base_url": base_url, "model": model, "lora_modules": lora_modules or None,
            "server": {k: v for k, v in health.items() if not k.startswith("_")},
-           "scenarios": results}
+           "scenarios": _public(results)}
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(doc, f, indent=1, allow_nan=False, default=str)

@@ -1,5 +1,7 @@
-"""The load generator: streamed requests to /v1/completions at a set concurrency or
-Poisson rate, over one event loop or several worker processes, and their report."""
+"""The load generator: streamed requests to /v1/completions (or /v1/chat/completions,
+`--backend openai-chat`) at a set concurrency or rate (gamma arrivals: Poisson, or
+burstier / more even with --burstiness), over one event loop or several worker
+processes, and their report."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import math
 import os
 import queue
 import random
+import re
 import sys
 import time
 from dataclasses import asdict, astuple, dataclass, field
@@ -16,8 +19,14 @@ from typing import Any
 
 import click
 
+from zerod.bench.arrivals import next_gap
+from zerod.bench.datasets import Sample
 from zerod.bench.server_cpu import CpuWindow
 from zerod.bench.stats import percentile, summary_ms
+
+
+# the first chat chunk: the role and empty (or no) content, any JSON spacing
+_ROLE_ONLY = re.compile(rb'"delta":\s*\{\s*"role":\s*"assistant"\s*(,\s*"content":\s*(""|null)\s*)?\}')
 
 
 @dataclass
@@ -123,7 +132,7 @@ async def one_request(session, url: str, payload: dict, headers: dict,
                             res.cached_tokens = (u.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
                         if not obj.get("choices"):
                             continue
-                    if b'"role":"assistant"' in ev:
+                    if b'"role"' in ev and _ROLE_ONLY.search(ev):
                         continue  # the chat role chunk carries no token
                     if first:
                         res.ttft = now - t0
@@ -170,6 +179,20 @@ class Load:
     suffix_len: int = 0
     # goodput SLOs in ms, vLLM's keys: ttft, tpot (alias itl: the request's mean gap), e2el
     goodput: dict[str, float] | None = None
+    burstiness: float = 1.0  # the gamma shape of the arrival gaps (1: Poisson)
+
+
+BACKENDS = {"openai": "/v1/completions", "vllm": "/v1/completions",
+            "openai-chat": "/v1/chat/completions"}
+# Chat takes text, not token ids: a random prompt is these words (each one token in the
+# common BPE vocabularies; the server's usage counts the real prompt tokens).
+WORDS = ("the of and to in is that it was for on are with as his they be at one have this "
+         "from or had by word but what some we can out other were all there when up use "
+         "your how said an each she which do their time if will way about many then them "
+         "write would like so these her long make thing see him two has look more day "
+         "could go come did number sound no most people my over know water than call first "
+         "who may down side been now find any new work part take get place made live where "
+         "after back little only round man year came show every good me give our under").split()
 
 
 def log_uniform(rng: random.Random, lo: int, hi: int) -> int:
@@ -190,6 +213,9 @@ class Client:
         self.workers = 0  # client processes; 0 = auto_workers()
         self.extra_body: dict[str, Any] = {}  # merged into every request (--extra-body)
         self.lora_modules: list[str] = []     # each request's model drawn from these (--lora-modules)
+        self.backend = "openai"               # BACKENDS: which endpoint, which body
+        self.dataset: list[Sample] | None = None  # prompts from a file, taken in turn
+        self._next_sample = 0
         self._prefixes: dict[tuple[int, int], list[list[int]]] = {}
 
     def _ids(self, n: int) -> list[int]:
@@ -214,8 +240,19 @@ class Client:
             prompt = self._ids(log_uniform(rng, *load.input_len_range))
         else:
             prompt = self._ids(load.input_len)
-        p = {"prompt": prompt, "max_tokens": output_len, "temperature": 0.0,
+        if self.dataset and load.prompt_text is None:
+            sample = self.dataset[self._next_sample % len(self.dataset)]
+            self._next_sample += 1
+            prompt, output_len = sample.prompt, sample.output_len
+        p = {"max_tokens": output_len, "temperature": 0.0,
              "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+        if self.backend == "openai-chat":
+            text = prompt if isinstance(prompt, str) else " ".join(
+                WORDS[t % len(WORDS)] for t in prompt)
+            p["messages"] = [{"role": "user", "content": text}]
+            p["max_completion_tokens"] = p.pop("max_tokens")
+        else:
+            p["prompt"] = prompt
         if self.lora_modules:
             p["model"] = rng.choice(self.lora_modules)
         elif self.model:
@@ -226,7 +263,7 @@ class Client:
     async def run(self, label: str, load: Load) -> dict[str, Any]:
         import aiohttp
 
-        url = self.base_url + "/v1/completions"
+        url = self.base_url + BACKENDS[self.backend]
         limit = load.concurrency or 0
         conn = aiohttp.TCPConnector(limit=limit, force_close=False)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=600)
@@ -270,7 +307,7 @@ class Client:
             for p in payloads:
                 tasks.append(asyncio.ensure_future(go(p)))
                 if math.isfinite(load.request_rate):
-                    await asyncio.sleep(self.rng.expovariate(load.request_rate))
+                    await asyncio.sleep(next_gap(self.rng, load.request_rate, load.burstiness))
             results = await asyncio.gather(*tasks)
             duration = time.perf_counter() - t0
             prog.stop()
@@ -300,8 +337,9 @@ class Client:
             rate = load.request_rate / workers
             procs.append(ctx.Process(
                 target=_worker, name=f"zerod-bench-{i}", daemon=True,
-                args=(i, self.base_url + "/v1/completions", self.headers, share, c, rate,
-                      self.rng.randrange(1 << 30), start, q, done, failed, tokens)))
+                args=(i, self.base_url + BACKENDS[self.backend], self.headers, share, c,
+                      (rate, load.burstiness), self.rng.randrange(1 << 30), start, q, done,
+                      failed, tokens)))
         for p in procs:
             p.start()
         try:
@@ -369,7 +407,8 @@ async def _worker_main(i, url, headers, payloads, concurrency, rate, seed, start
         # as the in-process warm-up does for the single-process client.
         if payloads:
             n = concurrency or min(64, len(payloads))
-            warm = dict(payloads[0], max_tokens=1)
+            warm = dict(payloads[0], **{"max_completion_tokens" if "messages" in payloads[0]
+                                        else "max_tokens": 1})
             await asyncio.gather(*(one_request(session, url, warm, headers, None)
                                    for _ in range(n)))
         q.put(("ready", i))
@@ -392,10 +431,11 @@ async def _worker_main(i, url, headers, payloads, concurrency, rate, seed, start
             return r
 
         tasks = []
+        rate, burstiness = rate
         for p in payloads:
             tasks.append(asyncio.ensure_future(go(p)))
             if math.isfinite(rate):
-                await asyncio.sleep(rng.expovariate(rate))
+                await asyncio.sleep(next_gap(rng, rate, burstiness))
         results = await asyncio.gather(*tasks)
     q.put(("done", i, [astuple(r) for r in results]))
 
@@ -436,6 +476,12 @@ def report(label: str, load: Load, results: list[Result], duration: float,
         "engine_cpu": cpu,
         "prefix_cache_hit_rate": (sum(r.cached_tokens for r in ok) / prompt_total
                                   if prompt_total else None),
+        # per request, for `--save-result` (vLLM's result file lists them); not in --out
+        "_raw": {"input_lens": [r.prompt_tokens for r in ok],
+                 "output_lens": [r.output_tokens for r in ok],
+                 "ttfts": [r.ttft for r in ok], "itls": [r.itl for r in ok],
+                 "e2els": [r.latency for r in ok], "errors": [r.error for r in results if not r.ok],
+                 "good": None if good is None else len(good)},
         "goodput": ({"slos_ms": load.goodput, "good": len(good),
                      "share": len(good) / len(results) if results else None,
                      "request_throughput": len(good) / duration if duration > 0 else None}

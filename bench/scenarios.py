@@ -26,6 +26,11 @@ SCENARIOS: dict[str, dict[str, Any]] = {
                    num_prefixes=16, suffix_len=48, output_len=64),
 }
 ORDER = ["hello-ttft", "streams-200", "decode-b1", "prefill-16k", "long-context"]
+# docs/perf.md's throughput table in one command: 200 concurrent 24-in / 128-out streams
+# in two bursts (the first meets cold connections and an idle server, the second a warm
+# one), then batch-1 decode and a 16K prompt; each phase is the named scenario's shape
+COMPOSITE = {"throughput-table": (("burst-1", "streams-200"), ("burst-2", "streams-200"),
+                                  ("decode-b1", "decode-b1"), ("prefill-16k", "prefill-16k"))}
 
 
 # Shape flags a scenario keeps regardless of --input-len / --output-len (its definition).
@@ -41,6 +46,16 @@ def load_for(name: str, overrides: dict[str, Any]) -> Load:
 
 async def run_scenario(client: Client, name: str, overrides: dict[str, Any],
                        short_input_len: int) -> dict[str, Any]:
+    if name in COMPOSITE:
+        phases = {}
+        for phase, shape in COMPOSITE[name]:
+            load = load_for(shape, overrides)
+            if phase.startswith("burst"):
+                load.warmup = 0   # a burst is all the requests at once, nothing before
+            phases[phase] = await client.run(f"{name}:{phase}", load)
+        return {"scenario": name, "phases": phases,
+                "completed": sum(p["completed"] for p in phases.values()),
+                "failed": sum(p["failed"] for p in phases.values())}
     if name != "long-context":
         return await client.run(name, load_for(name, overrides))
     long_load = load_for(name, overrides)

@@ -10,9 +10,15 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from zerod.engine.config import EngineConfig
+
 
 class DoctorConfigError(ValueError):
     """A `[doctor]` key is unknown or has a value that cannot be used."""
+
+
+# the engine's defaults, read from its dataclass (building one would import its flag table)
+_ENGINE = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
 
 
 @dataclass(frozen=True)
@@ -23,17 +29,18 @@ class DoctorConfig:
     min_kernel_version: str = "5.10"
     recommended_kernel_version: str = "5.15"
     max_memory_fraction: float = 0.92
-    # What the engine will ask for (defaults from [engine], overridable here).
-    gpu_memory_utilization: float = 0.90
+    # What the engine will ask for (values from [engine], overridable here; defaults the
+    # engine's own, EngineConfig's).
+    gpu_memory_utilization: float = _ENGINE["gpu_memory_utilization"]
     gpus: tuple[int, ...] | None = None  # GPU indexes the engine uses; None = all
     model: str | None = None
     tokenizer: str | None = None     # the folder of tokenizer.json when not the model's
-    max_model_len: int | None = None
-    max_num_seqs: int = 256
-    dtype: str = "auto"
-    load_format: str = "auto"  # "dummy": random weights, nothing to find on disk
-    quantization: str | None = None  # "fp8": weights quantized at load (needs compute capability 8.9)
-    kv_cache_dtype: str = "auto"     # "fp8" / "fp8_e4m3": FP8 KV pages (the same)
+    max_model_len: int | None = _ENGINE["max_model_len"]
+    max_num_seqs: int = _ENGINE["max_num_seqs"]
+    dtype: str = _ENGINE["dtype"]
+    load_format: str = _ENGINE["load_format"]  # "dummy": random weights, nothing to find on disk
+    quantization: str | None = _ENGINE["quantization"]  # "fp8": quantized at load (compute capability 8.9)
+    kv_cache_dtype: str = _ENGINE["kv_cache_dtype"]     # "fp8" / "fp8_e4m3": FP8 KV pages (the same)
     # the rest of what sizes the KV pool (the engine's activation headroom and page size)
     # and what the model must be split over; None: the engine's default
     max_num_batched_tokens: int | None = None
@@ -139,6 +146,8 @@ class DoctorConfig:
         for ekey, dkey in cls.ENGINE_KEYS.items():
             if engine and engine.get(ekey) is not None:
                 kw[dkey] = engine[ekey]
+        if isinstance(kw.get("max_model_len"), str):   # "32k", "auto": zerod serve's reading
+            kw["max_model_len"] = _token_count(kw["max_model_len"])
         if engine and engine.get("api_key"):
             kw["api_key_set"] = True
         kw.update(section)
@@ -172,3 +181,14 @@ class DoctorConfig:
         if isinstance(kind, str) and "engine_kind" not in doctor:
             doctor["engine_kind"] = kind
         return cls.from_dict(doctor, engine=config.get("engine"))
+
+
+def _token_count(text: str) -> int | None:
+    """[engine] max_model_len as `zerod serve --max-model-len` reads it."""
+    from zerod.engine.token_count import parse_token_count
+
+    try:
+        n = parse_token_count(text, auto=True)
+    except ValueError as exc:
+        raise DoctorConfigError(f"[engine] max_model_len: {exc}") from None
+    return n

@@ -1,4 +1,4 @@
-"""EngineConfig (the `zerod serve` flags, vLLM names) and the engine's errors.
+"""EngineConfig (the engine's settings; engine/flags.py is their flags' table) and the engine's errors.
 
 Dataclasses validated when built: a bad value raises EngineError / ValueError at once,
 never half-way through loading a model.
@@ -97,46 +97,18 @@ class EngineConfig:
             bad(f"kv_cache_dtype {self.kv_cache_dtype!r} is not one of {', '.join(KV_CACHE_DTYPES)}")
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             bad(f"device {self.device!r} is not auto, cpu, cuda or cuda:N")
-        for name in ("max_num_seqs", "max_num_batched_tokens", "max_prefill_tokens_idle",
-                     "block_size", "ring_depth",
-                     "cuda_graph_max_bs"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                bad(f"{name} must be a whole number >= 1")
-        for name in ("max_num_batched_tokens", "max_prefill_tokens_idle", "block_size",
-                     "ring_depth", "cuda_graph_max_bs", "max_waiting", "min_prefill_chunk",
-                     "max_model_len", "kv_pages", "max_cpu_loras"):
-            v = getattr(self, name)
-            if isinstance(v, int) and v > MAX_COUNT:
-                bad(f"{name} must be <= {MAX_COUNT}, got {v}")
-        if self.max_num_seqs > MAX_NUM_SEQS:
-            bad(f"max_num_seqs must be <= {MAX_NUM_SEQS} (MAX_NUM_SEQS), got {self.max_num_seqs}")
-        for name in ("target_itl_ms", "target_ttft_ms"):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and 0 < v < 1e6):
-                bad(f"{name} must be a number of milliseconds in (0, 1e6)")
-        if isinstance(self.tensor_parallel_size, bool) or not isinstance(self.tensor_parallel_size, int) \
-                or self.tensor_parallel_size < 1:
-            bad("tensor_parallel_size must be a whole number >= 1")
-        if self.min_prefill_chunk < 1:
-            bad("min_prefill_chunk must be >= 1")
-        if self.max_waiting < 0:
-            bad("max_waiting must be >= 0")
+        for name in ("ring_depth", "cuda_graph_max_bs"):
+            if int(getattr(self, name)) < 1:
+                bad(f"{name} must be >= 1")
+        from .flags import config_problems  # the flags' table owns their bounds
+
+        for problem in config_problems(self):
+            bad(problem)
         if self.block_size & (self.block_size - 1):
             bad("block_size must be a power of two")
-        if self.max_model_len is not None and self.max_model_len < 2:
-            bad("max_model_len must be >= 2")
-        if not 0.05 <= self.gpu_memory_utilization <= 1.0:
-            bad("gpu_memory_utilization must be in [0.05, 1.0]")
-        if self.kv_pages is not None and self.kv_pages < 2:
-            bad("kv_pages must be >= 2 (page 0 is a scratch page)")
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
             bad("kv_cache_memory_bytes must be > 0")
         if self.lora_modules and not self.enable_lora:
             bad("lora_modules need enable_lora")
-        if not 1 <= self.max_loras <= 256:
-            bad("max_loras must be in [1, 256]")
-        if not 1 <= self.max_lora_rank <= 512:
-            bad("max_lora_rank must be in [1, 512]")
         if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
             bad(f"max_cpu_loras ({self.max_cpu_loras}) must be >= max_loras ({self.max_loras})")

@@ -17,13 +17,25 @@ from __future__ import annotations
 
 from typing import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+import platform
+
+import prometheus_client
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+# No `_created` series beside each counter and histogram: Prometheus reads them as
+# separate series nobody charts (this is prometheus_client's process-wide switch; the
+# daemon's registry imports this module and shares it).
+prometheus_client.disable_created_metrics()
 
 REQUESTS_RUNNING = "zerod_engine_requests_running"
 REQUESTS_WAITING = "zerod_engine_requests_waiting"
 KV_PAGES_FREE = "zerod_engine_kv_pages_free"
+KV_POOL_PAGES = "zerod_engine_kv_pool_pages"     # the pool's size: a capacity, so a gauge
+# the same value under its first name, a counter because of the `_total`; deprecated, kept
+# for the dashboards and rules written against it
 KV_PAGES_TOTAL = "zerod_engine_kv_pages_total"
+BUILD_INFO = "zerod_build_info"
 ALLOCATOR_RETRIES_TOTAL = "zerod_engine_allocator_retries_total"
 ALLOCATOR_OOMS_TOTAL = "zerod_engine_allocator_ooms_total"
 STREAM_ERRORS_TOTAL = "zerod_engine_stream_errors_total"
@@ -60,6 +72,16 @@ VLLM_E2E_REQUEST_LATENCY_SECONDS = "vllm:e2e_request_latency_seconds"
 VLLM_PROMPT_TOKENS_TOTAL = "vllm:prompt_tokens_total"
 VLLM_GENERATION_TOKENS_TOTAL = "vllm:generation_tokens_total"
 VLLM_REQUEST_SUCCESS_TOTAL = "vllm:request_success_total"
+# a finished request's phases, as vLLM splits them: queued -> scheduled (admitted) ->
+# first token (prefill) -> last token (decode); inference = prefill + decode
+VLLM_REQUEST_QUEUE_TIME_SECONDS = "vllm:request_queue_time_seconds"
+VLLM_REQUEST_PREFILL_TIME_SECONDS = "vllm:request_prefill_time_seconds"
+VLLM_REQUEST_DECODE_TIME_SECONDS = "vllm:request_decode_time_seconds"
+VLLM_REQUEST_INFERENCE_TIME_SECONDS = "vllm:request_inference_time_seconds"
+VLLM_ITERATION_TOKENS_TOTAL = "vllm:iteration_tokens_total"   # a histogram, vLLM's name
+VLLM_PREFIX_CACHE_QUERIES_TOTAL = "vllm:prefix_cache_queries_total"
+VLLM_PREFIX_CACHE_HITS_TOTAL = "vllm:prefix_cache_hits_total"
+VLLM_NUM_PREEMPTIONS_TOTAL = "vllm:num_preemptions_total"
 # with --enable-lora: the adapters running and waiting (comma-separated label values) and
 # --max-loras, the value the time of the last update, as vLLM; LoRA-aware gateways route on it
 VLLM_LORA_REQUESTS_INFO = "vllm:lora_requests_info"
@@ -69,6 +91,9 @@ VLLM_SUCCESS_REASONS = ("stop", "length", "abort")
 _LAT = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5,
         0.75, 1.0, 2.5, 5.0, 10.0)
 _E2E = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0)
+_PHASE = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+          120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)   # vLLM's request-time buckets
+_ITERATION_TOKENS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 _STEP = (0.0005, 0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 
@@ -129,9 +154,10 @@ class _EngineCollector:
                                (REQUESTS_WAITING, "requests_waiting", "Requests in the wait line."),
                                (KV_PAGES_FREE, "kv_pages_free", "KV pages free now.")):
             yield GaugeMetricFamily(name, doc, value=s[key])
-        # The documented name ends in _total, which promtool accepts only on counters; the pool's
-        # size never changes while the engine lives, so a (constant) counter it is.
-        yield CounterMetricFamily(_family(KV_PAGES_TOTAL), "KV pages a request can get (the pool's size).",
+        yield GaugeMetricFamily(KV_POOL_PAGES, "KV pages a request can get (the pool's size).",
+                                value=s["kv_pages_total"])
+        yield CounterMetricFamily(_family(KV_PAGES_TOTAL), f"Deprecated: {KV_POOL_PAGES}, the same "
+                                  "value (a capacity, exported as a counter under this name).",
                                   value=s["kv_pages_total"])
         yield CounterMetricFamily(_family(ALLOCATOR_RETRIES_TOTAL),
                                   "torch CUDA caching allocator retries (num_alloc_retries); 0 on CPU.",
@@ -159,6 +185,16 @@ class _EngineCollector:
             g = GaugeMetricFamily(name, doc, labels=["model_name"])
             g.add_metric([self.model_name], value)
             yield g
+        for name, value, doc in (
+                (VLLM_PREFIX_CACHE_QUERIES_TOTAL, s["prefix_cache_queries"],
+                 "Prefix cache queries, in prompt tokens queried."),
+                (VLLM_PREFIX_CACHE_HITS_TOTAL, s["prefix_cache_hits"],
+                 "Prefix cache hits, in prompt tokens the cache had."),
+                (VLLM_NUM_PREEMPTIONS_TOTAL, 0, "Cumulative number of preemptions. Always 0 "
+                 "here: zerod never preempts (a request's KV pages are reserved at admission).")):
+            c = CounterMetricFamily(_family(name), doc, labels=["model_name"])
+            c.add_metric([self.model_name], value)
+            yield c
         if s.get("lora_info") is not None:
             running, waiting, max_loras, at = s["lora_info"]
             g = GaugeMetricFamily(VLLM_LORA_REQUESTS_INFO, "Running stats on LoRA requests.",
@@ -186,6 +222,23 @@ class EngineMetrics:
                         "Time between consecutive tokens of a request.", _LAT)
         self.e2e = hist(E2E_REQUEST_LATENCY_SECONDS, VLLM_E2E_REQUEST_LATENCY_SECONDS,
                         "Time from submit to the end of a request.", _E2E)
+        phase = {name: Histogram(name, doc, mn, buckets=_PHASE, registry=r).labels(model_name)
+                 for name, doc in (
+                     (VLLM_REQUEST_QUEUE_TIME_SECONDS, "Time a request spent in the wait line."),
+                     (VLLM_REQUEST_PREFILL_TIME_SECONDS, "Time from admission to a request's "
+                      "first token."),
+                     (VLLM_REQUEST_DECODE_TIME_SECONDS, "Time from a request's first token to "
+                      "its last."),
+                     (VLLM_REQUEST_INFERENCE_TIME_SECONDS, "Time from admission to a request's "
+                      "last token."))}
+        self.queue_time = phase[VLLM_REQUEST_QUEUE_TIME_SECONDS]
+        self.prefill_time = phase[VLLM_REQUEST_PREFILL_TIME_SECONDS]
+        self.decode_time = phase[VLLM_REQUEST_DECODE_TIME_SECONDS]
+        self.inference_time = phase[VLLM_REQUEST_INFERENCE_TIME_SECONDS]
+        self.iteration_tokens = Histogram(VLLM_ITERATION_TOKENS_TOTAL, "Tokens per "
+                                          "engine step (prompt tokens + decodes).", mn,
+                                          buckets=_ITERATION_TOKENS, registry=r).labels(model_name)
+        build_info(r, "engine")
         self.step_seconds = Histogram(STEP_SECONDS,
                                       "Device time of one engine step (prefill chunks + one decode).",
                                       buckets=_STEP, registry=r)
@@ -211,6 +264,19 @@ class EngineMetrics:
         self.model_name = model_name
         r.register(_EngineCollector(snapshot, model_name, self.max_itl))
 
+    def phases(self, arrival: float, scheduled: float | None, first: float | None,
+               last: float | None) -> None:
+        """A finished request's phases (vLLM's per-phase histograms); a request that never
+        got a first token has only its queue time."""
+        if scheduled is None:
+            return
+        self.queue_time.observe(scheduled - arrival)
+        if first is None or last is None:
+            return
+        self.prefill_time.observe(first - scheduled)
+        self.decode_time.observe(last - first)
+        self.inference_time.observe(last - scheduled)
+
     def lora_request(self, name: str) -> None:
         """Count a request accepted for LoRA adapter `name`."""
         self.lora_requests.labels(lora_name=name).inc()
@@ -220,3 +286,12 @@ class EngineMetrics:
         self.requests_total.labels(finished_reason=reason).inc()
         if reason in VLLM_SUCCESS_REASONS:
             self.request_success.labels(self.model_name, reason).inc()
+
+
+def build_info(registry: CollectorRegistry, component: str) -> None:
+    """zerod_build_info{version, python, component} 1: which build answers this scrape."""
+    from zerod import __version__
+
+    g = Gauge(BUILD_INFO, "The zerod build serving these metrics (always 1).",
+              ["version", "python", "component"], registry=registry)
+    g.labels(__version__, platform.python_version(), component).set(1)

@@ -18,7 +18,8 @@ OK, NO = "served", "refused"
 # field -> (a non-default value, what the server does with it)
 COMMON = {
     "model": ("fake", OK), "stream": (True, OK), "stream_options": ({"include_usage": True}, OK),
-    "n": (2, OK), "best_of": (2, NO), "temperature": (0.5, OK), "top_p": (0.5, OK),
+    "n": (2, OK), "best_of": (2, NO), "priority": (1, NO), "temperature": (0.5, OK),
+    "top_p": (0.5, OK),
     "top_k": (5, OK), "min_tokens": (1, OK), "seed": (7, OK), "stop": (["zz"], OK),
     "stop_token_ids": ([5], OK), "ignore_eos": (True, OK), "presence_penalty": (0.5, OK),
     "frequency_penalty": (0.5, OK), "repetition_penalty": (1.2, OK),

@@ -101,3 +101,12 @@ def test_a_lost_gpu_keeps_its_xid_series():
     text = render(make_registry(v)).decode()
     assert 'zerod_gpu_xid_events_total{gpu="1",uuid="GPU-0001",xid="79"} 1.0' in text
     assert 'zerod_gpu_temperature_celsius{gpu="1"' not in text
+
+
+def test_daemon_scrape_has_build_info_and_no_created_series():
+    from zerod import __version__
+
+    text = render(make_registry(_views())).decode()
+    assert 'zerod_build_info{component="daemon",python="' in text
+    assert f'version="{__version__}"}} 1.0' in text
+    assert "_created" not in text

@@ -27,7 +27,7 @@ def _zerod(*args, env=None, timeout=60):
 
 @pytest.mark.parametrize("args,needle", [
     (["serve", "--model", "/no/such/model"], "no such directory"),
-    (["serve"], "Missing option '--model'"),
+    (["serve"], "Missing MODEL"),
     (["serve", "--model", "demo", "--bogus-flag"], "No such option"),
     (["serve", "--model", "demo", "--port", "http"], "--port"),
     (["serve", "--model", "demo", "--load-format", "pt"], "--load-format"),

@@ -15,6 +15,7 @@ import random
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -52,14 +53,18 @@ def _health(port: int) -> dict:
 @pytest.fixture(scope="module")
 def server():
     port = _free_port()
+    # stderr to a file: the access log writes a line per request, and a pipe nobody
+    # reads during the soak would fill and block the server
+    log = tempfile.TemporaryFile()
     proc = subprocess.Popen(
         [sys.executable, "-m", "zerod", "serve", "--model", "demo", "--device", "cpu",
          "--port", str(port), "--max-model-len", "512", "--max-num-seqs", "16"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        stdout=subprocess.DEVNULL, stderr=log)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            pytest.fail(f"zerod serve exited: {proc.stderr.read().decode()[-2000:]}")
+            log.seek(0)
+            pytest.fail(f"zerod serve exited: {log.read().decode()[-2000:]}")
         try:
             if _health(port).get("status") == "ok":
                 break

@@ -75,9 +75,11 @@ def test_outcome_per_tool_choice():
 
 def test_serve_auto_tool_choice_needs_a_parser():
     from click.testing import CliRunner
+    from zerod.engine.api.tools import PARSERS
     from zerod.engine.cli import serve
 
     r = CliRunner().invoke(serve, ["--model", "demo", "--enable-auto-tool-choice"])
     assert r.exit_code == 2 and "--tool-call-parser" in r.output
-    r = CliRunner().invoke(serve, ["--model", "demo", "--tool-call-parser", "mistral"])
-    assert r.exit_code == 2 and "'mistral' is not one of 'hermes', 'llama3_json'" in r.output
+    r = CliRunner().invoke(serve, ["--model", "demo", "--tool-call-parser", "granite"])
+    assert r.exit_code == 2 and "--tool-call-parser granite: not served" in r.output
+    assert "zerod takes: " + ", ".join(PARSERS) in r.output

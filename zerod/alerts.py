@@ -22,6 +22,7 @@ from typing import Any, Callable
 from prometheus_client.core import GaugeMetricFamily
 
 from zerod.registry import SEVERITIES, alert_names, owns
+from zerod.engine.logs import FIELDS
 
 log = logging.getLogger("zerod.alerts")
 
@@ -201,7 +202,7 @@ class AlertBook:
                 fields["description"] = a.description
             if a.fix:
                 fields["fix"] = a.fix
-        log.log(level, logfmt(fields))
+        log.log(level, logfmt(fields), extra={FIELDS: fields})  # journal / JSON fields too
 
 
 def _iso(t: float) -> str:

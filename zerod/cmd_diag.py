@@ -15,7 +15,7 @@ import sys
 
 import click
 
-from zerod.cli import CONTEXT_SETTINGS
+from zerod import CONTEXT_SETTINGS
 from zerod.cmd_doctor import EXIT_UNKNOWN_CHECK
 
 EXIT_UNKNOWN_GPU = EXIT_UNKNOWN_CHECK  # an operator's typo, as doctor's unknown check ID

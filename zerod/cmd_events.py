@@ -15,7 +15,7 @@ from datetime import datetime
 
 import click
 
-from zerod.cli import CONTEXT_SETTINGS
+from zerod import CONTEXT_SETTINGS
 
 SINCE = re.compile(r"(\d+(?:\.\d+)?)\s*([smhdw])")
 UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}

@@ -11,7 +11,7 @@ import sys
 import click
 
 from zerod.daemon_config import default_socket
-from zerod.engine.logs import setup_logging
+from zerod.engine.logs import LOG_FORMATS, setup_logging
 from zerod import CONTEXT_SETTINGS
 
 
@@ -26,14 +26,17 @@ from zerod import CONTEXT_SETTINGS
               help=f"Override [daemon] control_socket (default {default_socket()}).")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
-def run(config_path, demo, metrics_port, control_socket, log_level):
+@click.option("--log-format", default="text", show_default=True, type=click.Choice(LOG_FORMATS),
+              help="json: one JSON object per log record (under systemd, journald's fields "
+                   "either way).")
+def run(config_path, demo, metrics_port, control_socket, log_level, log_format):
     """The daemon in the foreground: preflight gate, engine supervision, watchers,
     Prometheus metrics, alerts, control API (what `systemctl start zerod` runs)."""
     from zerod.cmd_config import check_config
     from zerod.config import ConfigError, load_config
     from zerod.daemon import EX_CONFIG, Daemon
 
-    setup_logging(log_level)
+    setup_logging(log_level, log_format)
     log = logging.getLogger("zerod")
     try:
         config = load_config(config_path)

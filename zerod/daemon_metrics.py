@@ -9,6 +9,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.process_collector import ProcessCollector
 
+from zerod.engine.metrics import build_info  # also turns _created series off, process-wide
 from zerod.views import Views
 
 
@@ -17,6 +18,7 @@ def make_registry(views: Views) -> CollectorRegistry:
     reg = CollectorRegistry(auto_describe=False)
     reg.register(views)
     ProcessCollector(registry=reg, namespace="zerod")  # zerod_process_cpu_seconds_total …
+    build_info(reg, "daemon")
     return reg
 
 

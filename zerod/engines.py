@@ -23,11 +23,16 @@ ENGINE_KINDS = ("zerod", "vllm", "sglang")
 NOT_FLAGS = ("api_key",)
 
 
-def _flags(section: dict[str, Any], renames: dict[str, str]) -> list[str]:
+def _flags(section: dict[str, Any], renames: dict[str, str],
+           negatable: frozenset[str] = frozenset()) -> list[str]:
     """`max_num_seqs = 8` -> `--max-num-seqs 8`, `enforce_eager = true` -> `--enforce-eager`,
-    a list -> the flag once per value; false or absent: nothing."""
+    a list -> the flag once per value; false: `--no-KEY` for a `negatable` key (one whose
+    default is on), else nothing; absent: nothing."""
     argv: list[str] = []
     for key, value in section.items():
+        if value is False and key in negatable:
+            argv.append("--no-" + key.replace("_", "-"))
+            continue
         if key in NOT_FLAGS or value is None or value is False:
             continue
         flag = renames.get(key) or "--" + key.replace("_", "-")
@@ -55,7 +60,10 @@ class EnginePreset:
     def argv(self, engine: dict[str, Any]) -> list[str]:
         section = dict(engine)
         if self.kind == "zerod":
-            return [sys.executable, "-m", "zerod", "serve", *_flags(section, {})]
+            from zerod.engine.flags import FLAGS
+
+            negatable = frozenset(f.name for f in FLAGS if f.negatable)
+            return [sys.executable, "-m", "zerod", "serve", *_flags(section, {}, negatable)]
         if self.kind == "vllm":
             model = section.pop("model", None)
             return ["vllm", "serve", *([str(model)] if model is not None else []), *_flags(section, {})]
@@ -64,8 +72,9 @@ class EnginePreset:
                 "--enable-metrics"]
 
 
-_OWN = {n: (n,) for n in (
-    names.REQUESTS_RUNNING, names.REQUESTS_WAITING, names.KV_PAGES_TOTAL, names.KV_PAGES_FREE,
+# the pool's size: its gauge first, its deprecated counter name from an older engine after
+_OWN = {names.KV_PAGES_TOTAL: (names.KV_POOL_PAGES, names.KV_PAGES_TOTAL)} | {n: (n,) for n in (
+    names.REQUESTS_RUNNING, names.REQUESTS_WAITING, names.KV_PAGES_FREE,
     names.ALLOCATOR_RETRIES_TOTAL, names.ALLOCATOR_OOMS_TOTAL, names.STREAM_ERRORS_TOTAL,
     names.GENERATION_TOKENS_TOTAL, names.PROMPT_TOKENS_TOTAL,
     names.TIME_TO_FIRST_TOKEN_SECONDS, names.INTER_TOKEN_LATENCY_SECONDS,

@@ -157,6 +157,8 @@ class Limits:
     max_prompt_chars: int | None = None
     # --tool-call-parser with --enable-auto-tool-choice: tool_choice "auto" is served
     tool_parser: str | None = None
+    # --max-logprobs: the most alternatives a request may ask for (the engine's cap at most)
+    max_logprobs: int = MAX_LOGPROBS
 
 
 # OpenAI request metadata that changes nothing about the answer: accepted and ignored.
@@ -218,6 +220,9 @@ class RequestSchemas:
             Field("n", Int(1, MAX_CHOICES), doc=f"Choices per prompt; at most {MAX_CHOICES} "
                   "choices per request in all."),
             Field("best_of", Int(1, 128), only=1, only_why="only best_of=1"),
+            Field("priority", Int(INT64_MIN, INT64_MAX), only=0,
+                  only_why="requests are served first come first served (vLLM's priority "
+                  "scheduling is not served)"),
             Field("temperature", Num(0.0, 2.0), doc="0 = greedy."),
             Field("top_p", Num(0.0, 1.0, lo_open=True)),
             Field("top_k", Int(-1, vocab, hi_why="(the vocabulary size)"),
@@ -240,7 +245,7 @@ class RequestSchemas:
             Field("skip_special_tokens", Bool(), doc="Default true."),
             Field("spaces_between_special_tokens", Bool(), only=True,
                   only_why="special tokens are always decoded as the tokenizer joins them"),
-            Field("prompt_logprobs", Int(0, MAX_LOGPROBS), doc="vLLM's: the logprob, rank "
+            Field("prompt_logprobs", Int(0, limits.max_logprobs), doc="vLLM's: the logprob, rank "
                   "and this many top alternatives of each prompt token (the first null); "
                   f"prompt tokens x choices x (1 + this) <= {MAX_PROMPT_LOGPROB_ENTRIES}; not with "
                   "stream."),
@@ -278,7 +283,7 @@ class RequestSchemas:
             Field("max_tokens", max_tokens, null_ok=True, doc=doc_max + " Default 16."),
             Field("echo", Bool(), doc="The prompt before the output (with logprobs: and "
                   "the prompt tokens' logprobs, the first null)."),
-            Field("logprobs", Int(0, MAX_LOGPROBS), doc="Logprobs of each output token and "
+            Field("logprobs", Int(0, limits.max_logprobs), doc="Logprobs of each output token and "
                   "of this many top alternatives (raw model logprobs, as vLLM's default)."),
             Field("suffix", Str(), only="", only_why="no insertion with a suffix"),
         ))
@@ -319,7 +324,7 @@ class RequestSchemas:
             Field("add_generation_prompt", Bool()),
             Field("logprobs", Bool(), doc="Logprobs of each output token (raw model "
                   "logprobs, as vLLM's default)."),
-            Field("top_logprobs", Int(0, MAX_LOGPROBS), doc="Top alternatives per token "
+            Field("top_logprobs", Int(0, limits.max_logprobs), doc="Top alternatives per token "
                   "(needs logprobs: true)."),
             Field("tools", Array(tool, 0, MAX_TOOLS), doc="Functions the model may call "
                   "(passed to the chat template)."),

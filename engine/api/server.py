@@ -52,15 +52,19 @@ from typing import Any
 from aiohttp import web
 from zerod.engine.api import protocol as P
 from zerod.engine.config import RequestRejected
+from zerod.engine.api.access_log import TALLY, access_middleware, log_request
 from zerod.engine.api.cors import CorsPolicy, request_id
 from zerod.engine.core.first_use import FIRST_USES
+from zerod.engine.generation_defaults import apply_defaults
 from zerod.engine.api.http_edge import EdgeLimits, EdgeRunner, bind_socket, edge_error
 from zerod.engine.interface import EngineLike
 from zerod.engine.metrics import CANARY_HEADER
 from zerod.engine.api.openapi import openapi_document
 from zerod.engine.api.response_size import check_response_size, encode_sliced
 from zerod.engine.sampling.structured import GrammarError, GrammarSpec
-from zerod.engine.api.tools import new_call_id, outcome
+from zerod.engine.api.chat_stream import ChoiceStream
+from zerod.engine.api.reasoning import split_reasoning
+from zerod.engine.api.tools import outcome
 
 log = logging.getLogger("zerod.engine.api.server")
 
@@ -171,10 +175,21 @@ class OpenAIServer:
                  api_key: str | None = None, drain_timeout: float = 30.0,
                  default_max_tokens: int | None = None,
                  edge: EdgeLimits | None = None, cors: CorsPolicy | None = None,
-                 tool_parser: str | None = None, allow_runtime_lora: bool = False) -> None:
+                 tool_parser: str | None = None, allow_runtime_lora: bool = False,
+                 generation_defaults: dict[str, Any] | None = None,
+                 max_logprobs: int | None = None, log_requests: bool = False,
+                 access_log: bool = True, reasoning_parser: str | None = None,
+                 max_log_len: int | None = None) -> None:
         """tool_parser: --tool-call-parser, given with --enable-auto-tool-choice (None:
         tool_choice "auto" is refused). allow_runtime_lora: serve the LoRA load / unload
-        endpoints (--allow-runtime-lora)."""
+        endpoints (--allow-runtime-lora). generation_defaults: request field -> default
+        for requests that leave it unset (--generation-config). log_requests: the
+        per-request detail log; access_log: a line per request (access_log.py)."""
+        self.generation_defaults = dict(generation_defaults or {})
+        self.reasoning_parser = reasoning_parser   # --reasoning-parser (reasoning.py)
+        self.log_requests = log_requests
+        self.max_log_len = max_log_len   # --max-log-len: of a prompt in the request log
+        self.access_log = access_log
         self.engine = engine
         self.allow_runtime_lora = allow_runtime_lora
         self.tool_parser = tool_parser
@@ -190,7 +205,8 @@ class OpenAIServer:
         per_token = engine.tokenizer.max_chars_per_token
         self.schemas = P.RequestSchemas(P.Limits(
             self.max_model_len, self.vocab_size,
-            per_token * self.max_model_len if per_token else None, tool_parser))
+            per_token * self.max_model_len if per_token else None, tool_parser,
+            *(() if max_logprobs is None else (max_logprobs,))))
         self.tokenize_pool = ThreadPoolExecutor(TOKENIZE_THREADS,
                                                 thread_name_prefix="zerod-tokenize")
         self.respond_pool = ThreadPoolExecutor(RESPOND_THREADS,
@@ -206,7 +222,8 @@ class OpenAIServer:
 
     def make_app(self) -> web.Application:
         app = web.Application(client_max_size=self.edge.max_body_bytes,
-                              middlewares=[self._middleware])
+                              middlewares=[access_middleware(self.access_log, REQUEST_ID),
+                                           self._middleware])
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
@@ -411,11 +428,15 @@ class OpenAIServer:
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request)
-        return await self._generate(request, self.schemas.parse_completion(body))
+        req = self.schemas.parse_completion(body)
+        apply_defaults(req, body, self.generation_defaults)
+        return await self._generate(request, req)
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request)
-        return await self._generate(request, self.schemas.parse_chat(body))
+        req = self.schemas.parse_chat(body)
+        apply_defaults(req, body, self.generation_defaults)
+        return await self._generate(request, req)
 
     async def _body(self, request: web.Request) -> Any:
         limit = self.edge.max_body_bytes
@@ -502,6 +523,8 @@ class OpenAIServer:
     async def _generate(self, request: web.Request, req: P.CompletionRequest
                         ) -> web.StreamResponse:
         model = self._model(req.model)
+        if self.reasoning_parser and req.kind == "chat":
+            refuse_with_reasoning(req)
         prompts = [await self._prompt_ids(req, p) for p in req.prompts] if req.prompts \
             else [await self._prompt_ids(req)]
         plan = _Choices(req, prompts, self.max_model_len, self.default_max_tokens,
@@ -513,12 +536,18 @@ class OpenAIServer:
         if request.headers.get(CANARY_HEADER) == "1":   # the daemon's canary: not in the metrics
             for _, params, _ in plan.choices:
                 params.unmetered = True
+        tally = request[TALLY]
+        tally.model, tally.prompt_tokens = model, plan.prompt_tokens
+        if self.log_requests:
+            log_request(request[REQUEST_ID], req, req.prompts or [req.prompt_text],
+                        plan.choices[0][1], self.max_log_len)
         st = _Req()
         st.rid = []
         self.inflight.add(st)
         try:
             self._submit(request, plan, st, None if model in self.model_names else model)
-            if req.stream and req.tool_choice != "none":
+            if req.stream and req.kind == "chat" and (req.tool_choice != "none"
+                                                      or self.reasoning_parser):
                 return await self._stream_tools(request, req, st, model, plan)
             if req.stream:
                 return await self._stream(request, req, st, model, plan)
@@ -533,11 +562,14 @@ class OpenAIServer:
         shares the prompt's KV pages), with LoRA adapter `lora` if not None; a refusal
         aborts those already queued."""
         multi = len(plan.choices) > 1
+        kw = {"lora": lora} if lora is not None else {}
         try:
             for i, (ids, params, lead) in enumerate(plan.choices):
-                cb = self.router.callback(st, i if multi else None)
-                after = st.rid[lead] if lead is not None else None
-                st.rid.append(self.engine.submit(ids, params, cb, after=after, lora=lora))
+                cb = request[TALLY].counting(i, self.router.callback(st, i if multi else None))
+                if lead is None:
+                    st.rid.append(self.engine.submit(ids, params, cb, **kw))
+                else:
+                    st.rid.append(self.engine.submit(ids, params, cb, after=st.rid[lead], **kw))
             log.debug("request %s is engine request(s) %s", request[REQUEST_ID], st.rid)
         except RequestRejected as exc:
             self._abort(st)
@@ -615,10 +647,19 @@ class OpenAIServer:
             echo = plan.echo_text(i)
             if req.kind == "chat":
                 lp = P.chat_logprobs(lps[i], self._tok_str) if req.logprobs is not None else None
+                thought = None
+                if self.reasoning_parser:   # tools are read from the answer alone
+                    split = split_reasoning(self.reasoning_parser, text)
+                    thought, text = split.reasoning, split.content or ""
                 content, calls, finish = outcome(req.tool_choice, req.tool_name, self.tool_parser,
-                                                 text, done[i])
-                choices.append(P.chat_choice(i, content, finish, lp,
-                                             [c.to_openai() for c in calls]))
+                                                 text, done[i], req.tools)
+                if self.reasoning_parser and not content:
+                    content = None   # all reasoning: no answer (as vLLM)
+                choice = P.chat_choice(i, content, finish, lp, [c.to_openai() for c in calls])
+                if self.reasoning_parser:   # both names: vLLM's older and newer
+                    choice["message"]["reasoning_content"] = thought
+                    choice["message"]["reasoning"] = thought
+                choices.append(choice)
             else:
                 # echo with logprobs: the prompt tokens' entries first, offsets from 0
                 lp = (P.completion_logprobs((plps[i] if echo else []) + lps[i], self._tok_str,
@@ -665,18 +706,16 @@ class OpenAIServer:
 
     async def _stream_tools(self, request: web.Request, req: P.CompletionRequest, st: _Req,
                             model: str, plan: _Choices) -> web.StreamResponse:
-        """A streamed chat request with tools, in OpenAI's tool-call delta shape, each
-        choice's chunks under its own index. A named function streams its arguments as
-        they come (the output is the arguments); for required / auto a choice's calls are
-        known only when its output is whole, so each call comes in one delta at its end (the
-        content before it, for auto, in one delta too)."""
+        """A streamed chat request with tools or a reasoning parser, in OpenAI's delta
+        shape, each choice's chunks under its own index: chat_stream.ChoiceStream says
+        what each piece of output becomes (reasoning, content, tool-call deltas)."""
         enc = P.ChunkEncoder("chat", P.new_id("chat"), P.now(), model, req.include_usage)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache"})
         await resp.prepare(request)
-        named = req.tool_choice == "named"
         n = len(plan.choices)
-        texts: list[list[str]] = [[] for _ in range(n)]
+        streams = [ChoiceStream(req.tool_choice, req.tool_name, self.tool_parser, req.tools,
+                                self.reasoning_parser) for _ in range(n)]
         done: list[str | None] = [None] * n
         tokens = [0] * n
         cached = [0] * n
@@ -684,31 +723,26 @@ class OpenAIServer:
         try:
             for i in range(n):
                 await resp.write(enc.choice(i, "", None, role=True))
-                if named:
-                    await resp.write(enc.delta({"tool_calls": [{
-                        "index": 0, "id": new_call_id(), "type": "function",
-                        "function": {"name": req.tool_name, "arguments": ""}}]}, index=i))
             while error is None and None in done:
                 for item in await _next_items(st, self.loop):
                     if item is _ABORTED:
                         for i in range(n):
                             if done[i] is None:
                                 done[i] = "abort"
-                                await resp.write(self._tools_end(enc, req, i, texts[i], "abort"))
+                                await resp.write(_choice_end(enc, streams[i], i, "abort"))
                         break
                     i, out = item if n > 1 else (0, item)
                     tokens[i] = out.completion_tokens
-                    if out.text and named:
-                        await resp.write(enc.delta({"tool_calls": [{
-                            "index": 0, "function": {"arguments": out.text}}]}, index=i))
-                    elif out.text:
-                        texts[i].append(out.text)
+                    if out.text:
+                        deltas = streams[i].feed(out.text)
+                        if deltas:
+                            await resp.write(b"".join(enc.delta(d, index=i) for d in deltas))
                     if out.finished and done[i] is None:
                         done[i], cached[i] = out.finish_reason, out.cached_tokens
                         if out.finish_reason == "error":
                             error = out.error or "the engine failed while generating this request"
                             break
-                        await resp.write(self._tools_end(enc, req, i, texts[i], out.finish_reason))
+                        await resp.write(_choice_end(enc, streams[i], i, out.finish_reason))
             # an error ends the stream: _generate's finally aborts the choices still running
             st.finished = None not in done
             if error is not None:
@@ -720,21 +754,6 @@ class OpenAIServer:
         except ConnectionError:
             pass  # the client went away; the finally of _generate aborts the request
         return resp
-
-    def _tools_end(self, enc: P.ChunkEncoder, req: P.CompletionRequest, index: int,
-                   texts: list[str], finish: str | None) -> bytes:
-        """The last chunks of one choice of a streamed tool request: for required / auto
-        its content and calls (parsed from the whole output), then its finish reason."""
-        parts = []
-        if req.tool_choice != "named":
-            content, calls, finish = outcome(req.tool_choice, None, self.tool_parser,
-                                             "".join(texts), finish)
-            if content:
-                parts.append(enc.delta({"content": content}, index=index))
-            parts += [enc.delta({"tool_calls": [{"index": k, **c.to_openai()}]}, index=index)
-                      for k, c in enumerate(calls)]
-        parts.append(enc.delta({}, finish, index=index))
-        return b"".join(parts)
 
     # ----------------------------------------------------------------- drain
 
@@ -755,6 +774,28 @@ class OpenAIServer:
         t_end = time.monotonic() + 2.0
         while self.inflight and time.monotonic() < t_end:
             await asyncio.sleep(0.02)
+
+
+def _choice_end(enc: P.ChunkEncoder, stream: ChoiceStream, index: int,
+                finish: str | None) -> bytes:
+    """The last chunks of one choice: what its stream held, then its finish reason."""
+    deltas, finish = stream.end(finish)
+    return b"".join([*(enc.delta(d, index=index) for d in deltas),
+                     enc.delta({}, finish, index=index)])
+
+
+def refuse_with_reasoning(req: P.CompletionRequest) -> None:
+    """What --reasoning-parser cannot serve yet, refused by name: a grammar (structured
+    outputs, tool_choice required or a named function) would constrain the reasoning too
+    (vLLM starts it after the reasoning ends), and streamed chat logprobs are not split."""
+    if req.grammar is not None:
+        param = "tool_choice" if req.tool_choice in ("required", "named") else "response_format"
+        raise P.bad("structured outputs (response_format, structured_outputs, tool_choice "
+                    "required or a named function) are not served with --reasoning-parser: "
+                    "the grammar would constrain the reasoning too", param, "unsupported")
+    if req.stream and req.logprobs is not None:
+        raise P.bad("'logprobs' with stream: true is not served with --reasoning-parser",
+                    "logprobs", "unsupported")
 
 
 class _SSEFormatter:
@@ -995,11 +1036,14 @@ async def serve_async(engine: EngineLike, sock: socket.socket, *, served_model_n
                       on_ready: Callable[[int], None] | None = None,
                       stop_event: asyncio.Event | None = None,
                       handle_signals: bool = True,
-                      tool_parser: str | None = None, allow_runtime_lora: bool = False) -> None:
+                      tool_parser: str | None = None, allow_runtime_lora: bool = False,
+                      **options: Any) -> None:
+    """options: OpenAIServer's other keywords (generation_defaults, max_logprobs,
+    log_requests, access_log)."""
     server = OpenAIServer(engine, served_model_names=served_model_names, api_key=api_key,
                           drain_timeout=drain_timeout, default_max_tokens=default_max_tokens,
                           edge=edge, cors=cors, tool_parser=tool_parser,
-                          allow_runtime_lora=allow_runtime_lora)
+                          allow_runtime_lora=allow_runtime_lora, **options)
     loop = asyncio.get_running_loop()
     stop = stop_event or asyncio.Event()
     if handle_signals:

@@ -7,17 +7,29 @@ outputs. Pure Python: protocol.py and server.py call it.
 - `llama3_json` (Llama 3.1 / 3.2 / 3.3): the whole output is one JSON object `{"name": ...,
   "parameters": {...}}` (or several joined by `;`), optionally after `<|python_tag|>`;
   output that is not such JSON is plain content.
+- `mistral` (Mistral, Mixtral, Ministral): after `[TOOL_CALLS]`, a JSON list of
+  `{"name", "arguments"}` (older tokenizers) or `name[ARGS]{...}` per call (v11 and
+  later); text before `[TOOL_CALLS]` is content.
+- `pythonic` (Llama 3.2 / 4 with the pythonic template): the output is a Python list of
+  calls with keyword arguments, `[get_weather(city="Paris"), now()]`, optionally inside
+  `<|python_start|>` … `<|python_end|>`; the arguments must be literals.
+- `qwen3_coder` (Qwen3-Coder): `<tool_call><function=NAME><parameter=KEY>VALUE</parameter>
+  …</function></tool_call>`; a value is JSON where it parses as JSON and the tool's
+  schema does not make it a string, else text; text before the first call is content.
+
+A malformed call leaves the whole output as content (never a half-read call).
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
 from dataclasses import dataclass
 from typing import Any
 
-PARSERS = ("hermes", "llama3_json")
+PARSERS = ("hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder")
 
 
 @dataclass
@@ -87,9 +99,121 @@ def parse_llama3_json(text: str) -> tuple[str | None, list[ToolCall]]:
     return None, calls
 
 
-def parse_tool_calls(parser: str, text: str) -> tuple[str | None, list[ToolCall]]:
+MISTRAL_TOKEN = "[TOOL_CALLS]"
+_MISTRAL_ARGS = "[ARGS]"
+
+
+def parse_mistral(text: str) -> tuple[str | None, list[ToolCall]]:
+    start = text.find(MISTRAL_TOKEN)
+    if start < 0:
+        return text, []
+    content = text[:start].strip() or None
+    body = text[start:]
+    calls: list[ToolCall] = []
+    dec = json.JSONDecoder()
+    for part in body.split(MISTRAL_TOKEN)[1:]:
+        part = part.strip()
+        if part.startswith("["):       # [{"name": ..., "arguments": {...}}, ...]
+            try:
+                items, end = dec.raw_decode(part)
+            except ValueError:
+                return text, []
+            got = [_call(x, "arguments") for x in items] if isinstance(items, list) else [None]
+            if not got or None in got or part[end:].strip():
+                return text, []
+            calls += got
+        elif _MISTRAL_ARGS in part:    # name[ARGS]{...}
+            name, _, args = part.partition(_MISTRAL_ARGS)
+            try:
+                obj, end = dec.raw_decode(args.strip())
+            except ValueError:
+                return text, []
+            if not name.strip() or not isinstance(obj, dict) or args.strip()[end:].strip():
+                return text, []
+            calls.append(ToolCall(name.strip(), json.dumps(obj, ensure_ascii=False)))
+        else:
+            return text, []
+    return (content, calls) if calls else (text, [])
+
+
+def parse_pythonic(text: str) -> tuple[str | None, list[ToolCall]]:
+    body = text.strip()
+    if body.startswith("<|python_start|>"):
+        body = body[len("<|python_start|>"):]
+        body = body.removesuffix("<|python_end|>")
+    body = body.strip()
+    if not (body.startswith("[") and body.endswith("]")):
+        return text, []
+    try:
+        tree = ast.parse(body, mode="eval").body
+    except (SyntaxError, ValueError):
+        return text, []
+    if not isinstance(tree, ast.List) or not tree.elts:
+        return text, []
+    calls = []
+    for node in tree.elts:
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.args):
+            return text, []
+        try:
+            args = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords if kw.arg}
+        except ValueError:
+            return text, []
+        calls.append(ToolCall(node.func.id, json.dumps(args, ensure_ascii=False)))
+    return None, calls
+
+
+_QWEN3_CALL = re.compile(r"<tool_call>\s*<function=([^>\s]+)>(.*?)</function>\s*</tool_call>",
+                         re.DOTALL)
+_QWEN3_PARAM = re.compile(r"<parameter=([^>\s]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
+
+
+def parse_qwen3_coder(text: str, tools: list[dict[str, Any]] | None = None
+                      ) -> tuple[str | None, list[ToolCall]]:
+    start = text.find("<tool_call>")
+    if start < 0:
+        return text, []
+    calls = []
+    end = start
+    for m in _QWEN3_CALL.finditer(text, start):
+        if text[end:m.start()].strip():
+            return text, []          # text between calls: not a well-formed output
+        name = m.group(1)
+        args = {k: qwen3_value(v, param_type(tools, name, k))
+                for k, v in _QWEN3_PARAM.findall(m.group(2))}
+        calls.append(ToolCall(name, json.dumps(args, ensure_ascii=False)))
+        end = m.end()
+    if not calls or text[end:].strip():
+        return text, []
+    return text[:start].strip() or None, calls
+
+
+def param_type(tools: list[dict[str, Any]] | None, name: str, key: str) -> str | None:
+    """The JSON schema type of tool `name`'s parameter `key` (None: unknown)."""
+    for t in tools or ():
+        fn = t.get("function") or {}
+        if fn.get("name") == name:
+            prop = ((fn.get("parameters") or {}).get("properties") or {}).get(key) or {}
+            typ = prop.get("type")
+            return typ if isinstance(typ, str) else None
+    return None
+
+
+def qwen3_value(text: str, typ: str | None) -> Any:
+    if typ == "string":
+        return text
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def parse_tool_calls(parser: str, text: str, tools: list[dict[str, Any]] | None = None
+                     ) -> tuple[str | None, list[ToolCall]]:
     """(content or None, the tool calls) of a whole output under `parser`."""
-    return (parse_hermes if parser == "hermes" else parse_llama3_json)(text)
+    if parser == "qwen3_coder":
+        return parse_qwen3_coder(text, tools)
+    return {"hermes": parse_hermes, "llama3_json": parse_llama3_json,
+            "mistral": parse_mistral, "pythonic": parse_pythonic}[parser](text)
 
 
 def parameters(tool: dict[str, Any]) -> dict[str, Any]:
@@ -117,16 +241,18 @@ def calls_from_required(text: str) -> list[ToolCall]:
 
 
 def outcome(choice: str, name: str | None, parser: str | None, text: str,
-            finish_reason: str | None) -> tuple[str | None, list[ToolCall], str | None]:
+            finish_reason: str | None, tools: list[dict[str, Any]] | None = None
+            ) -> tuple[str | None, list[ToolCall], str | None]:
     """(content, tool calls, finish_reason) of a whole chat output under tool_choice
     `choice`. A cut output (finish "length") is content, with no calls."""
     if choice == "none" or finish_reason not in ("stop", None):
         return text, [], finish_reason
     if choice == "named":
         return None, [ToolCall(name or "", text)], finish_reason   # OpenAI: "stop"
-    calls = calls_from_required(text) if choice == "required" else \
-        parse_tool_calls(parser or "hermes", text)[1]
+    if choice == "required":
+        content, calls = None, calls_from_required(text)
+    else:
+        content, calls = parse_tool_calls(parser or "hermes", text, tools)
     if not calls:
         return text, [], finish_reason
-    content = None if choice == "required" else parse_tool_calls(parser or "hermes", text)[0]
     return content, calls, "tool_calls"

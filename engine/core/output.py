@@ -188,6 +188,7 @@ class OutputPoller(threading.Thread):
             prompt_logprobs.gather(prompt_rows, *self.ring.prompt_buffers(rec.ring_idx))
         self.ring.free.put(rec.ring_idx)
         self.metrics.step_seconds.observe(step_s)
+        self.metrics.iteration_tokens.observe(rec.prefill_tokens + rec.decodes)
         if step_s > 0.25:
             log.info("a step took %.0f ms (%d prompt tokens, %d decodes)", step_s * 1000,
                      rec.prefill_tokens, rec.decodes)
@@ -271,6 +272,7 @@ class OutputPoller(threading.Thread):
             if not r.params.unmetered:
                 self.metrics.finished(reason)
                 self.metrics.e2e.observe(time.monotonic() - r.arrival)
+                self.metrics.phases(r.arrival, r.scheduled_at, r.first_token_at, r.last_token_at)
         out = RequestOutput(r.id, ids, text, reason is not None, reason, r.prompt_len, len(r.out_ids), error,
                             cached_tokens=r.num_cached, logprobs=None if lp is None else [lp],
                             prompt_logprobs=r.prompt_logprobs if len(r.out_ids) == 1 and ids else None)

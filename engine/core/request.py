@@ -169,6 +169,7 @@ class Request:
     slot: int = -1
     on_device: bool = False       # its slot-table rows (pages, sampling params) are written
     lora_slot: int = 0            # its adapter's device slot while admitted (0: none)
+    scheduled_at: float | None = None  # when it left the wait line (vLLM's queue / prefill split)
     num_prefilled: int = 0        # prompt tokens whose KV is in the cache
     num_cached: int = 0           # of which the prefix cache had before the request came
     chain: PageChain | None = None  # its published prefix pages (prefix_cache.py)

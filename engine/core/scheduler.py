@@ -248,6 +248,7 @@ class Scheduler:
                     self.loras.release(lora_slot)
                 break                      # FIFO: nobody overtakes the head of the line
             r.lora_slot = lora_slot
+            r.scheduled_at = time.monotonic()
             self.waiting.popleft()
             self.waiting_tokens -= r.prompt_len
             self._left_wait_line()
