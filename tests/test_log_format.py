@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from zerod import logs
+from zerod.engine import logs
 
 ROOT = Path(__file__).resolve().parent.parent
 
