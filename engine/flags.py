@@ -53,23 +53,47 @@ class ByteSize(click.ParamType):
 
 
 class TokenCount(click.ParamType):
-    """A token count as vLLM reads one (engine/token_count.py), at least `lo`; with
-    `auto`, also auto / -1 for the model's own value (None)."""
+    """A token count as vLLM reads one (engine/token_count.py); with `auto`, also
+    auto / -1 for the model's own value (None). Its bound is the flag's (Flag.lo/hi)."""
 
-    def __init__(self, lo: int = 1, auto: bool = False):
-        self.lo, self.auto = lo, auto
+    def __init__(self, auto: bool = False):
+        self.auto = auto
         self.name = "N|32k|1M" + ("|auto" if auto else "")
 
     def convert(self, value, param, ctx):
         if value is None:
             return None
         try:
-            n = parse_token_count(value, self.auto)
+            return parse_token_count(value, self.auto)
         except ValueError as exc:
             self.fail(str(exc), param, ctx)
-        if n is not None and n < self.lo:
-            self.fail(f"must be >= {self.lo}", param, ctx)
-        return n
+
+
+class OutOfBound(click.BadParameter):
+    """A value outside its flag's bound. The message names the flag, the bound and the
+    value (the command line shows no value of its own); `allowed` is the bound alone, for
+    a config file's refusal line, which names the key and the value already."""
+
+    def __init__(self, message: str, allowed: str, ctx=None, param=None):
+        super().__init__(message, ctx, param)
+        self.allowed = allowed
+
+
+class Bounded(click.ParamType):
+    """A number within its flag's bound: the base type reads the word, the flag's table
+    judges it, so the command line, --config, [engine] and EngineConfig refuse in the
+    same words."""
+
+    def __init__(self, base: click.ParamType, flag: "Flag"):
+        self.base, self.flag = base, flag
+        self.name = base.name
+
+    def convert(self, value, param, ctx):
+        v = self.base.convert(value, param, ctx)
+        allowed = self.flag.allowed(v)
+        if allowed is not None:
+            raise OutOfBound(f"{self.flag.name} {allowed}, got {v}", allowed, ctx, param)
+        return v
 
 
 class Device(click.ParamType):
@@ -151,37 +175,52 @@ class Flag:
     def default_value(self) -> Any:
         return _FIELD_DEFAULTS[self.name] if self.field else self.default
 
+    @property
+    def bounded(self) -> bool:
+        return self.lo is not None or self.hi is not None
+
     def click_type(self) -> Any:
-        if self.kind is int and (self.lo is not None or self.hi is not None):
-            return click.IntRange(None if self.lo is None else int(self.lo),
-                                  None if self.hi is None else int(self.hi))
-        if self.kind is float and (self.lo is not None or self.hi is not None):
-            return click.FloatRange(self.lo, self.hi)
-        return self.kind
+        if not self.bounded:
+            return self.kind
+        base = {int: click.INT, float: click.FLOAT}.get(self.kind, self.kind)
+        return Bounded(base, self)
+
+    def bound_note(self) -> str:
+        """' (in [1, 16384])' after the help of a bounded flag (--help, the docs' table)."""
+        return f" ({describe_bound(self.lo, self.hi)})" if self.bounded else ""
+
+    def allowed(self, value: Any) -> str | None:
+        """The side of the bound `value` is past ("must be <= 16384"), None within it."""
+        if value is None or not self.bounded:
+            return None
+        if self.lo is not None and value < self.lo:
+            return f"must be >= {_num(self.lo)}"
+        if self.hi is not None and value > self.hi:
+            return f"must be <= {_num(self.hi)}"
+        return None
 
     def bound_problem(self, value: Any) -> str | None:
-        """What is wrong with `value` for this flag's bound (None: fine); EngineConfig
-        asks this, so the bound has one owner whether the value came from a flag or code."""
+        """What is wrong with `value` for this flag's bound (None: fine), naming the flag,
+        what is allowed and the value; EngineConfig asks this, so the bound has one owner
+        whether the value came from a flag, a config file or code."""
         if value is None and self.default_value is None:
             return None
         if self.kind is int or isinstance(self.kind, TokenCount):
             if isinstance(value, bool) or not isinstance(value, int):
-                return f"{self.name} must be a whole number"
+                return f"{self.name} must be a whole number, got {value!r}"
         elif self.kind is float:
             if isinstance(value, bool) or not isinstance(value, (int, float)) \
                     or not math.isfinite(value):
-                return f"{self.name} must be a finite number"
+                return f"{self.name} must be a finite number, got {value!r}"
         else:
             return None
-        lo = self.lo if self.lo is not None else getattr(self.kind, "lo", None)
-        if lo is not None and value < lo or self.hi is not None and value > self.hi:
-            return f"{self.name} must be {describe_bound(lo, self.hi)}"
-        return None
+        allowed = self.allowed(value)
+        return None if allowed is None else f"{self.name} {allowed}, got {value}"
 
     def option(self) -> click.Option:
         names = [f"{self.opt}/--no-{self.opt[2:]}" if self.negatable else self.opt,
                  *self.aliases, self.name]
-        kw: dict[str, Any] = {"help": self.help, "default": self.default_value}
+        kw: dict[str, Any] = {"help": self.help + self.bound_note(), "default": self.default_value}
         if self.kind is bool and not self.negatable:
             kw["is_flag"] = True
         elif self.kind is not bool:
@@ -197,11 +236,14 @@ class Flag:
         return click.Option(names, **kw)
 
 
+def _num(v: float) -> str:
+    return str(int(v)) if float(v).is_integer() else str(v)
+
+
 def describe_bound(lo: float | None, hi: float | None) -> str:
-    num = lambda v: str(int(v)) if float(v).is_integer() else str(v)  # noqa: E731
     if lo is not None and hi is not None:
-        return f"in [{num(lo)}, {num(hi)}]"
-    return f">= {num(lo)}" if lo is not None else f"<= {num(hi)}"
+        return f"in [{_num(lo)}, {_num(hi)}]"
+    return f">= {_num(lo)}" if lo is not None else f"<= {_num(hi)}"
 
 
 _LOG_LEVELS = ("debug", "info", "warning", "error", "critical", "trace")
@@ -232,8 +274,8 @@ FLAGS: tuple[Flag, ...] = (
          "their bytes (the checkpoint's k/v scales, else 1.0; compute capability 8.9+).",
          click.Choice(KV_CACHE_DTYPES)),
     Flag("max_model_len", "Context length (prompt + output): 32768, 32k, 32K, 1M or auto. "
-         "Default: the model's, capped by the KV pool.", TokenCount(2, auto=True),
-         metavar="N|32k|auto", hi=MAX_COUNT),
+         "Default: the model's, capped by the KV pool.", TokenCount(auto=True),
+         metavar="N|32k|auto", lo=2, hi=MAX_COUNT),
     Flag("generation_config", "Request defaults: auto = the model's generation_config.json "
          "(temperature, top_p, top_k, min_p, repetition_penalty, max_new_tokens), vllm = "
          "none, or a directory holding a generation_config.json.", default="auto",
@@ -244,9 +286,10 @@ FLAGS: tuple[Flag, ...] = (
     # the scheduler
     Flag("max_num_seqs", "Most requests running at once.", int, lo=1, hi=MAX_NUM_SEQS),
     Flag("max_num_batched_tokens", "Prompt tokens per step (chunked prefill budget; 2048, "
-         "8k ...).", TokenCount(1), metavar="N|8k", hi=MAX_COUNT),
+         "8k ...).", TokenCount(), metavar="N|8k", lo=1, hi=MAX_COUNT),
     Flag("max_prefill_tokens_idle", "Prompt tokens per step while nothing decodes (a long "
-         "prompt then goes in whole, unchunked).", TokenCount(1), metavar="N|16k", hi=MAX_COUNT),
+         "prompt then goes in whole, unchunked).", TokenCount(), metavar="N|16k",
+         lo=1, hi=MAX_COUNT),
     Flag("enable_prefix_caching", "Share the KV of full prompt pages between requests with "
          "the same prefix.", bool, negatable=True),
     Flag("target_itl_ms", "While streams decode, prompt chunks keep a step within this (from "
@@ -361,8 +404,7 @@ def markdown_table() -> str:
             spell += f", `--no-{f.opt[2:]}`"
         d = f.default_value
         default = "" if d in (None, (), False) else f"`{d}`"
-        bound = "" if f.lo is None and f.hi is None else f" ({describe_bound(f.lo, f.hi)})"
-        rows.append(f"| {spell} | {default} | {f.help}{bound} |")
+        rows.append(f"| {spell} | {default} | {f.help}{f.bound_note()} |")
     return "\n".join(rows)
 
 

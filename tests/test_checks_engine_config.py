@@ -50,7 +50,7 @@ def test_dummy_weights_are_sized_from_the_config(tmp_path):
 
 def test_an_engine_flag_the_engine_refuses_fails_in_its_words(tmp_path):
     c = _check(tmp_path, load_format="dummy", tensor_parallel_size=0)
-    assert c.status == "fail" and "tensor_parallel_size must be a whole number >= 1" in c.message
+    assert c.status == "fail" and "tensor_parallel_size must be >= 1, got 0" in c.message
     c = _check(tmp_path, load_format="dummy", block_size="16")   # a string, not a number
     assert c.status == "fail" and "invalid engine config" in c.message
 

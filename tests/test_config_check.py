@@ -34,7 +34,7 @@ def refusals(text: str, demo: bool = False) -> list[str]:
     ('[engine]\nmodel = "demo"\nmax_modle_len = 4096\n',
      '[engine] max_modle_len = 4096: unknown key (did you mean max_model_len?)'),
     ('[engine]\nmodel = "demo"\nmax_num_seqs = "eight"\n', '[engine] max_num_seqs = "eight": must be a whole number'),
-    ('[engine]\nmodel = "demo"\nmax_num_seqs = -1\n', '[engine] max_num_seqs = -1: -1 is not in the range x>=1'),
+    ('[engine]\nmodel = "demo"\nmax_num_seqs = -1\n', '[engine] max_num_seqs = -1: must be >= 1 (zerod serve --max-num-seqs)'),
     ('[engine]\nmodel = "demo"\ngpu_memory_utilization = nan\n',
      '[engine] gpu_memory_utilization = nan: must be a finite number'),
     ('[engine]\nmodel = "demo"\nenforce_eager = "yes"\n', '[engine] enforce_eager = "yes": must be true or false'),
@@ -170,7 +170,7 @@ def test_engines_tables_each_with_its_gpus_port_and_flags(tmp_path):
     ('[[engines]]\nname = "c"\ngpus = [3, 4]\nport = 8003\ntensor_parallel_size = 4\n',
      ["[engines.c] tensor_parallel_size = 4: must equal the number of its GPUs (2), or be left out"]),
     ('[[engines]]\nname = "c"\ngpus = [3]\nport = 8003\nmax_num_seqs = 0\n',
-     ["[engines.c] max_num_seqs = 0: 0 is not in the range x>=1 (zerod serve --max-num-seqs)"]),
+     ["[engines.c] max_num_seqs = 0: must be >= 1 (zerod serve --max-num-seqs)"]),
     ('[daemon]\ngpu_index = 1\n', ["[daemon] gpu_index = 1: with [[engines]], each entry's gpus say it"]),
 ])
 def test_engines_refusals(extra, expected):

@@ -120,7 +120,7 @@ def test_tp_refuses_what_it_cannot_split(llama):
         check_tp(mc, 2, torch.device("cuda"))
     with pytest.raises(EngineError, match="CUDA_VISIBLE_DEVICES"):
         check_tp(mc, 2, torch.device("cuda", 1))
-    with pytest.raises(EngineError, match="whole number >= 1"):
+    with pytest.raises(EngineError, match="tensor_parallel_size must be >= 1, got 0"):
         EngineConfig(tensor_parallel_size=0)
     with pytest.raises(EngineError, match="Phi-3"):
         check_tp(replace(mc, family="phi3"), 2, torch.device("cpu"))

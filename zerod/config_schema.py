@@ -202,17 +202,22 @@ def _option_problem(p: click.Option, value: Any) -> str | None:
         items = value
     else:
         items = [value]
+    # a bounded flag of zerod serve (engine/flags.py's Bounded) wraps the number type
+    # that reads its word; the type of the value is judged on that one
+    base = getattr(p.type, "base", p.type)
     for v in items:
         if isinstance(v, float) and not math.isfinite(v):
             return "must be a finite number"
-        if isinstance(p.type, click.types.IntParamType) and (isinstance(v, bool) or not isinstance(v, int)):
+        if isinstance(base, click.types.IntParamType) and (isinstance(v, bool) or not isinstance(v, int)):
             return "must be a whole number"
-        if isinstance(p.type, click.types.FloatParamType) and (
+        if isinstance(base, click.types.FloatParamType) and (
                 isinstance(v, bool) or not isinstance(v, (int, float))):
             return "must be a number"
         try:
             # what the engine will be given: the value as a command-line word
             p.type.convert(v if isinstance(v, str) else str(v), p, None)
         except click.BadParameter as exc:
-            return exc.message.rstrip(".")
+            # a value past its flag's bound: the bound alone (engine/flags.py's
+            # OutOfBound.allowed), since the refusal line names the key and value already
+            return getattr(exc, "allowed", None) or exc.message.rstrip(".")
     return None
