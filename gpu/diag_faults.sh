@@ -19,7 +19,7 @@ PY=${PYTHON:-python3}
 FINAL=${OUT:-/tmp/zerod-diag-faults}; mkdir -p "$FINAL"
 PHASES=${PHASES:-stall canary rogue}
 . gpu/parts/wheels.sh xgrammar psutil
-SHAPE=8b; DEV=cuda; DT=bfloat16; STALL_STEPS=3000; CORRUPT_STEPS=400; WAIT=150
+SHAPE=8b; DEV=cuda; DT=bfloat16; STALL_STEPS=${STALL_STEPS:-3000}; CORRUPT_STEPS=${CORRUPT_STEPS:-400}; WAIT=${WAIT:-150}
 if [ "${SMOKE:-0}" = 1 ]; then SHAPE=tiny; DEV=cpu; DT=float32; STALL_STEPS=300; CORRUPT_STEPS=150; WAIT=90; fi
 M=/tmp/zerod-dummy-$SHAPE
 $PY gpu/server_make_model.py "$M" --shape $SHAPE > /dev/null || exit 1
@@ -32,6 +32,7 @@ daemon_down() {
 
 phase_stall() {
     W=/tmp/diag-stall; rm -rf "$W"; mkdir -p "$W/run"
+    trap 'cp -r /tmp/diag-stall "$FINAL/stall" 2>/dev/null' EXIT   # what there is, also on a timeout
     DAEMON_EXTRA="state_dir = \"$W/state\"
 canary_interval_s = 0
 engine_env = { ZEROD_FAULT = \"stall-after-steps:$STALL_STEPS\" }"
@@ -80,6 +81,7 @@ PYEOF
 
 phase_canary() {
     W=/tmp/diag-canary; rm -rf "$W"; mkdir -p "$W/run"
+    trap 'cp -r /tmp/diag-canary "$FINAL/canary" 2>/dev/null' EXIT
     DAEMON_EXTRA="state_dir = \"$W/state\"
 canary_interval_s = 10
 engine_env = { ZEROD_FAULT = \"corrupt-after-steps:$CORRUPT_STEPS\" }"

@@ -41,7 +41,7 @@ from zerod.fleet import EngineSpec, engine_specs
 from zerod.history import HistoryRecorder
 from zerod.engine.core.stack_dump import ENV as STACK_ENV
 from zerod.flight_recorder import FlightRecorder
-from zerod.port_holder import port_holder
+from zerod.engine.port_holder import port_holder
 from zerod.preflight import Preflight, PreflightRefused, RecheckWatcher
 from zerod.registry import build_watchers
 from zerod.sdnotify import Notifier
@@ -231,7 +231,7 @@ class Daemon:
         if cfg.stall_after_s > 0:
             stats = self._nvml_stats
             out.append(EngineStallWatcher(
-                self.book, cfg, metrics, sup, gpus=lambda: [stats.gpus[i] for i in gpus if i in stats.gpus],
+                self.book, cfg, metrics, sup, gpus=lambda: [stats.gpus[i].as_json() for i in gpus if i in stats.gpus],
                 stacks_path=self._stack_env(spec).get(STACK_ENV)))
         if cfg.canary_interval_s > 0:
             out.append(CanaryWatcher(self.book, cfg, sup, api_key=self.api_key, gpus=lambda: gpus))
