@@ -185,7 +185,7 @@ class DoctorConfig:
 
 def _token_count(text: str) -> int | None:
     """[engine] max_model_len as `zerod serve --max-model-len` reads it."""
-    from zerod.engine.token_count import parse_token_count
+    from zerod.engine.config import parse_token_count
 
     try:
         n = parse_token_count(text, auto=True)

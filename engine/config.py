@@ -1,11 +1,14 @@
-"""EngineConfig (the engine's settings; engine/flags.py is their flags' table) and the engine's errors.
+"""EngineConfig (the engine's settings; engine/flags.py is their flags' table), how a
+token count such as 32k is read, and the engine's errors.
 
 Dataclasses validated when built: a bad value raises EngineError / ValueError at once,
-never half-way through loading a model.
+never half-way through loading a model. Pure Python, torch-free: doctor (checks/config.py)
+reads `[engine]` with it as `zerod serve` does.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -27,6 +30,31 @@ _DTYPES = ("auto", "bfloat16", "bf16", "float16", "fp16", "half", "float32", "fp
 _LOAD_FORMATS = ("auto", "safetensors", "dummy")
 QUANTIZATIONS = ("fp8",)                       # --quantization (vLLM's names)
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")  # --kv-cache-dtype; fp8 = fp8_e4m3
+# A token count as vLLM's command line reads one: 32768, 32k (x1000), 32K (x1024), 1M,
+# 1m, 25.6k; `auto` or -1 (where allowed) for "the model's own" (None). The flag table
+# (engine/flags.py) and doctor's reading of [engine] (checks/config.py) both use it.
+_COUNT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?)\s*$")
+_MULT = {"": 1, "k": 1000, "m": 1000 ** 2, "g": 1000 ** 3, "K": 1024, "M": 1024 ** 2,
+         "G": 1024 ** 3}
+
+
+def parse_token_count(value: object, auto: bool = False) -> int | None:
+    """The count, or None for auto; ValueError saying what is accepted otherwise."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return None if auto and value == -1 else value
+    text = str(value).strip()
+    if auto and text.lower() in ("auto", "-1"):
+        return None
+    m = _COUNT.match(text)
+    if not m:
+        raise ValueError(f"{value!r} is not a token count (e.g. 32768, 32k, 32K, 1M"
+                         + (", auto" if auto else "") + ")")
+    n = float(m.group(1)) * _MULT[m.group(2)]
+    if not n.is_integer():
+        raise ValueError(f"{value!r} is not a whole number of tokens")
+    return int(n)
+
+
 # Upper bounds of the count flags: buffers are sized by them at start (slots, staging,
 # activations), so a typo such as 1e9 is refused here instead of failing an allocation.
 MAX_NUM_SEQS = 16384

@@ -24,8 +24,8 @@ from .api.reasoning import REASONING_PARSERS
 from .api.tools import PARSERS
 from zerod.engine.logs import LOG_FORMATS
 
-from .config import KV_CACHE_DTYPES, MAX_COUNT, MAX_NUM_SEQS, QUANTIZATIONS, EngineConfig
-from .token_count import parse_token_count
+from .config import (KV_CACHE_DTYPES, MAX_COUNT, MAX_NUM_SEQS, QUANTIZATIONS, EngineConfig,
+                     parse_token_count)
 
 _FIELD_DEFAULTS = {f.name: f.default for f in dataclasses.fields(EngineConfig)}
 
@@ -53,8 +53,9 @@ class ByteSize(click.ParamType):
 
 
 class TokenCount(click.ParamType):
-    """A token count as vLLM reads one (engine/token_count.py); with `auto`, also
-    auto / -1 for the model's own value (None). Its bound is the flag's (Flag.lo/hi)."""
+    """A token count as vLLM reads one (engine/config.py's parse_token_count); with
+    `auto`, also auto / -1 for the model's own value (None). Its bound is the flag's
+    (Flag.lo/hi)."""
 
     def __init__(self, auto: bool = False):
         self.auto = auto

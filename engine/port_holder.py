@@ -1,5 +1,7 @@
 """Who holds a TCP port: said when a bind fails with EADDRINUSE, by the engine
-(`zerod serve`) and the daemon (its /metrics) alike. psutil only: no heavy import."""
+(`zerod serve`) and the daemon (its /metrics) alike. It stands in the engine's room
+because the engine imports nothing of the daemon, while the daemon may import the
+engine's shared parts. psutil only: no heavy import."""
 
 from __future__ import annotations
 

@@ -6,7 +6,9 @@
   `zerod.engine.config`): doctor runs on a host without torch and never starts CUDA;
 - the TUI imports its client and the GPU reading layer only: it reads the daemon
   through the control API, never its internals (standalone mode, tui/local_source.py,
-  also reads doctor's process scan and last report: there is no daemon to ask);
+  also reads doctor's process scan and last report: there is no daemon to ask; the
+  client, tui/client.py, checks the socket's directories by the daemon's own rule,
+  zerod/socket_dir.py);
 - bench reaches the engine through the HTTP API only: it measures what a client sees.
 
 Every room may import the root module `zerod` itself (its `__version__` and
@@ -37,6 +39,10 @@ ALLOWED = {
 # plus the /proc fd scan, one owner of "who holds the GPU") and doctor's last report
 FILE_ALLOWED = {
     "tui/local_source.py": ("zerod.checks.gpu_processes", "zerod.checks.last_report"),
+    # the control API's client trusts the socket by the rule the daemon binds it under
+    # (zerod/socket_dir.py: who may own or write each directory up to /): one rule for
+    # both ends of the socket, standard library only, no daemon internals
+    "tui/client.py": ("zerod.socket_dir",),
 }
 # crossings that stand until the work named beside them lands; each must still exist,
 # so an entry goes once its import does

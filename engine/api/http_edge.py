@@ -31,7 +31,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMethod, HttpProcessingError, LineTooLong
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 
-from zerod.port_holder import port_holder
+from ..port_holder import port_holder
 
 from . import protocol as P
 
