@@ -162,3 +162,22 @@ async def test_a_vllm_engine_stalled_is_told_from_its_metrics(tmp_path):
         await _until(d, lambda: d.supervisors[0].pid not in (None, first_pid), 30, "a restart")
     finally:
         await _stop(d, run)
+
+
+def test_engine_stalled_evidence_reads_the_gpu_layer_where_nvml_has_gpus():
+    """On a host with GPUs the stall alert's evidence names each engine GPU's reading (the
+    daemon's NVML watcher holds typed GPU readings: the watcher gets their rows)."""
+    from test_daemon_watchers import fake_nvml
+
+    config = {"engines": [{"name": "a", "model": "demo", "gpus": [0], "port": 18011}],
+              "daemon": {"metrics_port": -1, "numa": "off", "netlink": False, "canary_interval_s": 0},
+              "doctor": {}, "alerts": {}}
+    d = Daemon(config, nvml=fake_nvml(1))
+    d._build()
+    d._nvml_stats.poll()
+    [stall] = [w for w in d.fault_watchers if w.name.startswith("engine_stall")]
+    rows = stall.gpus()
+    assert [r["index"] for r in rows] == [0] and rows[0]["memory_used_bytes"] > 0
+    stall._fire(2, 100, 10.0, {"gpus": rows, "health": {}})
+    [alert] = d.book.firing("EngineStalled")
+    assert "GPU 0: 50% busy" in alert.description
