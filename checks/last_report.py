@@ -1,11 +1,10 @@
 """Doctor's last report on disk, so `zerod top` has a host verdict to show when no
 daemon is running (the daemon serves its own through /v1/checks).
 
-`zerod doctor` (a full run) and the daemon's preflight each write it, best effort:
-a host where neither can write still works, it only has nothing to show. Root
-writes under /var/lib/zerod, another user under its XDG state directory; a reader
-takes the newest of the two it can read. `ZEROD_STATE_DIR` replaces both (tests, and
-hosts that keep state elsewhere).
+`zerod doctor` (a full run) and the daemon's preflight each write it, best effort, in
+the state directory (checks/state_dir.py); a host where neither can write still works,
+it only has nothing to show. A reader takes the newest of its own state directory's and
+root's (a user looking at what the root daemon wrote).
 """
 
 from __future__ import annotations
@@ -17,27 +16,20 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .state_dir import ROOT_STATE_DIR, state_dir
+
 NAME = "doctor-last.json"
-SYSTEM_DIR = Path("/var/lib/zerod")
-
-
-def user_dir() -> Path:
-    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return Path(base) / "zerod"
+SYSTEM_DIR = Path(ROOT_STATE_DIR)
 
 
 def write_path() -> Path:
-    override = os.environ.get("ZEROD_STATE_DIR")
-    if override:
-        return Path(override) / NAME
-    return (SYSTEM_DIR if os.geteuid() == 0 else user_dir()) / NAME
+    return Path(state_dir()) / NAME
 
 
 def read_paths() -> tuple[Path, ...]:
-    override = os.environ.get("ZEROD_STATE_DIR")
-    if override:
-        return (Path(override) / NAME,)
-    return (SYSTEM_DIR / NAME, user_dir() / NAME)
+    own = write_path()
+    system = SYSTEM_DIR / NAME
+    return (own,) if own == system or os.environ.get("ZEROD_STATE_DIR") else (own, system)
 
 
 def save(doc: dict[str, Any], taken_at: float | None = None) -> str | None:

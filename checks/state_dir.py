@@ -1,10 +1,11 @@
-"""Where zerod keeps what must outlive a process: the last `zerod diag` result (and
-what else the daemon stores beside it).
+"""Where zerod keeps what must outlive a process: the last `zerod diag` result, doctor's
+last report, the daemon's events and the flight recorder's bundles.
 
-One rule for every reader and writer: `[daemon] state_dir` when set; else the
-unit's StateDirectory (`$STATE_DIRECTORY`), `/var/lib/zerod` as root, and
-`$XDG_CACHE_HOME/zerod` (`~/.cache/zerod`) for anyone else, so a user's
-`zerod diag` never needs root to keep its result.
+One rule for every reader and writer: `[daemon] state_dir` when set; else
+`$ZEROD_STATE_DIR` (tests, and hosts that keep state elsewhere); else the unit's
+StateDirectory (`$STATE_DIRECTORY`); `/var/lib/zerod` as root; and
+`$XDG_STATE_HOME/zerod` (`~/.local/state/zerod`) for anyone else, so a user's
+`zerod diag` or `zerod doctor` never needs root to keep its result.
 """
 
 from __future__ import annotations
@@ -21,13 +22,15 @@ def state_dir(configured: str | None = None, env: dict[str, str] | None = None,
         return configured
     env = os.environ if env is None else env
     euid = os.geteuid() if euid is None else euid
+    if env.get("ZEROD_STATE_DIR"):
+        return env["ZEROD_STATE_DIR"]
     unit_dir = env.get("STATE_DIRECTORY")  # systemd's StateDirectory=zerod
     if unit_dir:
         return unit_dir.split(":")[0]
     if euid == 0:
         return ROOT_STATE_DIR
-    cache = env.get("XDG_CACHE_HOME") or os.path.join(env.get("HOME") or os.path.expanduser("~"), ".cache")
-    return os.path.join(cache, "zerod")
+    home = env.get("HOME") or os.path.expanduser("~")
+    return os.path.join(env.get("XDG_STATE_HOME") or os.path.join(home, ".local", "state"), "zerod")
 
 
 def diag_result_path(configured: str | None = None, env: dict[str, str] | None = None,

@@ -18,12 +18,9 @@ from pathlib import Path
 
 import pytest
 
-# doctor and the preflight keep their last report on disk (zerod.checks.last_report):
-# tests write theirs to a directory of this run, never to the user's or /var/lib
+# what zerod keeps on disk (doctor's last report, diag's result, the daemon's events and
+# bundles; zerod.checks.state_dir) goes to a directory of this run, never the user's or /var/lib
 os.environ.setdefault("ZEROD_STATE_DIR", tempfile.mkdtemp(prefix="zerod-state-"))
-# The daemons the tests start keep their events, stack dumps and bundles in a throwaway
-# directory, never the user's state directory ([daemon] state_dir's default).
-os.environ.setdefault("STATE_DIRECTORY", tempfile.mkdtemp(prefix="zerod-test-state-"))
 
 SLOW_MODULES = {
     "test_alerts.py",  # a real Alertmanager

@@ -116,8 +116,9 @@ def test_state_dir_rule():
     assert state_dir("/srv/z", env={}, euid=0) == "/srv/z"
     assert state_dir(None, env={"STATE_DIRECTORY": "/var/lib/zerod"}, euid=999) == "/var/lib/zerod"
     assert state_dir(None, env={}, euid=0) == "/var/lib/zerod"
-    assert state_dir(None, env={"HOME": "/home/ann"}, euid=1000) == "/home/ann/.cache/zerod"
-    assert diag_result_path(None, env={"XDG_CACHE_HOME": "/c"}, euid=1000) == "/c/zerod/diag.json"
+    assert state_dir(None, env={"HOME": "/home/ann"}, euid=1000) == "/home/ann/.local/state/zerod"
+    assert state_dir(None, env={"ZEROD_STATE_DIR": "/t", "STATE_DIRECTORY": "/s"}, euid=0) == "/t"
+    assert diag_result_path(None, env={"XDG_STATE_HOME": "/c"}, euid=1000) == "/c/zerod/diag.json"
 
 
 def _proc(root, pid: int, state: str, name: str = "python3") -> None:

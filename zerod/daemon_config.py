@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from zerod.checks.state_dir import state_dir
 from zerod.config_schema import check_table, refusal, setting
 from zerod.engines import ENGINE_KINDS
 
@@ -51,18 +52,9 @@ def default_socket(env: dict[str, str] | None = None, euid: int | None = None) -
 
 
 def default_state_dir(env: dict[str, str] | None = None, euid: int | None = None) -> str:
-    """Where the events and the flight recorder's bundles are kept: systemd's
-    StateDirectory (/var/lib/zerod), /var/lib/zerod as root, else the user's
-    state directory (so `zerod events` finds what `zerod run` wrote)."""
-    env = os.environ if env is None else env
-    euid = os.geteuid() if euid is None else euid
-    sd = env.get("STATE_DIRECTORY")  # systemd's StateDirectory=zerod
-    if sd:
-        return sd.split(":")[0]
-    if euid == 0:
-        return "/var/lib/zerod"
-    base = env.get("XDG_STATE_HOME") or os.path.join(env.get("HOME") or f"/tmp/zerod-{euid}", ".local", "state")
-    return os.path.join(base, "zerod")
+    """Where the events and the flight recorder's bundles are kept (checks/state_dir.py's
+    rule, so `zerod events` and `zerod diag` find what `zerod run` wrote)."""
+    return state_dir(None, env, euid)
 
 
 def _socket_path(value: str) -> str | None:
