@@ -36,6 +36,14 @@ class Tuning:
     sdpa_pad_lengths: bool = True
     # Run the warm-up of every prefill shape and attention plan before READY.
     warmup: bool = True
+    # FP8: a one-token product (batch-1 decode) through cuBLASLt's tensorwise FP8 GEMM, the
+    # per-channel weight scales on the output after (86.0 us a layer against W8A16's 95.7
+    # at M = 1 on the H200; batch-1 293 against 268 tokens/s; docs/perf.md "FP8").
+    fp8_one_token_tensorwise: bool = True
+    # FP8: per-token activations quantized by the kernel before the projection (the
+    # RMSNorm before qkv and gate_up, SiLU·mul before down), not by a launch of their own:
+    # at batch 1 those launches take 195 of a step's 3,474 us of kernels (docs/perf.md "FP8").
+    fp8_fused_act_quant: bool = True
 
     @classmethod
     def from_env(cls, environ=None) -> "Tuning":

@@ -22,7 +22,6 @@ import fp8_support as S
 from zerod.engine.demo import generate
 from zerod.engine.core.engine import SamplingParams
 from zerod.engine.model.linear import Linear
-from zerod.engine.quant import linear as quant_linear
 from zerod.engine.quant.linear import W8A16_MAX_M, Fp8Linear
 
 
@@ -124,7 +123,7 @@ def _logprobs(d, seq, **kw) -> torch.Tensor:
                                       ("block", "w8a16")])
 def test_fp8_on_gpu_matches_the_cpu_reference(base, tmp_path, monkeypatch, fmt, path):
     """The real kernels in bf16 with CUDA graphs and FP8 KV pages, every step on one path
-    (W8A16_MAX_M and M1_TENSORWISE set so): the Triton W8A16 GEMM, or per-token quant +
+    (W8A16_MAX_M and Tuning.fp8_one_token_tensorwise set so): the Triton W8A16 GEMM, or per-token quant +
     torch._scaled_mm (channel; one-token steps through the tensorwise GEMM) / the Triton
     block GEMM (block). Against the CPU's float32 run of the same product with the same FP8
     KV pages: for W8A8 the checkpoint on the CPU's reference path, for W8A16 its
@@ -143,7 +142,7 @@ def test_fp8_on_gpu_matches_the_cpu_reference(base, tmp_path, monkeypatch, fmt, 
         monkeypatch.setitem(W8A16_MAX_M, scales, 1 << 20 if path == "w8a16" else 0)
     # one-token steps too: the tensorwise GEMM is W8A8 (the H200 showed 0.136 against a
     # 0.109 bound with it under the W8A16 reference: the other path's cost)
-    monkeypatch.setattr(quant_linear, "M1_TENSORWISE", path == "w8a8")
+    monkeypatch.setenv("ZEROD_TUNING", json.dumps({"fp8_one_token_tensorwise": path == "w8a8"}))
     same = S.dequantized(q, tmp_path / "deq") if path == "w8a16" else q
     truth = _logprobs(same, seq, kv_cache_dtype="fp8", device="cpu")
     bf16_cost = _mean(_logprobs(same, seq, kv_cache_dtype="fp8", dtype="bfloat16", device="cpu"), truth)

@@ -33,7 +33,8 @@ def run_checks(device: torch.device) -> list[tuple[str, float, float]]:
     from zerod.engine.kernels import load_kernels
     from zerod.engine.quant import fp8, triton_fp8, triton_w8a16
     from zerod.engine.spec.quant import QuantConfig
-    from zerod.engine.quant.linear import M1_TENSORWISE, W8A16_MAX_M, Fp8Linear
+    from zerod.engine.quant.linear import W8A16_MAX_M, Fp8Linear
+    from zerod.engine.tuning import Tuning
 
     g = torch.Generator().manual_seed(5)
     adt = torch.bfloat16 if device.type == "cuda" else torch.float16
@@ -132,7 +133,7 @@ def run_checks(device: torch.device) -> list[tuple[str, float, float]]:
                 out.append((f"Fp8Linear {scheme.weights}/{scheme.activations} M={M} {way}",
                             _rel(lin(x).float(), lin.reference(x, quantize_activations=way != "w8a16").float()), 1e-2))
                 if M == 1 and scheme.weights == "channel":   # the one-token product is the tensorwise one
-                    assert way == ("tensorwise" if M1_TENSORWISE else "w8a16"), way
+                    assert way == ("tensorwise" if Tuning().fp8_one_token_tensorwise else "w8a16"), way
                 if lin.takes_fp8(x):   # the input quantized by the kernel before: the same product
                     out.append((f"Fp8Linear {scheme.weights}/{scheme.activations} M={M} {way} from Fp8Acts",
                                 _rel(lin(fp8.Fp8Acts(*triton_fp8.quantize_tokens(x))).float(), lin(x).float()), 0.0))

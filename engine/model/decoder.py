@@ -30,7 +30,7 @@ from .moe import SparseMoE
 from ..spec.sizing import rank_config, vocab_rows
 from ..spec.quant import QuantConfig
 from ..quant.fp8 import Fp8Acts
-from ..quant.linear import build_linear
+from ..quant.linear import Fp8Linear, build_linear
 from .rope import cos_sin_cache
 from ..tuning import Tuning
 
@@ -86,7 +86,7 @@ class LlamaModel(nn.Module):
                  quant: QuantConfig | None = None, tp=None, tuning: Tuning | None = None):
         super().__init__()
         self.tp = tp
-        self.tuning = tuning or Tuning()
+        self._tuning = tuning or Tuning()
         world = tp.world if tp is not None else 1
         self.mc = mc = rank_config(mc, world)
         self.dtype = dtype
@@ -113,6 +113,18 @@ class LlamaModel(nn.Module):
         self.ops = ops.model_ops(mc.head_dim)     # kernels, or references where head_dim does not fit them
         self._cos_sin: torch.Tensor | None = None
         self.local_cos_sin: torch.Tensor | None = None  # Gemma 3's sliding layers
+
+    @property
+    def tuning(self) -> Tuning:
+        return self._tuning
+
+    @tuning.setter
+    def tuning(self, tuning: Tuning) -> None:
+        """The engine's tuning, for the model and each FP8 projection in it."""
+        self._tuning = tuning
+        for m in self.modules():
+            if isinstance(m, Fp8Linear):
+                m.tuning = tuning
 
     @property
     def cos_sin(self) -> torch.Tensor | None:

@@ -13,7 +13,7 @@ activations (fused parts: the largest, as vLLM).
 The product on CUDA (compute capability >= 8.9), chosen by M (the step's tokens: a host
 decision on the shape, so each captured decode graph keeps its path; `Fp8Linear.way`):
 - M = 1 (batch-1 decode), per-row weights and per-token activations: the token quantized,
-  cuBLASLt's tensorwise FP8 GEMM, the weights' row scales on the output (M1_TENSORWISE).
+  cuBLASLt's tensorwise FP8 GEMM, the weights' row scales on the output (Tuning.fp8_one_token_tensorwise).
 - M <= W8A16_MAX_M (decode), bf16 / fp16: triton_w8a16, the activations as they are times the e4m3
   weights, scales on the float32 accumulator; no activation quantization (more exact
   than W8A8, and what reads only the weight bytes). Weight-only checkpoints take it at
@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..tuning import Tuning
 from ..config import EngineError
 from ..model.linear import Linear, param
 from . import fp8
@@ -47,17 +48,6 @@ MIN_CAPABILITY = (8, 9)   # e4m3 tensor cores: Ada (sm_89), Hopper (sm_90) and n
 # W8A16 (KERNEL's kernel for block scales) beats block W8A8 to M = 64, loses at 200 (its
 # decode graphs capture since every bucket is warmed first: tests/test_fp8_checkpoints.py).
 W8A16_MAX_M = {"row": 16, "block": 64}
-# A one-token product (batch-1 decode) through cuBLASLt's tensorwise FP8 GEMM: one token's
-# per-token activation scale is a tensor-wide one, the per-channel weight scales multiply
-# the output after. H200 (docs/perf.md "FP8"): 86.0 us a layer against
-# W8A16's 95.7 at M = 1 (cuBLASLt's row-wise kernels: 131.5), batch-1 decode 293.2 against
-# 268.3 tokens/s on two servers of the same call. At M = 4 W8A16 stays (96.2 us).
-M1_TENSORWISE = True
-# Per-token activations quantized by the kernel before the projection (the RMSNorm before
-# qkv and gate_up, SiLU·mul before down: Fp8Acts), not by a launch of their own (o's input,
-# attention's output, still takes one): at batch 1, 128 quantization launches of their own
-# take 195 of a step's 3,474 us of kernels (docs/perf.md "FP8").
-FUSED_ACT_QUANT = True
 
 
 def check_device(device: torch.device) -> None:
@@ -78,6 +68,7 @@ class Fp8Linear(Linear):
         self.out_features, self.in_features = out_features, in_features
         self.act_dtype = dtype     # the activations' (and the output's)
         self.scheme = scheme
+        self.tuning = Tuning()   # the model's, set by LlamaModel.tuning
         self.weight = param(out_features, in_features, dtype=fp8.FP8, device=device)
         self.bias = param(out_features, dtype=dtype, device=device) if bias else None
         if scheme.weights == "block":
@@ -133,7 +124,7 @@ class Fp8Linear(Linear):
     def takes_fp8(self, x: torch.Tensor) -> bool:
         """Per-token dynamic activations into row-wise or tensorwise FP8 GEMMs: the RMSNorm
         or SiLU·mul before quantizes them in its own kernel (one launch fewer a projection)."""
-        return (FUSED_ACT_QUANT and self.lora is None and self.scheme.weights != "block"
+        return (self.tuning.fp8_fused_act_quant and self.lora is None and self.scheme.weights != "block"
                 and self.scheme.activations == "token" and x.dtype == self.act_dtype
                 and self.way(x) in ("tensorwise", "w8a8"))
 
@@ -143,7 +134,7 @@ class Fp8Linear(Linear):
         m = x.shape[0]
         if not x.is_cuda:
             return "reference"
-        if (M1_TENSORWISE and m == 1 and self.cublas_ok and self.scheme.weights != "block"
+        if (self.tuning.fp8_one_token_tensorwise and m == 1 and self.cublas_ok and self.scheme.weights != "block"
                 and self.scheme.activations == "token"):
             return "tensorwise"
         if x.dtype in (torch.bfloat16, torch.float16) and (
