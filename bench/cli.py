@@ -57,7 +57,7 @@ def _f(v: Any, fmt: str = "{:,.1f}") -> str:
 
 def table(results: dict[str, dict]) -> str:
     rows = [("scenario", "ok/n", "req/s", "out tok/s", "TTFT p50/p99 ms", "ITL p50/p99 ms",
-             "TPOT p50 ms", "cores")]
+             "max ITL ms", "gaps >100ms", "TPOT p50 ms", "cores")]
 
     def row(label: str, r: dict) -> tuple:
         cpu = r.get("engine_cpu") or {}
@@ -65,6 +65,7 @@ def table(results: dict[str, dict]) -> str:
                 "{:,.2f}"), _f(r["output_throughput"]),
                 f"{_f(r['ttft_ms']['p50'])}/{_f(r['ttft_ms']['p99'])}",
                 f"{_f(r['itl_ms']['p50'], '{:.2f}')}/{_f(r['itl_ms']['p99'], '{:.2f}')}",
+                _f(r["itl_ms"]["max"]), _f(r.get("itl_gaps_over_100ms"), "{:d}"),
                 _f(r["tpot_ms"]["p50"], "{:.2f}"), _f(cpu.get("cores"), "{:.2f}"))
 
     for name, r in results.items():

@@ -29,6 +29,9 @@ from zerod.bench.stats import percentile, summary_ms
 _ROLE_ONLY = re.compile(rb'"delta":\s*\{\s*"role":\s*"assistant"\s*(,\s*"content":\s*(""|null)\s*)?\}')
 
 
+
+STALL_GAP_MS = 100.0   # a gap between two tokens of a stream this long is a stall a user sees
+
 @dataclass
 class Result:
     ok: bool = False
@@ -468,6 +471,8 @@ def report(label: str, load: Load, results: list[Result], duration: float,
         "total_token_throughput": (in_tokens + out_tokens) / duration if duration > 0 else None,
         "ttft_ms": summary_ms([r.ttft for r in ok]),
         "itl_ms": summary_ms(itl),
+        # stalls: the gaps between two tokens of one stream over STALL_GAP_MS (itl_ms' max is the longest)
+        "itl_gaps_over_100ms": sum(g > STALL_GAP_MS for g in (x * 1000.0 for x in itl)),
         "tpot_ms": summary_ms(tpot),
         "e2el_ms": summary_ms([r.latency for r in ok]),
         "decode_tokens_per_s": ({"mean": sum(decode_tps) / len(decode_tps),

@@ -68,6 +68,7 @@ def vllm_result(report: dict[str, Any], *, backend: str, model: str | None,
     out.update(_stats("e2el", raw["e2els"]))
     out["zerod"] = {"scenario": report["scenario"], "engine_cpu": report.get("engine_cpu"),
                     "max_itl_ms": report["itl_ms"]["max"],
+                    "itl_gaps_over_100ms": report.get("itl_gaps_over_100ms"),
                     "prefix_cache_hit_rate": report.get("prefix_cache_hit_rate")}
     return out
 

@@ -201,3 +201,19 @@ def test_bench_lora_modules_flag(fake_server, tmp_path):
     assert s["failed"] == 2 and any("does not exist" in e for e in s["errors"]), s["errors"]
     r = CliRunner().invoke(bench, ["--base-url", srv.url, "--no-progress", "--lora-modules", " , "])
     assert r.exit_code == 2 and "no adapter name" in r.output and "Traceback" not in r.output
+
+
+def test_the_report_counts_stalls_and_the_longest_gap():
+    """Every scenario says how long the longest gap between two tokens of a stream was
+    and how many gaps passed 100 ms: a stall a user sees, whatever the percentiles say."""
+    from zerod.bench.cli import table
+    from zerod.bench.client import Load, Result, report
+
+    streams = [Result(ok=True, prompt_tokens=8, output_tokens=4, ttft=0.02, latency=0.5,
+                      itl=[0.01, 0.25, 0.01]),
+               Result(ok=True, prompt_tokens=8, output_tokens=3, ttft=0.02, latency=0.2,
+                      itl=[0.101, 0.02])]
+    r = report("s", Load(), streams, 1.0, None)
+    assert r["itl_gaps_over_100ms"] == 2 and r["itl_ms"]["max"] == pytest.approx(250.0)
+    text = table({"s": r})
+    assert "max ITL ms" in text and "gaps >100ms" in text and "250.0" in text
