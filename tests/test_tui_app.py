@@ -344,3 +344,15 @@ async def test_another_engine_and_the_learned_normal_are_shown(daemon):
         itl = panel.query_one(".m-itl .metric-value")
         assert "(normal 9.0 ms)" in text_of(itl)
         assert "normal" not in text_of(panel.query_one(".m-ttft .metric-value"))  # not learned yet
+
+
+async def test_the_engine_panel_counts_its_stalls(daemon):
+    """zerod's engine reports slow steps and the last minute's longest gap between tokens:
+    the panel shows both beside the stream errors (an engine without them shows neither)."""
+    assert "slow steps" not in str(daemon.data["engine"])
+    daemon.data["engine"].update(slow_steps_total=3, max_itl_s=0.25)
+    app = make_app(daemon.socket_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.snapshot is not None)
+        line = text_of(app.query_one(EnginePanel).query_one(".m-errors"))
+        assert "slow steps 3" in line and "longest gap 250 ms" in line

@@ -88,6 +88,10 @@ class EngineView:
             "allocator_retries_total": num(names.ALLOCATOR_RETRIES_TOTAL),
             "allocator_ooms_total": num(names.ALLOCATOR_OOMS_TOTAL),
             "stream_errors_total": num(names.STREAM_ERRORS_TOTAL),
+            # stalls: steps whose launch held the step thread over 10 ms (all reasons), and the
+            # longest gap between two tokens of any stream over the engine's last minute
+            "slow_steps_total": num(names.SLOW_STEPS_TOTAL),
+            "max_itl_s": values.get(names.MAX_ITL_SECONDS),
             "prefix_cache_queries_total": num(names.PREFIX_CACHE_QUERIES_TOTAL),
             "prefix_cache_hits_total": num(names.PREFIX_CACHE_HITS_TOTAL),
             "prefix_cache_pages": num(names.PREFIX_CACHE_PAGES),

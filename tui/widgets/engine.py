@@ -102,6 +102,12 @@ class EnginePanel(Vertical):
         self.query_one(".m-alloc", Line).set(alloc)
         errors = Text(no_wrap=True, overflow="ellipsis")
         _counter(errors, "stream errors", engine.get("stream_errors_total"))
+        if engine.get("slow_steps_total") is not None:   # zerod's own engine: its stalls
+            steps = engine.get("slow_steps_total")
+            errors.append("  slow steps ", "dim")
+            errors.append(str(steps), "bold yellow" if steps else "green")
+            gap = engine.get("max_itl_s")
+            errors.append(f"  longest gap {fmt.ms(gap)}", "bold red" if gap is not None and gap > 0.1 else "")
         if not narrow:
             errors.append("  (sparklines: p99 over time)", "dim")
         self.query_one(".m-errors", Line).set(errors)
