@@ -314,7 +314,7 @@ engine_command = ["{sys.executable}", "{script}", "{port}", "{state}"]
                 "ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s", "allocator_retries_total",
                 "allocator_ooms_total", "stream_errors_total", "history",
                 "load_bucket", "ttft_normal_p99_s", "itl_normal_p99_s", "prefix_cache_queries_total",
-                "prefix_cache_hits_total", "prefix_cache_pages", "lora_adapters"} == set(e)
+                "prefix_cache_hits_total", "prefix_cache_pages", "lora_adapters", "slow_steps_total", "max_itl_s"} == set(e)
         assert d.api("/v1/processes")[1] == {"processes": d.api("/v1/processes")[1]["processes"]}
         code, body = d.api("/v1/processes/1/signal", method="POST", body={"signal": "TERM"})
         assert code == 403 and "write actions are disabled" in body["error"]
