@@ -356,3 +356,17 @@ async def test_the_engine_panel_counts_its_stalls(daemon):
         await until(pilot, lambda: app.snapshot is not None)
         line = text_of(app.query_one(EnginePanel).query_one(".m-errors"))
         assert "slow steps 3" in line and "longest gap 250 ms" in line
+
+
+async def test_the_host_panel_shows_the_last_diag(daemon):
+    """The daemon's last `zerod diag` (its /v1/status `diag`) beside the preflight counts."""
+    from zerod.tui.widgets.preflight import PreflightPanel
+
+    daemon.data["status"]["diag"] = {"running": False, "last_error": None,
+                                     "last": {"level": "quick", "started_at": NOW - 120, "fail": 1,
+                                              "warn": 0, "pass": 8, "skip": 1, "error": 0}}
+    app = make_app(daemon.socket_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.snapshot is not None)
+        text = text_of(app.query_one(PreflightPanel).query_one("#preflight-text"))
+        assert "diag quick ✗1 fail ✓8 pass ·1 skip (2m00s ago)" in text, text

@@ -48,6 +48,7 @@ def preflight_text(status: dict[str, Any], checks: dict[str, Any], gpus: dict[st
     taken = pre.get("taken_at", checks.get("taken_at"))
     if taken is not None:
         t.append(f"({fmt.ago(taken, now)})", "dim")
+    _diag(t, status.get("diag"), now)
     bad = problems(checks)
     if not bad and pre:
         t.append("\nall checks pass", "green")
@@ -66,6 +67,28 @@ def preflight_text(status: dict[str, Any], checks: dict[str, Any], gpus: dict[st
                 detail = detail[:239] + "…"
             t.append(f"\n    {detail}", "dim")
     return t
+
+
+def _diag(t: Text, diag: Any, now: float) -> None:
+    """The daemon's last `zerod diag` (/v1/status's `diag`): its level, counts and age."""
+    if not isinstance(diag, dict):
+        return
+    if diag.get("running"):
+        t.append("\ndiag running…", "bold")
+        return
+    last = diag.get("last")
+    if not isinstance(last, dict):
+        if diag.get("last_error"):
+            t.append(f"\ndiag: {diag['last_error']}", "bold red")
+        return
+    t.append(f"\ndiag {last.get('level') or '?'} ")
+    for key in ("fail", "error", "warn", "pass", "skip"):
+        n = last.get(key)
+        if isinstance(n, int) and (n or key in ("fail", "pass")):
+            mark, style = MARK[key]
+            t.append(f"{mark}{n} {key} ", style if n else "dim")
+    if last.get("started_at") is not None:
+        t.append(f"({fmt.ago(last['started_at'], now)})", "dim")
 
 
 class PreflightPanel(VerticalScroll):
