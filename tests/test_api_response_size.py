@@ -93,31 +93,36 @@ async def test_health_answers_while_a_large_answer_is_encoded():
     srv = ServerThread(eng).start()
     try:
         async with aiohttp.ClientSession() as s:
-            async def health_worst(stop: asyncio.Event) -> float:
-                worst = 0.0
+            async def health_times(stop: asyncio.Event) -> list[float]:
+                times = []
                 while not stop.is_set():
                     t0 = time.perf_counter()
                     async with s.get(srv.url + "/health") as r:
                         assert r.status == 200
-                    worst = max(worst, time.perf_counter() - t0)
+                    times.append(time.perf_counter() - t0)
                     await asyncio.sleep(0.005)
-                return worst
+                return times
 
             async with s.get(srv.url + "/health") as r:   # connection warm
                 assert r.status == 200
             stop = asyncio.Event()
-            prober = asyncio.create_task(health_worst(stop))
+            prober = asyncio.create_task(health_times(stop))
             t0 = time.perf_counter()
             async with s.post(srv.url + "/v1/completions",
                               json={"prompt": "x", "logprobs": 5, "max_tokens": 1}) as r:
                 answer = await r.read()
             took = time.perf_counter() - t0
             stop.set()
-            worst = await prober
+            times = sorted(await prober)
         assert r.status == 200 and len(answer) > 10_000_000
         assert len(json.loads(answer)["choices"][0]["logprobs"]["tokens"]) == 120_000
         assert took > 5 * HEALTH_BUDGET_S, "the answer was too quick to show anything"
-        assert worst < HEALTH_BUDGET_S, f"/health took {worst:.3f} s during a {took:.2f} s answer"
+        # The client reads the answer in this same process, so a probe's time includes its
+        # own loop's turns: the typical probe must meet the bound, and none may wait for the
+        # encoding as a whole (on the event loop, every probe would wait about `took`).
+        median, worst = times[len(times) // 2], times[-1]
+        assert median < HEALTH_BUDGET_S, f"/health took {median:.3f} s (median) during a {took:.2f} s answer"
+        assert worst < min(3 * HEALTH_BUDGET_S, took / 4), f"/health took {worst:.3f} s during a {took:.2f} s answer"
     finally:
         srv.stop()
         eng.shutdown()
