@@ -121,6 +121,7 @@ class CompletionRequest:
     logit_bias: dict[int, float] = field(default_factory=dict)
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    return_tokens_as_token_ids: bool = False  # logprobs name tokens "token_id:N", not by their text
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     continue_final_message: bool = False
     grammar: GrammarSpec | None = None  # structured outputs: compiled by the server
@@ -243,6 +244,8 @@ class RequestSchemas:
             Field("include_stop_str_in_output", Bool(),
                   doc="Keep the matched stop string at the end of the text."),
             Field("skip_special_tokens", Bool(), doc="Default true."),
+            Field("return_tokens_as_token_ids", Bool(), doc="vLLM's: logprobs name each token "
+                  "\"token_id:N\" instead of its text (ids that decode alike stay apart)."),
             Field("spaces_between_special_tokens", Bool(), only=True,
                   only_why="special tokens are always decoded as the tokenizer joins them"),
             Field("prompt_logprobs", Int(0, limits.max_logprobs), doc="vLLM's: the logprob, rank "
@@ -545,7 +548,7 @@ def _common(v: dict[str, Any], req: CompletionRequest, vocab: int, body: dict[st
         req.include_usage = bool(v["stream_options"]["include_usage"])
     for name in ("temperature", "top_p", "min_tokens", "seed", "ignore_eos", "min_p",
                  "include_stop_str_in_output", "skip_special_tokens", "presence_penalty",
-                 "frequency_penalty", "repetition_penalty"):
+                 "frequency_penalty", "repetition_penalty", "return_tokens_as_token_ids"):
         if v[name] is not None:
             setattr(req, name, v[name])
     if v["top_k"] is not None:

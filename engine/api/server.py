@@ -591,6 +591,11 @@ class OpenAIServer:
     def _tok_str(self, token_id: int) -> str:
         return self.engine.tokenizer.decode([token_id], skip_special_tokens=False)
 
+    def _tok_namer(self, req: P.CompletionRequest) -> Callable[[int], str]:
+        """How a request's logprobs name tokens: by their text, or (vLLM's
+        return_tokens_as_token_ids) "token_id:N", where ids that decode alike stay apart."""
+        return _token_id_str if req.return_tokens_as_token_ids else self._tok_str
+
     async def _collect(self, req: P.CompletionRequest, st: _Req, model: str,
                        plan: _Choices) -> web.Response:
         loop = self.loop
@@ -640,13 +645,14 @@ class OpenAIServer:
         """The non-streamed answer object of a collected request."""
         n = len(plan.choices)
         choices = []
-        shown = [P.prompt_logprobs_json(e, self._tok_str, req.prompt_logprobs)
+        tok_str = self._tok_namer(req)
+        shown = [P.prompt_logprobs_json(e, tok_str, req.prompt_logprobs)
                  if req.show_prompt_logprobs else None for e in plps]
         for i in range(n):
             text = "".join(texts[i])
             echo = plan.echo_text(i)
             if req.kind == "chat":
-                lp = P.chat_logprobs(lps[i], self._tok_str) if req.logprobs is not None else None
+                lp = P.chat_logprobs(lps[i], tok_str) if req.logprobs is not None else None
                 thought = None
                 if self.reasoning_parser:   # tools are read from the answer alone
                     split = split_reasoning(self.reasoning_parser, text)
@@ -662,7 +668,7 @@ class OpenAIServer:
                 choices.append(choice)
             else:
                 # echo with logprobs: the prompt tokens' entries first, offsets from 0
-                lp = (P.completion_logprobs((plps[i] if echo else []) + lps[i], self._tok_str,
+                lp = (P.completion_logprobs((plps[i] if echo else []) + lps[i], tok_str,
                                             top_n=req.logprobs)
                       if req.logprobs is not None else None)
                 choices.append(P.completion_choice(i, echo + text, done[i], lp, shown[i]))
@@ -676,7 +682,7 @@ class OpenAIServer:
         loop = self.loop
         enc = P.ChunkEncoder(req.kind, P.new_id(req.kind), P.now(), model, req.include_usage)
         general = len(plan.choices) > 1 or req.logprobs is not None or req.echo
-        fmt = (_ChoicesFormatter(enc, req, plan, self._tok_str) if general
+        fmt = (_ChoicesFormatter(enc, req, plan, self._tok_namer(req)) if general
                else _SSEFormatter(enc, req.include_usage, plan.prompt_tokens))
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache"})
@@ -782,6 +788,10 @@ def _choice_end(enc: P.ChunkEncoder, stream: ChoiceStream, index: int,
     deltas, finish = stream.end(finish)
     return b"".join([*(enc.delta(d, index=index) for d in deltas),
                      enc.delta({}, finish, index=index)])
+
+
+def _token_id_str(token_id: int) -> str:
+    return f"token_id:{token_id}"
 
 
 def refuse_with_reasoning(req: P.CompletionRequest) -> None:
