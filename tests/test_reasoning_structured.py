@@ -124,6 +124,17 @@ def test_the_reasoning_is_not_constrained_and_a_cut_one_has_no_answer(live):
             assert reasoning and r.usage.completion_tokens == 12
             # text neither grammar allows where the answer starts
             assert not re.fullmatch(r"[0-9]+", reasoning) and not reasoning.startswith("{")
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    for stream in (False, True):   # a named function cut while thinking: no call at all
+        kw = dict(max_tokens=8, tools=[WEATHER], tool_choice=named)
+        if stream:
+            reasoning, content, calls, finish = _streamed(clients["deepseek_r1"], eng, 0,
+                                                          {end: -100, EOS: -100}, **kw)
+        else:
+            ch = _ask(clients["deepseek_r1"], eng, 0, {end: -100, EOS: -100}, **kw).choices[0]
+            reasoning, content = ch.message.model_extra["reasoning_content"], ch.message.content
+            calls, finish = ch.message.tool_calls or [], ch.finish_reason
+        assert (content, calls, finish) == (None, [], "length") and reasoning
 
 
 def test_a_stream_splits_as_the_whole_answer(live):
