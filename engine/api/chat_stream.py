@@ -33,9 +33,10 @@ _QWEN3_PARAM = re.compile(r"<parameter=([^>\s]+)>\n?(.*?)\n?</parameter>", re.DO
 
 class ChoiceStream:
     def __init__(self, tool_choice: str, tool_name: str | None, parser: str | None,
-                 tools: list[dict[str, Any]] | None, reasoning: str | None) -> None:
+                 tools: list[dict[str, Any]] | None, reasoning: str | None,
+                 thinking_closed: bool = False) -> None:
         self.choice, self.name, self.parser, self.tools = tool_choice, tool_name, parser, tools
-        self.reasoning = ReasoningStream(reasoning) if reasoning else None
+        self.reasoning = ReasoningStream(reasoning, thinking_closed) if reasoning else None
         self.answer: list[str] = []   # the whole answer, for the final parse
         self.calls = 0                # tool calls sent
         incremental = {"hermes": _HermesCalls, "qwen3_coder": _Qwen3CoderCalls}
@@ -65,8 +66,8 @@ class ChoiceStream:
             if answer:
                 out += self._answer(answer)
         text = "".join(self.answer)
-        if self.choice == "none":
-            return out, finish_reason
+        if self.choice == "none" or (self.reasoning is not None and not text):
+            return out, finish_reason   # no answer (all reasoning): no call either
         if self.choice == "named":
             if not self.named_started:
                 out += self._named_head()

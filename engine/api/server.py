@@ -63,7 +63,7 @@ from zerod.engine.api.openapi import openapi_document
 from zerod.engine.api.response_size import check_response_size, encode_sliced
 from zerod.engine.sampling.structured import GrammarError, GrammarSpec
 from zerod.engine.api.chat_stream import ChoiceStream
-from zerod.engine.api.reasoning import split_reasoning
+from zerod.engine.api.reasoning import PROMPT_TAIL_TOKENS, prompt_closes_thinking, split_reasoning
 from zerod.engine.api.tools import outcome
 
 log = logging.getLogger("zerod.engine.api.server")
@@ -529,10 +529,17 @@ class OpenAIServer:
             else [await self._prompt_ids(req)]
         plan = _Choices(req, prompts, self.max_model_len, self.default_max_tokens,
                         self.engine.tokenizer)
+        if self.reasoning_parser and req.kind == "chat":   # one prompt: its tail says
+            plan.thinking_closed = prompt_closes_thinking(self.engine.tokenizer.decode(
+                prompts[0][-PROMPT_TAIL_TOKENS:], skip_special_tokens=False))
         if req.grammar is not None:   # compiled once; each engine request gets its own matcher
             grammar = await self._compile_grammar(req.grammar)
+            # with a reasoning parser the grammar constrains the answer after the
+            # reasoning (the whole output where the prompt closed the thinking)
+            after = (self.reasoning_parser if self.reasoning_parser and req.kind == "chat"
+                     and not plan.thinking_closed else None)
             for _, params, _ in plan.choices:
-                params.grammar = grammar
+                params.grammar, params.reasoning_parser = grammar, after
         if request.headers.get(CANARY_HEADER) == "1":   # the daemon's canary: not in the metrics
             for _, params, _ in plan.choices:
                 params.unmetered = True
@@ -655,12 +662,15 @@ class OpenAIServer:
                 lp = P.chat_logprobs(lps[i], tok_str) if req.logprobs is not None else None
                 thought = None
                 if self.reasoning_parser:   # tools are read from the answer alone
-                    split = split_reasoning(self.reasoning_parser, text)
+                    split = split_reasoning(self.reasoning_parser, text, plan.thinking_closed)
                     thought, text = split.reasoning, split.content or ""
-                content, calls, finish = outcome(req.tool_choice, req.tool_name, self.tool_parser,
-                                                 text, done[i], req.tools)
+                if self.reasoning_parser and not text:   # all reasoning: no answer, no call
+                    content, calls, finish = None, [], done[i]
+                else:
+                    content, calls, finish = outcome(req.tool_choice, req.tool_name,
+                                                     self.tool_parser, text, done[i], req.tools)
                 if self.reasoning_parser and not content:
-                    content = None   # all reasoning: no answer (as vLLM)
+                    content = None   # no answer text (as vLLM)
                 choice = P.chat_choice(i, content, finish, lp, [c.to_openai() for c in calls])
                 if self.reasoning_parser:   # both names: vLLM's older and newer
                     choice["message"]["reasoning_content"] = thought
@@ -721,7 +731,7 @@ class OpenAIServer:
         await resp.prepare(request)
         n = len(plan.choices)
         streams = [ChoiceStream(req.tool_choice, req.tool_name, self.tool_parser, req.tools,
-                                self.reasoning_parser) for _ in range(n)]
+                                self.reasoning_parser, plan.thinking_closed) for _ in range(n)]
         done: list[str | None] = [None] * n
         tokens = [0] * n
         cached = [0] * n
@@ -795,14 +805,9 @@ def _token_id_str(token_id: int) -> str:
 
 
 def refuse_with_reasoning(req: P.CompletionRequest) -> None:
-    """What --reasoning-parser cannot serve yet, refused by name: a grammar (structured
-    outputs, tool_choice required or a named function) would constrain the reasoning too
-    (vLLM starts it after the reasoning ends), and streamed chat logprobs are not split."""
-    if req.grammar is not None:
-        param = "tool_choice" if req.tool_choice in ("required", "named") else "response_format"
-        raise P.bad("structured outputs (response_format, structured_outputs, tool_choice "
-                    "required or a named function) are not served with --reasoning-parser: "
-                    "the grammar would constrain the reasoning too", param, "unsupported")
+    """What --reasoning-parser cannot serve, refused by name: streamed chat logprobs (the
+    stream's deltas are the split text, reasoning and answer, and carry no token entries,
+    as with streamed tool calls)."""
     if req.stream and req.logprobs is not None:
         raise P.bad("'logprobs' with stream: true is not served with --reasoning-parser",
                     "logprobs", "unsupported")
@@ -864,6 +869,7 @@ class _Choices:
     def __init__(self, req: P.CompletionRequest, prompts: list[list[int]], max_model_len: int,
                  default_max_tokens: int | None, tokenizer: Any) -> None:
         self.prompts = prompts
+        self.thinking_closed = False   # a chat prompt that closed the thinking (reasoning.py)
         # echo: each prompt as text (token-id prompts decoded)
         self.echoes = [p if isinstance(p, str) else tokenizer.decode(p, skip_special_tokens=False)
                        for p in req.prompts] if req.echo else []

@@ -43,6 +43,7 @@ from ..spec.quant import resolve as resolve_quant
 from ..quant.linear import check_device as check_fp8_device
 from ..spec.servable import refuse_unservable
 from ..spec.sizing import FP8_KV, kv_cache_dtype, plan_kv, serving_dtype, wanted_context
+from ..sampling.reasoning_gate import ReasoningGate
 from ..sampling.structured import GrammarCompiler, warm as warm_grammars
 from ..tuning import Tuning
 from ..tokenizer import Tokenizer
@@ -315,7 +316,10 @@ class Engine:
                       sample_class=row_class(params.temperature, params.top_k, params.top_p,
                                                    params.min_p), after=after, lora=adapter)
         if params.grammar is not None:   # each engine request walks the grammar on its own
-            req.grammar = self.grammar_compiler.new_state(params.grammar)
+            gate = (ReasoningGate(params.reasoning_parser, self.tokenizer, req.prompt_ids,
+                                  params.skip_special_tokens)
+                    if params.reasoning_parser is not None else None)
+            req.grammar = self.grammar_compiler.new_state(params.grammar, gate)
         self._inbox.put(("submit", req))
         if adapter is not None:
             self.metrics.lora_request(adapter.name)
