@@ -9,9 +9,11 @@ What streams when:
   is read and its arguments as they are written;
 - `auto` with `qwen3_coder`: content up to `<tool_call>`, then the call's name, then its
   arguments one parameter at a time as each closes;
-- `required`, and `auto` with `llama3_json`, `mistral` or `pythonic`: the calls (and the
-  content before them) once the output is whole: these formats say whether the output is
-  a call only once it can be parsed.
+- `auto` with `llama3_json`, `mistral` or `pythonic` (tool_streams.py): content while the
+  output cannot be a call (mistral: up to `[TOOL_CALLS]`), then each call's name once its
+  opening is read and its arguments as they are written (pythonic: a keyword argument at
+  a time as each value closes);
+- `required`: the calls once the output is whole.
 At the end the whole answer is parsed as a non-streamed one is (tools.outcome), which
 settles the finish reason.
 """
@@ -23,6 +25,7 @@ import re
 from typing import Any
 
 from .reasoning import ReasoningStream, partial_tail
+from .tool_streams import Llama3JsonCalls, MistralCalls, PythonicCalls
 from .tools import new_call_id, outcome, param_type, parse_hermes, qwen3_value
 
 _HERMES_OPEN, _HERMES_CLOSE = "<tool_call>", "</tool_call>"
@@ -39,7 +42,9 @@ class ChoiceStream:
         self.reasoning = ReasoningStream(reasoning, thinking_closed) if reasoning else None
         self.answer: list[str] = []   # the whole answer, for the final parse
         self.calls = 0                # tool calls sent
-        incremental = {"hermes": _HermesCalls, "qwen3_coder": _Qwen3CoderCalls}
+        incremental = {"hermes": _HermesCalls, "qwen3_coder": _Qwen3CoderCalls,
+                       "llama3_json": Llama3JsonCalls, "mistral": MistralCalls,
+                       "pythonic": PythonicCalls}
         self.calls_stream = (incremental[parser](tools) if tool_choice == "auto"
                              and parser in incremental else None)
         self.named_started = False

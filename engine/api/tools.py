@@ -146,7 +146,7 @@ def parse_pythonic(text: str) -> tuple[str | None, list[ToolCall]]:
         return text, []
     try:
         tree = ast.parse(body, mode="eval").body
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
         return text, []
     if not isinstance(tree, ast.List) or not tree.elts:
         return text, []
@@ -156,9 +156,10 @@ def parse_pythonic(text: str) -> tuple[str | None, list[ToolCall]]:
             return text, []
         try:
             args = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords if kw.arg}
-        except ValueError:
-            return text, []
-        calls.append(ToolCall(node.func.id, json.dumps(args, ensure_ascii=False)))
+            arguments = json.dumps(args, ensure_ascii=False)
+        except (ValueError, TypeError, MemoryError, RecursionError):
+            return text, []   # not a literal, or one JSON cannot hold (a set, bytes)
+        calls.append(ToolCall(node.func.id, arguments))
     return None, calls
 
 
