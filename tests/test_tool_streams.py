@@ -230,3 +230,89 @@ def test_mangled_outputs_stream_as_they_parse(parser, base):
             assert (got["content"] or "").lstrip() == (content or ""), text
         elif not got["calls"]:
             assert got["content"] == content, text
+
+
+# ---------------------------------------------------------------- end to end, `openai` client
+
+E2E = {
+    "llama3_json": ('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris", '
+                    '"days": 3}}; {"name": "now", "parameters": {}}'),
+    "mistral": ('Checking. [TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris", '
+                '"days": 3}}, {"name": "now", "arguments": {}}]'),
+    "pythonic": '[get_weather(city="Paris", days=3), now()]',
+}
+
+
+@pytest.fixture
+def scripted():
+    openai = pytest.importorskip("openai")
+    from test_reasoning_and_tool_parsers import ScriptedEngine
+    from zerod.engine.api.server import ServerThread
+    made = []
+
+    def start(script, parser):
+        eng = ScriptedEngine(tick=0.001)
+        eng.script = script
+        srv = ServerThread(eng, tool_parser=parser).start()
+        made.append((eng, srv))
+        return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+
+    yield start
+    for eng, srv in made:
+        srv.stop()
+        eng.shutdown()
+
+
+@pytest.mark.parametrize("parser", sorted(E2E))
+def test_openai_client_gets_the_calls_streamed(scripted, parser):
+    client = scripted(E2E[parser], parser)
+    msgs = [{"role": "user", "content": "weather?"}]
+    whole = client.chat.completions.create(model="fake", messages=msgs, tools=TOOLS,
+                                           max_tokens=200).choices[0]
+    content, calls, finish = "", {}, []
+    for chunk in client.chat.completions.create(model="fake", messages=msgs, tools=TOOLS,
+                                                max_tokens=200, stream=True):
+        for ch in chunk.choices:
+            if ch.finish_reason:
+                finish.append(ch.finish_reason)
+            content += ch.delta.content or ""
+            for tc in ch.delta.tool_calls or []:
+                assert not finish    # every call delta comes before the finish chunk
+                if tc.id:
+                    assert tc.index == len(calls) and tc.type == "function"
+                    calls[tc.index] = {"id": tc.id, "name": tc.function.name,
+                                       "args": tc.function.arguments or "", "pieces": 0}
+                else:
+                    assert tc.function.name is None
+                    calls[tc.index]["args"] += tc.function.arguments
+                    calls[tc.index]["pieces"] += 1
+    assert finish == ["tool_calls"] == [whole.finish_reason]
+    assert (content or None) == whole.message.content
+    assert [(c["name"], json.loads(c["args"])) for c in calls.values()] == \
+        [(t.function.name, json.loads(t.function.arguments)) for t in whole.message.tool_calls]
+    assert calls[0]["name"] == "get_weather" and calls[0]["pieces"] >= 2
+    assert json.loads(calls[0]["args"]) == {"city": "Paris", "days": 3}
+    assert calls[0]["id"].startswith("chatcmpl-tool-") and calls[0]["id"] != calls[1]["id"]
+
+
+@pytest.mark.parametrize("parser", sorted(E2E))
+def test_openai_client_gets_plain_text_as_content(scripted, parser):
+    client = scripted("No tool needed: [it is sunny] (20 C).", parser)
+    chunks = list(client.chat.completions.create(
+        model="fake", messages=[{"role": "user", "content": "hi"}], tools=TOOLS,
+        max_tokens=200, stream=True))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "No tool needed: [it is sunny] (20 C)."
+    assert sum(1 for c in chunks if c.choices and c.choices[0].delta.content) > 1
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize("parser,text", [
+    ("hermes", 'Let me check. \n<tool_call>{"name": "now", "arguments": {}}</tool_call>'),
+    ("hermes", "Plain text, trailing space  \n"),
+    ("qwen3_coder", "Sure.\n<tool_call>\n<function=now>\n</function>\n</tool_call>"),
+    ("qwen3_coder", "Sure. <tool_"),
+])
+def test_hermes_and_qwen3_content_adds_up_as_the_whole_output_parse(parser, text):
+    for pieces in ([text], list(text)):
+        _check(parser, text, pieces)

@@ -122,11 +122,16 @@ class ChoiceStream:
 def _to_open_tag(calls, out: list[dict[str, Any]]) -> bool:
     """Before a call: content up to `<tool_call>` (none after the first call: text between
     and after calls is not content, as the whole-output parsers read it), holding back what
-    may be the tag's start. True once the tag is consumed."""
+    may be the tag's start and the whitespace before it (the parsers strip the content
+    before a call). True once the tag is consumed."""
     i = calls.buf.find(_HERMES_OPEN)
     cut = i if i >= 0 else len(calls.buf) - partial_tail(calls.buf, _HERMES_OPEN)
-    if calls.state == "content" and cut:
-        out.append({"content": calls.buf[:cut]})
+    if calls.state == "content":
+        shown = len(calls.buf[:cut].rstrip())
+        if shown:
+            out.append({"content": calls.buf[:shown]})
+        if i < 0:
+            cut = shown
     calls.buf = calls.buf[i + len(_HERMES_OPEN):] if i >= 0 else calls.buf[cut:]
     return i >= 0
 
