@@ -62,6 +62,7 @@ PYTHONIC = [
     '[get_weather(\n  city = "Rome" ,  # the city\n  days=1\n)]',
     '[get_weather(city="caf\u00e9", days=1.5e3)]',
     '[now(**{"a": 1}), now(b=2)]',
+    '[now(\\\n  a=1,\n)]',
     # not calls: content, whole
     '[os.system("rm -rf /")]',
     "[now(x=open('f'))]",
@@ -73,6 +74,10 @@ PYTHONIC = [
     '[]',
     '[now(a==1)]',
     '<|python_start|>',
+    '[if(a=1)]',
+    '[now(None=1)]',
+    '[now(**)]',
+    '[see(below)]',
 ]
 CASES = [("llama3_json", t) for t in LLAMA3] + [("mistral", t) for t in MISTRAL] + \
     [("pythonic", t) for t in PYTHONIC]
@@ -202,6 +207,8 @@ def _pairs(calls) -> list:
     return out
 
 
+# mangled Python text holds escapes Python warns about as it parses them
+@pytest.mark.filterwarnings("ignore:invalid escape sequence")
 @pytest.mark.parametrize("parser,base", [("llama3_json", LLAMA3), ("mistral", MISTRAL),
                                          ("pythonic", PYTHONIC)])
 def test_mangled_outputs_stream_as_they_parse(parser, base):

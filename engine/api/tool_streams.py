@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import ast
 import json
+import keyword
 import re
 from typing import Any
 
 from .reasoning import partial_tail
-from .tools import MISTRAL_TOKEN, ToolCall, _call, parse_llama3_json, parse_mistral, \
+from .tools import BAD_JSON, MISTRAL_TOKEN, call_from_json, parse_llama3_json, parse_mistral, \
     parse_pythonic
 
 Deltas = list[dict[str, Any]]
@@ -66,8 +67,14 @@ def _skip_py(text: str, pos: int) -> int | None:
             if nl < 0:
                 return None
             pos = nl + 1
-        elif text[pos] in " \t\r\n\\":
+        elif text[pos] in " \t\r\n\f":
             pos += 1
+        elif text[pos] == "\\":         # a line continuation
+            if pos + 1 == len(text):
+                return None
+            if text[pos + 1] != "\n":
+                return pos
+            pos += 2
         else:
             return pos
     return None
@@ -116,11 +123,27 @@ class _JsonEnd:
         return None
 
 
+class _JsonArgs:
+    """A call's JSON arguments from text[start:] (their `{`), sent as they are written."""
+
+    def __init__(self, start: int) -> None:
+        self.scan, self.sent = _JsonEnd(start), start
+
+    def step(self, text: str, cs, out: Deltas) -> int | None:
+        """Sends what came; the index after the arguments once they close, else None."""
+        close = self.scan.advance(text)
+        upto = len(text) if close is None else close
+        if upto > self.sent:
+            out.append(cs.args_delta(text[self.sent:upto]))
+            self.sent = upto
+        return close
+
+
 class _Reader:
     """What the three readers share: the output so far, how much of it is sent as
     content, whether calls are committed, and the fall back to content."""
 
-    parse = staticmethod(parse_llama3_json)
+    parse: Any   # the format's whole-output parser
 
     def __init__(self, tools) -> None:
         self.text = ""
@@ -189,8 +212,8 @@ class _JsonCall:
     def __init__(self, start: int, head: re.Pattern, args_key: str) -> None:
         self.start, self.head, self.args_key = start, head, args_key
         self.state = "head"          # head | args | tail | whole
-        self.scan = _JsonEnd(start)  # the object, or in args its arguments
-        self.sent = 0
+        self.scan = _JsonEnd(start)  # where the object ends
+        self.args: _JsonArgs | None = None
         self.end: int | None = None
         self.failed = False
 
@@ -208,7 +231,7 @@ class _JsonCall:
                     name = None
                 if name is not None and text[j] == "{":
                     r.commit(cs, name, "", out)
-                    self.state, self.scan, self.sent = "args", _JsonEnd(j), j
+                    self.state, self.args = "args", _JsonArgs(j)
                 else:
                     self.state = "whole"
             elif self.scan.advance(text) is not None:
@@ -217,13 +240,10 @@ class _JsonCall:
             else:
                 return
         if self.state == "args":
-            close = self.scan.advance(text)
-            upto = len(text) if close is None else close
-            if upto > self.sent:
-                out.append(cs.args_delta(text[self.sent:upto]))
-                self.sent = upto
+            close = self.args.step(text, cs, out)
             if close is None:
                 return
+            # the rest of the object: the arguments leave it one level deep
             self.state, self.scan = "tail", _JsonEnd(close, depth=1)
         if self.state == "tail":
             if self.scan.advance(text) is not None:
@@ -234,8 +254,8 @@ class _JsonCall:
 
     def _whole(self, r: _Reader, cs, out: Deltas, close: int) -> None:
         try:
-            call = _call(json.loads(r.text[self.start:close]), self.args_key)
-        except ValueError:
+            call = call_from_json(json.loads(r.text[self.start:close]), self.args_key)
+        except BAD_JSON:
             call = None
         if call is None:
             self.failed = True
@@ -249,6 +269,10 @@ class Llama3JsonCalls(_Reader):
     `<|python_tag|>`: the whole output is calls, or else content."""
 
     parse = staticmethod(parse_llama3_json)
+
+    def __init__(self, tools) -> None:
+        super().__init__(tools)
+        self.call: _JsonCall | None = None
 
     def _step(self, cs, out: Deltas) -> None:
         text = self.text
@@ -289,6 +313,8 @@ class MistralCalls(_Reader):
     def __init__(self, tools) -> None:
         super().__init__(tools)
         self.state = "text"
+        self.call: _JsonCall | None = None   # the list's object being read
+        self.args: _JsonArgs | None = None   # a name[ARGS] call's arguments
 
     def _step(self, cs, out: Deltas) -> None:
         text = self.text
@@ -297,7 +323,9 @@ class MistralCalls(_Reader):
                 t = text.find(MISTRAL_TOKEN, self.pos)
                 # before the token, or before what may be its start
                 cut = t if t >= 0 else len(text) - partial_tail(text, MISTRAL_TOKEN)
-                shown = len(text[:cut].rstrip())   # whitespace before a call is not content
+                shown = cut   # whitespace before a call is not content: held back
+                while shown > self.content_sent and text[shown - 1].isspace():
+                    shown -= 1
                 if shown > self.content_sent:
                     out.append({"content": text[self.content_sent:shown]})
                     self.content_sent = shown
@@ -351,13 +379,9 @@ class MistralCalls(_Reader):
                 if not name or text[j] != "{":
                     return self._not_a_call(out)
                 self.commit(cs, name, "", out)
-                self.scan, self.sent, self.state = _JsonEnd(j), j, "args"
+                self.args, self.state = _JsonArgs(j), "args"
             if self.state == "args":
-                close = self.scan.advance(text)
-                upto = len(text) if close is None else close
-                if upto > self.sent:
-                    out.append(cs.args_delta(text[self.sent:upto]))
-                    self.sent = upto
+                close = self.args.step(text, cs, out)
                 if close is None:
                     return
                 self.pos, self.state = close, "after"
@@ -368,6 +392,11 @@ class MistralCalls(_Reader):
                 if not text.startswith(MISTRAL_TOKEN, self.pos):
                     return self._not_a_call(out)
                 self.pos, self.state = self.pos + len(MISTRAL_TOKEN), "part"
+
+
+def _name(word: str) -> bool:
+    """A Python name (not a keyword such as `if` or `None`)."""
+    return word.isidentifier() and not keyword.iskeyword(word)
 
 
 class _PyEnd:
@@ -393,14 +422,14 @@ class _PyEnd:
                     i += 1
                 elif c == self.quote[0]:
                     if len(self.quote) == 3:
-                        if _could_open(text, i, self.quote) and len(text) - i < 3:
-                            break
+                        if _could_open(text, i, self.quote):
+                            break      # the close, or a quote inside: not known yet
                         if text.startswith(self.quote, i):
                             self.quote, i = "", i + 2
                     else:
                         self.quote = ""
             elif c in "'\"":
-                if n - i < 3 and _could_open(text, i, c * 3):
+                if _could_open(text, i, c * 3):
                     break              # a triple quote or an empty string: not known yet
                 if text.startswith(c * 3, i):
                     self.quote, i = c * 3, i + 2
@@ -463,7 +492,7 @@ class PythonicCalls(_Reader):
                     self.pos, self.state = self.pos + 1, "after"
                     continue
                 m = _IDENT.match(text, self.pos)
-                if m is None:
+                if m is None or not _name(m.group()):
                     return self._not_a_call(out)
                 j = _skip_py(text, m.end())
                 if j is None:
@@ -491,7 +520,7 @@ class PythonicCalls(_Reader):
                     return
                 else:
                     m = _IDENT.match(text, self.pos)
-                    if m is None:
+                    if m is None or not _name(m.group()):
                         return self._not_a_call(out)
                     j = _skip_py(text, m.end())
                     if j is None or (text[j] == "=" and j + 1 == len(text)):
@@ -505,15 +534,14 @@ class PythonicCalls(_Reader):
                 end = self.value.advance(text)
                 if end is None:
                     return
-                if self.value_key is not None:
-                    piece = self._argument(text[self.value_start:end])
-                    if piece is None:
-                        return self._not_a_call(out)
-                    self._send(piece, cs, out)
-                if text[end] not in ",)":
+                piece = self._argument(text[self.value_start:end])
+                if piece is None or text[end] not in ",)":
                     return self._not_a_call(out)
-                # after `,`: a keyword or `)`; `)`: read in kwargs
-                self.pos, self.state = (end + 1, "kwargs_next") if text[end] == "," else (end, "kwargs")
+                if piece:
+                    self._send(piece, cs, out)
+                # after `,`: a keyword or `)`; a `)` is read in kwargs
+                self.pos, self.state = ((end + 1, "kwargs_next") if text[end] == ","
+                                        else (end, "kwargs"))
             if self.state == "kwargs_next":   # after `,`: a keyword or `)`, not another `,`
                 j = _skip_py(text, self.pos)
                 if j is None:
@@ -553,14 +581,18 @@ class PythonicCalls(_Reader):
         out.append(cs.args_delta(arguments))
 
     def _argument(self, source: str) -> str | None:
-        """`"key": value` as JSON (after `{` or `, `), or None: not a literal."""
+        """`"key": value` as JSON (after `{` or `, `); "" for a `**mapping` (the
+        whole-output parser skips it, but it must be an expression); None: not a literal."""
+        # read in a call, as written: a value may span lines and end in a comment
+        head = "f(**" if self.value_key is None else "f(x="
         try:
-            # in brackets, as in the call: a value may span lines and end in a comment
-            value = ast.literal_eval("(" + source + "\n)")
+            call = ast.parse(head + source + "\n)", mode="eval").body
+            if self.value_key is None:
+                return ""
+            value = ast.literal_eval(call.keywords[0].value)
             piece = json.dumps(value, ensure_ascii=False)
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
             return None
-        key = self.value_key
-        head = ", " if self.keys else "{"
-        self.keys.add(key)
-        return head + json.dumps(key) + ": " + piece
+        lead = ", " if self.keys else "{"
+        self.keys.add(self.value_key)
+        return lead + json.dumps(self.value_key) + ": " + piece

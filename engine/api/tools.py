@@ -46,7 +46,12 @@ def new_call_id() -> str:
     return "chatcmpl-tool-" + os.urandom(12).hex()
 
 
-def _call(obj: Any, args_key: str) -> ToolCall | None:
+# what json raises on text it cannot read (nesting deeper than the stack included)
+BAD_JSON = (ValueError, RecursionError)
+
+
+def call_from_json(obj: Any, args_key: str) -> ToolCall | None:
+    """The call a parsed `{"name": ..., args_key: ...}` object is, or None: not a call."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
     args = obj.get(args_key, obj.get("arguments", {}))
@@ -65,8 +70,8 @@ def parse_hermes(text: str) -> tuple[str | None, list[ToolCall]]:
     calls = []
     for m in _HERMES.finditer(text, start):
         try:
-            call = _call(json.loads(m.group(1)), "arguments")
-        except ValueError:
+            call = call_from_json(json.loads(m.group(1)), "arguments")
+        except BAD_JSON:
             call = None
         if call is None:          # a malformed call: the whole output stays content
             return text, []
@@ -87,9 +92,9 @@ def parse_llama3_json(text: str) -> tuple[str | None, list[ToolCall]]:
     while i < len(body):
         try:
             obj, end = dec.raw_decode(body, i)
-        except ValueError:
+        except BAD_JSON:
             return text, []
-        call = _call(obj, "parameters")
+        call = call_from_json(obj, "parameters")
         if call is None:
             return text, []
         calls.append(call)
@@ -116,9 +121,10 @@ def parse_mistral(text: str) -> tuple[str | None, list[ToolCall]]:
         if part.startswith("["):       # [{"name": ..., "arguments": {...}}, ...]
             try:
                 items, end = dec.raw_decode(part)
-            except ValueError:
+            except BAD_JSON:
                 return text, []
-            got = [_call(x, "arguments") for x in items] if isinstance(items, list) else [None]
+            got = ([call_from_json(x, "arguments") for x in items]
+                   if isinstance(items, list) else [None])
             if not got or None in got or part[end:].strip():
                 return text, []
             calls += got
@@ -126,7 +132,7 @@ def parse_mistral(text: str) -> tuple[str | None, list[ToolCall]]:
             name, _, args = part.partition(_MISTRAL_ARGS)
             try:
                 obj, end = dec.raw_decode(args.strip())
-            except ValueError:
+            except BAD_JSON:
                 return text, []
             if not name.strip() or not isinstance(obj, dict) or args.strip()[end:].strip():
                 return text, []
@@ -204,7 +210,7 @@ def qwen3_value(text: str, typ: str | None) -> Any:
         return text
     try:
         return json.loads(text)
-    except ValueError:
+    except BAD_JSON:
         return text
 
 
@@ -236,9 +242,9 @@ def calls_from_required(text: str) -> list[ToolCall]:
     """The calls of an output made under required_schema (a cut output: none)."""
     try:
         items = json.loads(text)
-    except ValueError:
+    except BAD_JSON:
         return []
-    return [c for c in (_call(x, "parameters") for x in items) if c is not None]
+    return [c for c in (call_from_json(x, "parameters") for x in items) if c is not None]
 
 
 def outcome(choice: str, name: str | None, parser: str | None, text: str,
