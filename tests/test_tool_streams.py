@@ -24,6 +24,7 @@ LLAMA3 = [
     '<|python_tag|>{"name": "now", "parameters": {}}; {"name": "get_weather", '
     '"parameters": {"city": "Oslo \\"north\\" {x}", "days": [1, {"a": "]"}]}}',
     ' \n{"name":"now","arguments":{}}\n',
+    '\u00a0{"name": "now", "parameters": {}}',
     '{"parameters": {"city": "Rome"}, "name": "get_weather"}',   # name after arguments
     '{"name": "get_weather", "parameters": "{\\"city\\": \\"Rome\\"}"}',  # arguments as text
     '{"name": "now"}',
@@ -62,6 +63,7 @@ PYTHONIC = [
     '[get_weather(\n  city = "Rome" ,  # the city\n  days=1\n)]',
     '[get_weather(city="caf\u00e9", days=1.5e3)]',
     '[now(**{"a": 1}), now(b=2)]',
+    '[ifnow(Nonex=1)]',
     '[now(\\\n  a=1,\n)]',
     # not calls: content, whole
     '[os.system("rm -rf /")]',

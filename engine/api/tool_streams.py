@@ -59,6 +59,13 @@ def _skip(text: str, pos: int, chars: str = _JSON_WS) -> int:
     return pos
 
 
+def _skip_space(text: str, pos: int) -> int:
+    """After any whitespace from pos (str.strip's, as the whole-output parsers strip)."""
+    while pos < len(text) and text[pos].isspace():
+        pos += 1
+    return pos
+
+
 def _skip_py(text: str, pos: int) -> int | None:
     """After Python's whitespace and comments from pos, or None: the text ends in them."""
     while pos < len(text):
@@ -278,9 +285,9 @@ class Llama3JsonCalls(_Reader):
         text = self.text
         while True:
             if self.state == "lead":
-                i = _skip(text, 0)
+                i = _skip_space(text, 0)
                 if text.startswith(_PYTHON_TAG, i):
-                    i = _skip(text, i + len(_PYTHON_TAG))
+                    i = _skip_space(text, i + len(_PYTHON_TAG))
                 elif _could_open(text, i, _PYTHON_TAG):
                     return
                 if i == len(text):
@@ -473,9 +480,9 @@ class PythonicCalls(_Reader):
         text = self.text
         while True:
             if self.state == "lead":
-                i = _skip(text, 0)
+                i = _skip_space(text, 0)
                 if text.startswith(_PYTHON_START, i):
-                    i, self.wrapped = _skip(text, i + len(_PYTHON_START)), True
+                    i, self.wrapped = _skip_space(text, i + len(_PYTHON_START)), True
                 elif _could_open(text, i, _PYTHON_START):
                     return
                 if i == len(text):
@@ -492,6 +499,8 @@ class PythonicCalls(_Reader):
                     self.pos, self.state = self.pos + 1, "after"
                     continue
                 m = _IDENT.match(text, self.pos)
+                if m is not None and m.end() == len(text):
+                    return       # the name may go on
                 if m is None or not _name(m.group()):
                     return self._not_a_call(out)
                 j = _skip_py(text, m.end())
@@ -520,6 +529,8 @@ class PythonicCalls(_Reader):
                     return
                 else:
                     m = _IDENT.match(text, self.pos)
+                    if m is not None and m.end() == len(text):
+                        return   # the keyword may go on
                     if m is None or not _name(m.group()):
                         return self._not_a_call(out)
                     j = _skip_py(text, m.end())
