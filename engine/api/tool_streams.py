@@ -6,8 +6,9 @@ will make of it:
 
 - content as soon as it cannot be the start of a call (mistral: up to `[TOOL_CALLS]`,
   holding back trailing whitespace, which the parser strips before a call);
-- a call's id, type and name once its opening is read (the output is then committed to
-  calls);
+- a call's id, type and name once its opening is read (pythonic: with its first
+  argument, since `[word(` alone is not yet a call); the output is then committed to
+  calls;
 - its arguments as they are generated: the JSON formats send the model's own argument
   text as written, pythonic sends JSON built a keyword argument at a time as each value
   closes (`{"a": 1`, `, "b": "x"`, `}`: together `json.dumps` of the arguments).
