@@ -321,7 +321,12 @@ def test_openai_client_gets_plain_text_as_content(scripted, parser):
     ("hermes", "Plain text, trailing space  \n"),
     ("qwen3_coder", "Sure.\n<tool_call>\n<function=now>\n</function>\n</tool_call>"),
     ("qwen3_coder", "Sure. <tool_"),
+    ("hermes", 'Let me check. <tool_call>{"nme": "now"}</tool_call> and more'),
+    ("hermes", "Let me check. <tool_call>not json"),
+    ("qwen3_coder", "Sure. <tool_call> not a function"),
 ])
 def test_hermes_and_qwen3_content_adds_up_as_the_whole_output_parse(parser, text):
+    """Content up to a call, whitespace before it held back; an output with no call after
+    `<tool_call>` after all is content to its end."""
     for pieces in ([text], list(text)):
         _check(parser, text, pieces)

@@ -130,10 +130,20 @@ def _to_open_tag(calls, out: list[dict[str, Any]]) -> bool:
         shown = len(calls.buf[:cut].rstrip())
         if shown:
             out.append({"content": calls.buf[:shown]})
+            calls.shown += shown
         if i < 0:
             cut = shown
     calls.buf = calls.buf[i + len(_HERMES_OPEN):] if i >= 0 else calls.buf[cut:]
     return i >= 0
+
+
+def _no_call_after_all(calls, cs: ChoiceStream) -> list[dict[str, Any]]:
+    """The output ended past `<tool_call>` with no call sent: it is content, as the
+    whole-output parsers read it; the content before the tag is sent already."""
+    if cs.calls or calls.state == "content":
+        return []
+    rest = "".join(cs.answer)[calls.shown:]
+    return [{"content": rest}] if rest else []
 
 
 def _name_first(buf: str) -> bool:
@@ -156,6 +166,7 @@ class _HermesCalls:
         self.buf = ""
         self.state = "content"  # content | head | args | whole | after
         self.sent = 0           # characters of this call's arguments sent
+        self.shown = 0          # characters of the output sent as content
 
     def feed(self, cs: ChoiceStream, text: str) -> list[dict[str, Any]]:
         self.buf += text
@@ -222,6 +233,7 @@ class _HermesCalls:
                 out.append(cs.args_delta(body[self.sent:upto]))
         elif self.state in ("head", "whole") and self.buf.strip():
             out += self._whole(cs, self.buf)
+        out += _no_call_after_all(self, cs)
         self.buf = ""
         return out
 
@@ -236,6 +248,7 @@ class _Qwen3CoderCalls:
         self.state = "content"   # content | function | params | after
         self.function = ""
         self.params = 0
+        self.shown = 0   # characters of the output sent as content
 
     def feed(self, cs: ChoiceStream, text: str) -> list[dict[str, Any]]:
         self.buf += text
@@ -278,6 +291,7 @@ class _Qwen3CoderCalls:
             out.append({"content": self.buf})
         elif self.state == "params":
             out.append(cs.args_delta("}" if self.params else "{}"))
+        out += _no_call_after_all(self, cs)
         self.buf = ""
         return out
 
