@@ -266,6 +266,7 @@ def scripted():
         made.append((eng, srv))
         return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
 
+    start.engines = lambda: [eng for eng, _ in made]   # what each engine was asked for
     yield start
     for eng, srv in made:
         srv.stop()
@@ -330,3 +331,16 @@ def test_hermes_and_qwen3_content_adds_up_as_the_whole_output_parse(parser, text
     `<tool_call>` after all is content to its end."""
     for pieces in ([text], list(text)):
         _check(parser, text, pieces)
+
+
+@pytest.mark.parametrize("parser,choice,skips", [
+    ("mistral", "auto", False), ("mistral", "none", True), ("hermes", "auto", True),
+    ("pythonic", "auto", True)])
+def test_mistral_output_keeps_its_tool_calls_token(scripted, parser, choice, skips):
+    """[TOOL_CALLS] is a special token of Mistral's tokenizers: decoded without special
+    tokens the output would hold no call."""
+    client = scripted("ok", parser)
+    client.chat.completions.create(model="fake", messages=[{"role": "user", "content": "x"}],
+                                   tools=TOOLS, tool_choice=choice, max_tokens=20)
+    params = scripted.engines()[-1].submitted[-1][2]
+    assert params.skip_special_tokens is skips

@@ -30,6 +30,10 @@ from dataclasses import dataclass
 from typing import Any
 
 PARSERS = ("hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder")
+# parsers whose call marker is a special token in their models' tokenizers (mistral's
+# [TOOL_CALLS]): with tool_choice auto the output keeps special tokens, as vLLM's parser
+# asks (the others' markers are plain tokens, or optional to their parsers)
+MARKED_BY_SPECIAL_TOKENS = ("mistral",)
 
 
 @dataclass
