@@ -28,7 +28,7 @@ from ..sampling.logprobs import MAX_LOGPROBS, TokenLogprob
 from ..sampling.penalties import MAX_LOGIT_BIAS
 from ..core.request import PENALTY_RANGES, SamplingParams
 from ..sampling.structured import MAX_CHOICE_OPTIONS, MAX_GRAMMAR_CHARS, GrammarSpec
-from .tools import parameters, required_schema
+from .tools import MARKED_BY_SPECIAL_TOKENS, parameters, required_schema
 
 # --------------------------------------------------------------------------- errors
 
@@ -441,8 +441,8 @@ class RequestSchemas:
                           "through chat_template_kwargs", f"chat_template_kwargs.{k}")
         self._tools(v, body, req)
         if req.stream and req.tool_choice != "none" and req.logprobs is not None:
-            # a streamed required / auto choice sends its calls only when whole: its
-            # chunks do not line up with tokens
+            # a streamed required / auto choice sends parsed calls: its chunks do not
+            # line up with tokens
             raise bad("'logprobs' with a streamed 'tool_choice' other than \"none\" is not "
                       "supported by this server; send stream: false", "logprobs", "unsupported")
         if v["documents"] is not None:
@@ -489,6 +489,8 @@ class RequestSchemas:
                           f"cannot be combined with '{req.grammar.param}'", "tool_choice")
             req.grammar = GrammarSpec("json", _schema_text(schema, "tools"), "tools")
         req.tools, req.tool_choice = tools, choice
+        if choice == "auto" and self.limits.tool_parser in MARKED_BY_SPECIAL_TOKENS:
+            req.skip_special_tokens = False   # the parser reads the call's marker token
 
     def _check_text_len(self, chars: int, where: str) -> None:
         """Refuse, before tokenizing, text that cannot fit the context whatever it says."""
