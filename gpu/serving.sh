@@ -17,6 +17,7 @@
 #   api       penalties + top-5 logprobs at 200 streams, JSON-schema outputs at 64 streams
 #   stalls    the no-stall scenarios from READY on (gpu/stalls_probe.py): the code in .before/
 #             (git archive of a reference commit, carried) against this tree, cold and warm starts
+#   lora-bursts  8 adapters' first 200-stream burst after READY vs the second, .before/ and this tree
 # SMOKE=1 runs most parts on the CPU with tiny shapes (checks the script, measures nothing).
 set -u
 cd "$(dirname "$0")/.."
@@ -24,6 +25,8 @@ PART=${1:-base}; [ $# -gt 0 ] && shift
 case "$PART" in
   base|mix|fp8|families|lora|api|stalls)
     exec bash "gpu/parts/serving_$PART.sh" "$@" ;;
+  lora-bursts)
+    exec bash gpu/parts/serving_lora_bursts.sh "$@" ;;
   hf)
     OUT=${OUT:-/tmp/zerod-hf}; mkdir -p "$OUT"
     exec timeout 300 "${PYTHON:-python3}" -m zerod.bench.hf_compare --out "$OUT/hf.json" "$@" ;;

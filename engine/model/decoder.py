@@ -250,8 +250,11 @@ def _sdpa_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqlens: lis
         kb = k[s0:s0 + n].transpose(0, 1).unsqueeze(0)
         vb = v[s0:s0 + n].transpose(0, 1).unsqueeze(0)
         short = n <= tuning.sdpa_flash_max_len
-        if not short and tuning.sdpa_pad_lengths and (m := sdpa_length(n)) > n:   # zeros after the last token
-            qb, kb, vb = (F.pad(t, (0, 0, 0, m - n)) for t in (qb, kb, vb))
+        if not short and tuning.sdpa_pad_lengths:
+            # zeros after the last token; a length already on a bucket is copied the same way,
+            # so both reach cuDNN with one layout and share one plan per bucket
+            m = sdpa_length(n)
+            qb, kb, vb = (F.pad(t, (0, 0, 0, m - n)) if m > n else t.contiguous() for t in (qb, kb, vb))
         with sdpa_kernel(_PLANLESS_SDPA) if short else nullcontext():
             o = F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, scale=scale, enable_gqa=gqa)
         out.append(o[0, :, :n].transpose(0, 1))

@@ -41,8 +41,6 @@ def graph_sets(r, plain: dict, with_lora: dict) -> tuple[tuple[bool, dict], ...]
     return ((False, plain), (True, with_lora)) if r.lora is not None else ((False, plain),)
 
 @torch.inference_mode()
-
-
 def capture(r) -> None:
     """Capture decode (embedding -> logits) per batch bucket; on failure stay eager."""
     if not r.cuda or r.cfg.enforce_eager:

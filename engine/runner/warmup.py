@@ -6,9 +6,10 @@ What makes a first use cost the step thread (and so every stream) hundreds of ms
   and on divisibility by 16, and several kernels pick tiles from the token count at
   power-of-two thresholds (LoRA and W8A16 row tiles, split-K, the MoE tile config). One
   count on each side of every power of two up to the prompt budget crosses them all.
-- cuDNN builds an attention plan per sequence length; fresh prompts above
-  `sdpa_flash_max_len` are padded to a bounded set of lengths (`sdpa_length`), each warmed
-  here, exact and padded (the two take different tensor layouts).
+- cuDNN builds an attention plan per sequence length and layout; fresh prompts above
+  `sdpa_flash_max_len` are padded to a bounded set of lengths (`sdpa_length`) in one
+  layout, each warmed here. Its plans are kept per thread: the warm-up runs on the step
+  thread (engine.py).
 - The caching allocator grows on the largest step; warming it up front keeps cudaMalloc
   (and the device sync of a cudaFree under pressure) out of serving.
 Everything reads and writes the KV pool's scratch page 0 only.
@@ -142,8 +143,8 @@ class Warmup:
             logprobs_of(x, tok, 5)
 
     def _sdpa_plans(self) -> list[int]:
-        """One layer's attention at every padded length a fresh prompt can take, exact and
-        padded (cuDNN keys its plans on shapes and strides)."""
+        """One layer's attention at every padded length a fresh prompt can take (cuDNN keys
+        its plans on shapes and strides; exact and padded lengths share a layout)."""
         r = self.r
         model = r.model
         if not r.cuda or not model.layers:
@@ -154,10 +155,10 @@ class Warmup:
         L0 = model.layers[0]
         hidden = model.mc.hidden_size
         for m in buckets:
-            for n in (m, m - 1):
-                if n <= flash_max or n > cap:
-                    continue
-                pos, meta = self._meta(1, n, 0)
-                x = torch.randn(n, hidden, dtype=model.dtype, device=self.dev)
-                model._attention(L0, x, pos, r.pool.kv[0], meta)
+            n = min(m, cap)
+            if n <= flash_max:
+                continue
+            pos, meta = self._meta(1, n, 0)
+            x = torch.randn(n, hidden, dtype=model.dtype, device=self.dev)
+            model._attention(L0, x, pos, r.pool.kv[0], meta)
         return buckets
