@@ -33,7 +33,8 @@ import time
 
 # The critical path, in order: (mark, what the time from the previous mark to it is).
 STAGES = [
-    ("handler", "HTTP: read + parse the request, route, middleware"),
+    ("received", "client send -> the server's socket has it"),
+    ("handler", "HTTP: parse the request, route, middleware"),
     ("body", "read the body, JSON parse"),
     ("validated", "validate the request (schema, limits)"),
     ("submit", "model name, prompt ids, sampling params, plan"),
@@ -49,8 +50,8 @@ STAGES = [
     ("emit", "detokenize, stop checks, metrics"),
     ("on_output", "build the output, call on_output"),
     ("drain", "hop to the event loop (call_soon_threadsafe)"),
-    ("write", "handler wakes, formats the SSE chunk"),
-    ("client", "write + deliver to the client's socket"),
+    ("write", "to the first chunk's write (the handler's wake-up)"),
+    ("client", "format, write, deliver to the client"),
 ]
 
 
@@ -60,10 +61,14 @@ class Trace:
     def __init__(self) -> None:
         self.requests: list[dict[str, float]] = []
         self.cur: dict[str, float] | None = None
+        self.received = 0.0   # the last time the HTTP protocol got bytes
 
     def start(self) -> None:
-        self.cur = {"handler": time.perf_counter()}
+        self.cur = {"received": self.received, "handler": time.perf_counter()}
         self.requests.append(self.cur)
+
+    def on_bytes(self) -> None:
+        self.received = time.perf_counter()
 
     def mark(self, name: str, value: float | None = None) -> None:
         d = self.cur
@@ -103,6 +108,7 @@ def instrument() -> None:
     """Wrap the methods that bound each stage (before the server and engine are built)."""
     from zerod.engine.api import protocol as P
     from zerod.engine.api import server as S
+    from zerod.engine.api.http_edge import EdgeProtocol
     from zerod.engine.core.engine import Engine
     from zerod.engine.core.output import OutputPoller
     from zerod.engine.runner.model_runner import ModelRunner
@@ -115,6 +121,13 @@ def instrument() -> None:
         return await comp(self, request)
 
     S.OpenAIServer.completions = completions
+    data_received = EdgeProtocol.data_received
+
+    def received(self, data):
+        TRACE.on_bytes()
+        return data_received(self, data)
+
+    EdgeProtocol.data_received = received
     parse_body = P.parse_body
 
     def body(raw):
@@ -136,6 +149,7 @@ def instrument() -> None:
     _wrap(S.OutputRouter, "_drain", before="drain")
     _wrap(web.StreamResponse, "prepare", after="prepared", is_async=True)
     _wrap(web.StreamResponse, "write", before="write", is_async=True)
+    _wrap(S._DirectSink, "__call__", before="write")   # the drain writes the chunk itself
 
 
 def _on_step_time(engine) -> None:

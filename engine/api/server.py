@@ -691,19 +691,27 @@ class OpenAIServer:
         loop = self.loop
         fmt, resp = sse.fmt, sse.resp
         await resp.prepare(request)
+        chunked = "chunked" in resp.headers.get("Transfer-Encoding", "").lower()
         try:
-            # The first write goes through aiohttp (it sends the headers with it) ...
-            items = await _next_items(st, loop)
-            data = fmt(items, sse.head)
-            st.finished = fmt.finished
-            await resp.write(data)
+            if request.writer.output_size == 0:
+                # This aiohttp holds the headers back until the first write: that one goes
+                # through aiohttp, which sends them with it ...
+                items = await _next_items(st, loop)
+                data = fmt(items, sse.head)
+                st.finished = fmt.finished
+                await resp.write(data)
+                head = b""
+            else:
+                # ... else the headers are out and every chunk, the first included, is
+                # written by the drain callback itself (the first token reaches the client
+                # without a wake-up of this handler)
+                head = sse.head
             if not st.finished:
-                # ... the following ones are written by the drain callback itself, straight
-                # to the transport (chunk-framed as aiohttp would): no task wake-up and no
-                # coroutine per token; this handler only waits for the end.
+                # The drain callback writes straight to the transport (chunk-framed as
+                # aiohttp would): no task wake-up and no coroutine per token; this handler
+                # only waits for the end.
                 done = loop.create_future()
-                chunked = "chunked" in resp.headers.get("Transfer-Encoding", "").lower()
-                st.sink = _DirectSink(st, fmt, request.transport, chunked, done)
+                st.sink = _DirectSink(st, fmt, request.transport, chunked, done, head)
                 if st.items:  # arrived while the first write was in flight
                     st.sink()
                 if not await done:
@@ -992,12 +1000,13 @@ class _DirectSink:
     the transport's buffer: a stream's total output is bounded by max_tokens.
     """
 
-    __slots__ = ("chunked", "done", "fmt", "st", "transport")
+    __slots__ = ("chunked", "done", "fmt", "head", "st", "transport")
 
-    def __init__(self, st: _Req, fmt: _SSEFormatter, transport: Any, chunked: bool,
-                 done: asyncio.Future) -> None:
+    def __init__(self, st: _Req, fmt: _SSEFormatter | _ChoicesFormatter, transport: Any,
+                 chunked: bool, done: asyncio.Future, head: bytes = b"") -> None:
         self.st, self.fmt, self.transport, self.chunked, self.done = (
             st, fmt, transport, chunked, done)
+        self.head = head   # what the stream's first chunk starts with (sent once)
 
     def __call__(self) -> None:
         st = self.st
@@ -1005,7 +1014,8 @@ class _DirectSink:
         st.items = []
         if self.done.done():
             return
-        data = self.fmt(items)
+        data = self.fmt(items, self.head)
+        self.head = b""
         st.finished = self.fmt.finished
         t = self.transport
         if t is None or t.is_closing():
