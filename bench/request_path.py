@@ -1,6 +1,7 @@
 """Where the time of one tiny streamed request goes, stage by stage, on an idle engine.
 
     python -m zerod.bench.request_path [--model demo] [--device cpu] [--load-format auto]
+                                       [--dtype D] [--max-model-len N]
                                        [-n 300] [--warmup 20] [--json OUT.json]
 
 The engine and the HTTP server run in this process, exactly as `zerod serve` builds them
@@ -213,7 +214,8 @@ def run(a: argparse.Namespace) -> dict:
     from zerod.engine.config import EngineConfig
     from zerod.engine.core.engine import Engine
 
-    engine = Engine(EngineConfig(model=a.model, device=a.device, load_format=a.load_format))
+    extra = {k: v for k, v in (("max_model_len", a.max_model_len), ("dtype", a.dtype)) if v is not None}
+    engine = Engine(EngineConfig(model=a.model, device=a.device, load_format=a.load_format, **extra))
     _on_step_time(engine)
     engine.start()
     srv = ServerThread(engine).start()
@@ -222,7 +224,9 @@ def run(a: argparse.Namespace) -> dict:
         proc = subprocess.run(
             [sys.executable, os.path.abspath(__file__), "--client", str(srv.port), str(total),
              engine.model_name, str(engine.vocab_size)],
-            capture_output=True, text=True, check=True)
+            capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"request_path: the client failed: {proc.stderr.strip()[-2000:]}")
         times = json.loads(proc.stdout)
     finally:
         srv.stop()
@@ -287,6 +291,8 @@ def main() -> None:
     ap.add_argument("--model", default="demo", help="model directory, or demo (default)")
     ap.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N")
     ap.add_argument("--load-format", default="auto", help="auto or dummy (random weights)")
+    ap.add_argument("--dtype", help="as zerod serve's --dtype (default: the model's)")
+    ap.add_argument("--max-model-len", type=int, help="as zerod serve's --max-model-len")
     ap.add_argument("-n", type=int, default=300, help="measured requests (default 300)")
     ap.add_argument("--warmup", type=int, default=20, help="requests first, not counted")
     ap.add_argument("--json", help="also write the figures to this file")
@@ -295,7 +301,11 @@ def main() -> None:
         ap.error("-n must be >= 1 and --warmup >= 0")
     import logging
     logging.basicConfig(level=logging.WARNING)
-    s = run(a)
+    from zerod.engine.config import EngineError
+    try:
+        s = run(a)
+    except (EngineError, ValueError, OSError) as exc:
+        sys.exit(f"{ap.prog}: error: {exc}")
     print(show(s))
     if a.json:
         with open(a.json, "w") as f:
