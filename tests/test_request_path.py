@@ -2,7 +2,7 @@
 it completes and streams correctly one request after another, in every stream shape whose
 objects the server builds before the engine has the request (completions, chat, n > 1 with
 echo), and a request the engine refuses still gets an error in OpenAI's shape, not a
-started stream. bench/request_path.py, the per-stage timing of the same request, runs
+started stream. gpu/request_path.py, the per-stage timing of the same request, runs
 end to end."""
 
 from __future__ import annotations
@@ -102,10 +102,14 @@ async def test_a_refused_stream_answers_an_error_not_a_stream():
 
 
 def test_request_path_bench_prints_every_stage(tmp_path):
-    from zerod.bench.request_path import STAGES
+    sys.path.insert(0, str(ROOT / "gpu"))
+    try:
+        from request_path import STAGES
+    finally:
+        sys.path.remove(str(ROOT / "gpu"))
 
     out = tmp_path / "path.json"
-    r = subprocess.run([sys.executable, "-m", "zerod.bench.request_path", "-n", "6", "--warmup", "2",
+    r = subprocess.run([sys.executable, "gpu/request_path.py", "-n", "6", "--warmup", "2",
                         "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     for _, what in STAGES:

@@ -1,23 +1,24 @@
 """Where the time of one tiny streamed request goes, stage by stage, on an idle engine.
 
-    python -m zerod.bench.request_path [--model demo] [--device cpu] [--load-format auto]
-                                       [--dtype D] [--max-model-len N]
-                                       [-n 300] [--warmup 20] [--json OUT.json]
+    python gpu/request_path.py [--model demo] [--device cpu] [--load-format auto]
+                               [--dtype D] [--max-model-len N]
+                               [-n 300] [--warmup 20] [--json OUT.json]
 
-The engine and the HTTP server run in this process, exactly as `zerod serve` builds them
-(Engine(config), the same aiohttp app); a client in a child process sends "Hello"-sized
-requests one at a time (2 prompt token ids, max_tokens 1, stream true, one keep-alive
-connection, raw sockets) and keeps its send and first-SSE-byte times. Both sides read
-CLOCK_MONOTONIC (time.perf_counter), so the server's marks fall on the client's timeline.
+It drives engine internals, so it stands with the device tools, outside the product. The
+engine and the HTTP server run in this process as `zerod serve` builds them (Engine(config),
+the same aiohttp app); a client in a child process sends "Hello"-sized requests one at a
+time (2 prompt token ids, max_tokens 1, stream true, one keep-alive connection, raw
+sockets) and keeps its send and first-SSE-byte times. Both sides read CLOCK_MONOTONIC
+(time.perf_counter), so the server's marks fall on the client's timeline.
 
 The marks come from wrappers this script puts around engine and server methods before
 it builds them: nothing in the product is instrumented, so serving pays nothing for it.
 A mark is the first time its point is reached in a request. The table gives, for each
 stage on the request's critical path, the median of (mark - previous mark) in µs.
 
-On the CPU the model's forward runs inline in the step thread ("model forward" and
-"sampling" below); on a GPU those rows are launch times only and the device's own time
-is the step's event time ("device step (events)"), spent while the poller waits.
+On the CPU the model's forward runs inline in the step thread ("model forward" below); on
+a GPU that row is the launch alone, the device's own time is the step's event time
+("device step (events)"), spent while the poller waits for the step's event.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # zerod from the checkout
 
 # The critical path, in order: (mark, what the time from the previous mark to it is).
 STAGES = [
@@ -287,7 +291,7 @@ def main() -> None:
         port, n, model, vocab = sys.argv[2:6]
         print(json.dumps(client(int(port), int(n), model, int(vocab), seed=1)))
         return
-    ap = argparse.ArgumentParser(prog="python -m zerod.bench.request_path", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="gpu/request_path.py", description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="demo", help="model directory, or demo (default)")
     ap.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N")
     ap.add_argument("--load-format", default="auto", help="auto or dummy (random weights)")
