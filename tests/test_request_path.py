@@ -119,3 +119,38 @@ def test_request_path_bench_prints_every_stage(tmp_path):
     assert all(s["p50_us"] is not None and s["p50_us"] >= 0 for s in doc["stages"])
     assert 0 < doc["forward_p50_us"] < doc["ttft_p50_us"]
     assert 0 < doc["ttft_without_forward_p50_us"] < doc["ttft_p50_us"]
+
+
+@pytest.mark.parametrize("headers_at_prepare", [True, False])
+async def test_streams_are_whole_whether_aiohttp_sends_the_headers_at_prepare_or_not(
+        monkeypatch, headers_at_prepare):
+    from aiohttp import web
+
+    if not hasattr(web.StreamResponse, "_send_headers_immediately"):
+        pytest.skip("this aiohttp has no switch for when a stream's headers go out")
+    # an aiohttp that holds the headers back until the first body write: the first chunk
+    # then goes through aiohttp's write(), the later ones through the drain
+    monkeypatch.setattr(web.StreamResponse, "_send_headers_immediately", headers_at_prepare)
+    eng = FakeEngine()
+    srv = ServerThread(eng).start()
+    try:
+        for body in ({"prompt": "hi", "max_tokens": 1, "stream": True},
+                     {"prompt": "hi", "max_tokens": 5, "stream": True,
+                      "stream_options": {"include_usage": True}},
+                     {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+                      "stream": True}):
+            path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
+            ev = await _stream(srv.url + path, body)
+            assert ev[-1] == "[DONE]"
+            chunks = [e for e in ev[:-1] if e["choices"]]
+            assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+            if "messages" in body:
+                assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+                assert len(chunks) == 1 + 3
+            else:
+                assert len(chunks) == body["max_tokens"]
+            if "stream_options" in body:
+                assert ev[-2]["usage"]["completion_tokens"] == 5
+    finally:
+        srv.stop()
+        eng.shutdown()
