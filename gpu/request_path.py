@@ -260,6 +260,9 @@ def summarize(rows: list[dict], device: str) -> dict:
     rest = [(r["client"] - r["send"] - (r["forward_end"] - r["forward_start"])) * us
             for r in rows if "forward_end" in r]
     outside = [(r["client"] - r["send"] - r["step_s"]) * us for r in rows if "step_s" in r]
+    # the step's start event is recorded at the launch's start, on an idle device at once:
+    # launch + step_s is when the step ended, so this is how late the poller saw it
+    late = [(r["synced"] - r["launch"] - r["step_s"]) * us for r in rows if "step_s" in r]
     prep = [(r["prepared"] - r["queued"]) * us for r in rows if "prepared" in r and "queued" in r]
     return {"device": device, "requests": len(rows), "stages": stages,
             "ttft_p50_us": statistics.median(ttft),
@@ -267,6 +270,7 @@ def summarize(rows: list[dict], device: str) -> dict:
             "ttft_p90_us": statistics.quantiles(ttft, n=10)[-1] if len(ttft) > 1 else ttft[0],
             "step_s_p50_us": statistics.median(step) if step else None,
             "outside_step_p50_us": statistics.median(outside) if outside else None,
+            "poller_late_p50_us": statistics.median(late) if late else None,
             "forward_p50_us": statistics.median(fwd) if fwd else None,
             "prepare_after_queued_p50_us": statistics.median(prep) if prep else None}
 
@@ -290,6 +294,8 @@ def show(s: dict) -> str:
                      f"{s['step_s_p50_us']:9.0f}")
         lines.append(f"{'TTFT outside the step (TTFT - the step above), p50':<58} "
                      f"{s['outside_step_p50_us']:9.0f}")
+        lines.append(f"{'poller sees the step done after its end (event wake-up)':<58} "
+                     f"{s['poller_late_p50_us']:9.0f}")
     return "\n".join(lines)
 
 
