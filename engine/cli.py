@@ -164,7 +164,8 @@ def serve(**opts):
         st = engine.stats()
         click.echo(f"zerod serve: {engine.model_name} ready on http://{o.host}:{bound} "
                    f"(pid {os.getpid()}, max_model_len {engine.max_model_len}, "
-                   f"{st.kv_pages_total} KV pages)", err=True)
+                   f"{st.kv_pages_total} KV pages; {_since_process_start():.1f}s after the process "
+                   f"started, {engine.ready_seconds:.1f}s of them in the engine)", err=True)
         click.echo(f"zerod serve: request defaults: {describe_defaults(gen_defaults)}",
                    err=True)
         if o.model == "demo":
@@ -213,3 +214,12 @@ def _warn_exposure(host: str, api_key: str | None) -> None:
     if not loopback:
         click.echo(f"zerod serve: warning: listening on {host} without --api-key: anyone who "
                    "can reach this address can use the model", err=True)
+
+
+def _since_process_start() -> float:
+    """Seconds since this process started (the kernel's record), imports included."""
+    import time
+
+    import psutil
+
+    return time.time() - psutil.Process().create_time()

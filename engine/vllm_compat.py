@@ -70,7 +70,8 @@ FOREIGN: dict[str, Foreign] = {
                                              "rendered; serve one with --chat-template"),
     "--exclude-tools-when-tool-choice-none": _refuse(
         "flag", "tools reach the chat template whatever tool_choice says"),
-    "--return-tokens-as-token-ids": _refuse("flag", "logprobs name tokens by their text"),
+    "--return-tokens-as-token-ids": _refuse("flag", "logprobs name tokens by their text unless "
+                                            "a request sets return_tokens_as_token_ids"),
     "--enable-force-include-usage": _refuse("flag", "usage comes with "
                                             "stream_options.include_usage, per request"),
     "--enable-tokenizer-info-endpoint": _refuse("flag", "/tokenize and /detokenize are "

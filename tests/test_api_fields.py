@@ -25,6 +25,7 @@ COMMON = {
     "frequency_penalty": (0.5, OK), "repetition_penalty": (1.2, OK),
     "logit_bias": ({"5": 10}, OK), "min_p": (0.1, OK), "include_stop_str_in_output": (True, OK),
     "skip_special_tokens": (False, OK), "spaces_between_special_tokens": (False, NO),
+    "return_tokens_as_token_ids": (True, OK),
     "structured_outputs": ({"json": {"type": "object"}}, OK),
     "guided_json": ({"type": "object"}, OK), "guided_regex": ("a+", OK),
     "guided_choice": (["a", "b"], OK), "guided_grammar": ("root ::= 'a'", OK),

@@ -113,6 +113,32 @@ def test_streamed_echo_logprobs_first_chunk_is_the_prompt(served):
     assert "".join(c.text for ch in chunks for c in ch.choices) == whole.choices[0].text
 
 
+def test_tokens_as_token_ids_name_every_token_by_its_id(served):
+    """vLLM's return_tokens_as_token_ids: "token_id:N" everywhere a logprob names a token, so
+    ids that decode to the same text (or to none) stay apart; streamed and whole agree."""
+    eng, srv, m = served
+    prompt = PROMPTS[0]
+    ref = _teacher_forced(m, prompt)
+    body = dict(model=eng.model_name, prompt=prompt, max_tokens=3, temperature=0, echo=True, logprobs=K,
+                extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True})
+    whole = _client(srv).completions.create(**body)
+    lp = whole.choices[0].logprobs
+    assert lp.tokens[:len(prompt)] == [f"token_id:{t}" for t in prompt]
+    assert all(t.startswith("token_id:") for t in lp.tokens)
+    for i in range(1, len(prompt)):   # the keys are the teacher-forced top-K ids, exactly
+        assert set(lp.top_logprobs[i]) >= {f"token_id:{t}" for t in ref[i - 1].topk(K).indices.tolist()}
+    streamed = [t for ch in _client(srv).completions.create(**body, stream=True)
+                for c in ch.choices if c.logprobs for t in c.logprobs.tokens]
+    assert streamed == lp.tokens
+    chat = _client(srv).chat.completions.create(
+        model=eng.model_name, messages=[{"role": "user", "content": "hi"}], max_tokens=2, temperature=0,
+        logprobs=True, top_logprobs=2, extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True})
+    assert all(c.token.startswith("token_id:") and all(t.token.startswith("token_id:") for t in c.top_logprobs)
+               for c in chat.choices[0].logprobs.content)
+    status, err = _post(srv, "/v1/completions", {"prompt": prompt, "return_tokens_as_token_ids": "yes"})
+    assert status == 400 and err["error"]["param"] == "return_tokens_as_token_ids"
+
+
 def _post(srv, path: str, body: dict) -> tuple[int, dict]:
     req = urllib.request.Request(srv.url + path, data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})

@@ -124,6 +124,7 @@ async def test_the_canary_catches_perturbed_weights_and_stays_out_of_the_metrics
         first = json.dumps(canary.prompts[-1])
         assert first in a.description and json.dumps(canary.reference[-1].text) in a.description
         assert "now " in a.description
+        assert all(t.startswith("token_id:") for t in canary.reference[-1].tokens)   # compared by id
         # every canary token so far was unmetered: the engine counts none
         last = d.views.engines[0].engine_metrics.last
         assert last.values[names.GENERATION_TOKENS_TOTAL] == 0 and last.itl.count == 0 and last.ttft.count == 0

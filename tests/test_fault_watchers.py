@@ -138,6 +138,18 @@ def test_the_canary_records_at_start_and_fires_on_an_answer_changed_twice():
     assert "zerod diag --level full --gpus 2" in a.fix
 
 
+def test_answers_that_decode_alike_are_compared_by_their_token_ids():
+    """Past a tokenizer's vocabulary every id decodes to "": the texts agree, the ids do not."""
+    ref = [Answer("", ["token_id:5", "token_id:9"]), Answer("y1", ["token_id:1"])]
+    bad = [Answer("", ["token_id:6", "token_id:10"]), Answer("y1", ["token_id:1"])]
+    book, sup, w, tick, asked = _canary([ref, bad, bad])
+    tick(0.0)
+    tick(60.0)
+    a = book.get("CanaryMismatch", "a")
+    assert a is not None and "1 of 2 fixed greedy prompts" in a.summary
+    assert 'at start ["token_id:5", "token_id:9"], now ["token_id:6", "token_id:10"]' in a.description
+
+
 def test_a_near_tie_tipped_once_is_not_a_mismatch_and_a_new_process_records_anew():
     ref = ["x1", "y1"]
     book, sup, w, tick, asked = _canary([ref, ["x1", "y2"], ref, ["q", "r"]])

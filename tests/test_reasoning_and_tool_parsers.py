@@ -12,7 +12,7 @@ import pytest
 
 openai = pytest.importorskip("openai")
 
-from test_server_fake import FakeEngine
+from test_server_fake import FakeEngine, FakeTokenizer
 from zerod.engine.api.reasoning import split_reasoning
 from zerod.engine.api.server import ServerThread
 from zerod.engine.api.tools import parse_tool_calls
@@ -56,13 +56,22 @@ class ScriptedEngine(FakeEngine):
                 cb(o)
 
 
+class TextTokenizer(FakeTokenizer):
+    """Decodes what it encodes (the server reads the prompt's end as text)."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(i - 2) for i in ids if i >= 2)
+
+
 @pytest.fixture
 def server():
     made = []
 
-    def start(script, **kw):
+    def start(script, tokenizer=None, **kw):
         eng = ScriptedEngine(tick=0.001)
         eng.script = script
+        if tokenizer is not None:
+            eng.tokenizer = tokenizer
         srv = ServerThread(eng, **kw).start()
         made.append((eng, srv))
         return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
@@ -167,12 +176,36 @@ def test_an_output_cut_while_thinking_has_no_content(server):
     assert m.content is None and m.model_extra["reasoning_content"] == "still going"
 
 
-def test_structured_outputs_with_a_reasoning_parser_are_refused_by_name(server):
-    c = server("{}", reasoning_parser="deepseek_r1")
+def test_streamed_logprobs_with_a_reasoning_parser_are_refused_by_name(server):
+    c = server("<think>a</think>b", reasoning_parser="deepseek_r1")
     with pytest.raises(openai.BadRequestError) as e:
-        c.chat.completions.create(model="fake", messages=MSGS, max_tokens=20,
-                                  response_format={"type": "json_object"})
-    assert e.value.body["param"] == "response_format" and e.value.body["code"] == "unsupported"
+        list(c.chat.completions.create(model="fake", messages=MSGS, max_tokens=20,
+                                       stream=True, logprobs=True))
+    assert e.value.body["param"] == "logprobs" and e.value.body["code"] == "unsupported"
+    # not streamed, they are served
+    r = c.chat.completions.create(model="fake", messages=MSGS, max_tokens=20, logprobs=True)
+    assert r.choices[0].message.content == "b"
+
+
+def test_a_prompt_that_closed_the_thinking_makes_the_output_all_content(server):
+    """deepseek_r1 reads an output without `</think>` as reasoning, unless the chat
+    template already closed the thinking in the prompt (as with enable_thinking: false)."""
+    c = server("just the answer", reasoning_parser="deepseek_r1", tokenizer=TextTokenizer())
+    # the prompt ends with a closed thinking (the fake template has no enable_thinking)
+    closed = [*MSGS, {"role": "assistant", "content": "<think>\n\n</think>\n\n"}]
+    cont = {"continue_final_message": True, "add_generation_prompt": False}
+    m = c.chat.completions.create(model="fake", messages=closed, max_tokens=200,
+                                  extra_body=cont).choices[0].message
+    assert m.content == "just the answer" and m.model_extra["reasoning_content"] is None
+    seen = []
+    for chunk in c.chat.completions.create(model="fake", messages=closed, max_tokens=200,
+                                           stream=True, extra_body=cont):
+        for ch in chunk.choices:
+            seen.append((ch.delta.content, (ch.delta.model_extra or {}).get("reasoning_content")))
+    assert "".join(t or "" for t, _ in seen) == "just the answer"
+    assert not any(r for _, r in seen)
+    m = c.chat.completions.create(model="fake", messages=MSGS, max_tokens=200).choices[0].message
+    assert m.content is None and m.model_extra["reasoning_content"] == "just the answer"
 
 
 def test_without_reasoning_parser_the_think_text_stays_content(server):

@@ -130,3 +130,40 @@ def test_tuning_comes_from_zerod_tuning_and_refuses_unknown_fields():
         Tuning.from_env({"ZEROD_TUNING": '{"sdpa_flash_max": 0}'})
     with pytest.raises(ValueError, match="not JSON"):
         Tuning.from_env({"ZEROD_TUNING": "{oops"})
+
+
+def test_the_device_side_is_built_on_the_thread_that_runs_the_steps(tmp_path, monkeypatch):
+    """cuDNN keeps attention plans and cuBLAS its handles per thread: a warm-up on any other
+    thread than the step thread would leave the first request to build them again."""
+    import threading
+
+    from zerod.engine.core.engine import Engine, EngineConfig
+    from zerod.engine.core.request import SamplingParams
+    from zerod.engine.runner.model_runner import ModelRunner
+
+    seen: dict[str, set[int]] = {"build": set(), "step": set()}
+    for name, kind in (("capture_graphs", "build"), ("prefill_logits", "step"), ("decode_logits", "step")):
+        real = getattr(ModelRunner, name)
+
+        def spy(self, *a, _real=real, _kind=kind, **k):
+            seen[_kind].add(threading.get_ident())
+            return _real(self, *a, **k)
+        monkeypatch.setattr(ModelRunner, name, spy)
+    eng = Engine(EngineConfig(model=str(base_checkpoint(tmp_path / "base")), device="cpu", kv_pages=256,
+                              max_model_len=256))
+    eng.start()
+    done = threading.Event()
+    eng.submit([1, 2, 3, 4], SamplingParams(max_tokens=3, ignore_eos=True),
+               lambda out: out.finished and done.set())
+    assert done.wait(60)
+    eng.shutdown(0)
+    assert len(seen["build"]) == 1 and seen["step"] == seen["build"] != {threading.get_ident()}
+
+
+def test_an_engine_never_started_lets_its_step_thread_go(tmp_path):
+    from zerod.engine.core.engine import Engine, EngineConfig
+
+    eng = Engine(EngineConfig(model=str(base_checkpoint(tmp_path / "base")), device="cpu", kv_pages=64,
+                              max_model_len=128))
+    eng.shutdown(0)
+    assert not eng._loop.is_alive()

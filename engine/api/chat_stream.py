@@ -9,9 +9,11 @@ What streams when:
   is read and its arguments as they are written;
 - `auto` with `qwen3_coder`: content up to `<tool_call>`, then the call's name, then its
   arguments one parameter at a time as each closes;
-- `required`, and `auto` with `llama3_json`, `mistral` or `pythonic`: the calls (and the
-  content before them) once the output is whole: these formats say whether the output is
-  a call only once it can be parsed.
+- `auto` with `llama3_json`, `mistral` or `pythonic` (tool_streams.py): content while the
+  output cannot be a call (mistral: up to `[TOOL_CALLS]`), then each call's name once its
+  opening is read and its arguments as they are written (pythonic: a keyword argument at
+  a time as each value closes);
+- `required`: the calls once the output is whole.
 At the end the whole answer is parsed as a non-streamed one is (tools.outcome), which
 settles the finish reason.
 """
@@ -23,6 +25,7 @@ import re
 from typing import Any
 
 from .reasoning import ReasoningStream, partial_tail
+from .tool_streams import Llama3JsonCalls, MistralCalls, PythonicCalls
 from .tools import new_call_id, outcome, param_type, parse_hermes, qwen3_value
 
 _HERMES_OPEN, _HERMES_CLOSE = "<tool_call>", "</tool_call>"
@@ -33,12 +36,15 @@ _QWEN3_PARAM = re.compile(r"<parameter=([^>\s]+)>\n?(.*?)\n?</parameter>", re.DO
 
 class ChoiceStream:
     def __init__(self, tool_choice: str, tool_name: str | None, parser: str | None,
-                 tools: list[dict[str, Any]] | None, reasoning: str | None) -> None:
+                 tools: list[dict[str, Any]] | None, reasoning: str | None,
+                 thinking_closed: bool = False) -> None:
         self.choice, self.name, self.parser, self.tools = tool_choice, tool_name, parser, tools
-        self.reasoning = ReasoningStream(reasoning) if reasoning else None
+        self.reasoning = ReasoningStream(reasoning, thinking_closed) if reasoning else None
         self.answer: list[str] = []   # the whole answer, for the final parse
         self.calls = 0                # tool calls sent
-        incremental = {"hermes": _HermesCalls, "qwen3_coder": _Qwen3CoderCalls}
+        incremental = {"hermes": _HermesCalls, "qwen3_coder": _Qwen3CoderCalls,
+                       "llama3_json": Llama3JsonCalls, "mistral": MistralCalls,
+                       "pythonic": PythonicCalls}
         self.calls_stream = (incremental[parser](tools) if tool_choice == "auto"
                              and parser in incremental else None)
         self.named_started = False
@@ -65,8 +71,8 @@ class ChoiceStream:
             if answer:
                 out += self._answer(answer)
         text = "".join(self.answer)
-        if self.choice == "none":
-            return out, finish_reason
+        if self.choice == "none" or (self.reasoning is not None and not text):
+            return out, finish_reason   # no answer (all reasoning): no call either
         if self.choice == "named":
             if not self.named_started:
                 out += self._named_head()
@@ -116,13 +122,28 @@ class ChoiceStream:
 def _to_open_tag(calls, out: list[dict[str, Any]]) -> bool:
     """Before a call: content up to `<tool_call>` (none after the first call: text between
     and after calls is not content, as the whole-output parsers read it), holding back what
-    may be the tag's start. True once the tag is consumed."""
+    may be the tag's start and the whitespace before it (the parsers strip the content
+    before a call). True once the tag is consumed."""
     i = calls.buf.find(_HERMES_OPEN)
     cut = i if i >= 0 else len(calls.buf) - partial_tail(calls.buf, _HERMES_OPEN)
-    if calls.state == "content" and cut:
-        out.append({"content": calls.buf[:cut]})
+    if calls.state == "content":
+        shown = len(calls.buf[:cut].rstrip())
+        if shown:
+            out.append({"content": calls.buf[:shown]})
+            calls.shown += shown
+        if i < 0:
+            cut = shown
     calls.buf = calls.buf[i + len(_HERMES_OPEN):] if i >= 0 else calls.buf[cut:]
     return i >= 0
+
+
+def _no_call_after_all(calls, cs: ChoiceStream) -> list[dict[str, Any]]:
+    """The output ended past `<tool_call>` with no call sent: it is content, as the
+    whole-output parsers read it; the content before the tag is sent already."""
+    if cs.calls or calls.state == "content":
+        return []
+    rest = "".join(cs.answer)[calls.shown:]
+    return [{"content": rest}] if rest else []
 
 
 def _name_first(buf: str) -> bool:
@@ -145,6 +166,7 @@ class _HermesCalls:
         self.buf = ""
         self.state = "content"  # content | head | args | whole | after
         self.sent = 0           # characters of this call's arguments sent
+        self.shown = 0          # characters of the output sent as content
 
     def feed(self, cs: ChoiceStream, text: str) -> list[dict[str, Any]]:
         self.buf += text
@@ -211,6 +233,7 @@ class _HermesCalls:
                 out.append(cs.args_delta(body[self.sent:upto]))
         elif self.state in ("head", "whole") and self.buf.strip():
             out += self._whole(cs, self.buf)
+        out += _no_call_after_all(self, cs)
         self.buf = ""
         return out
 
@@ -225,6 +248,7 @@ class _Qwen3CoderCalls:
         self.state = "content"   # content | function | params | after
         self.function = ""
         self.params = 0
+        self.shown = 0   # characters of the output sent as content
 
     def feed(self, cs: ChoiceStream, text: str) -> list[dict[str, Any]]:
         self.buf += text
@@ -267,6 +291,7 @@ class _Qwen3CoderCalls:
             out.append({"content": self.buf})
         elif self.state == "params":
             out.append(cs.args_delta("}" if self.params else "{}"))
+        out += _no_call_after_all(self, cs)
         self.buf = ""
         return out
 

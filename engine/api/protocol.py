@@ -28,7 +28,7 @@ from ..sampling.logprobs import MAX_LOGPROBS, TokenLogprob
 from ..sampling.penalties import MAX_LOGIT_BIAS
 from ..core.request import PENALTY_RANGES, SamplingParams
 from ..sampling.structured import MAX_CHOICE_OPTIONS, MAX_GRAMMAR_CHARS, GrammarSpec
-from .tools import parameters, required_schema
+from .tools import MARKED_BY_SPECIAL_TOKENS, parameters, required_schema
 
 # --------------------------------------------------------------------------- errors
 
@@ -121,6 +121,7 @@ class CompletionRequest:
     logit_bias: dict[int, float] = field(default_factory=dict)
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    return_tokens_as_token_ids: bool = False  # logprobs name tokens "token_id:N", not by their text
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     continue_final_message: bool = False
     grammar: GrammarSpec | None = None  # structured outputs: compiled by the server
@@ -243,6 +244,8 @@ class RequestSchemas:
             Field("include_stop_str_in_output", Bool(),
                   doc="Keep the matched stop string at the end of the text."),
             Field("skip_special_tokens", Bool(), doc="Default true."),
+            Field("return_tokens_as_token_ids", Bool(), doc="vLLM's: logprobs name each token "
+                  "\"token_id:N\" instead of its text (ids that decode alike stay apart)."),
             Field("spaces_between_special_tokens", Bool(), only=True,
                   only_why="special tokens are always decoded as the tokenizer joins them"),
             Field("prompt_logprobs", Int(0, limits.max_logprobs), doc="vLLM's: the logprob, rank "
@@ -438,8 +441,8 @@ class RequestSchemas:
                           "through chat_template_kwargs", f"chat_template_kwargs.{k}")
         self._tools(v, body, req)
         if req.stream and req.tool_choice != "none" and req.logprobs is not None:
-            # a streamed required / auto choice sends its calls only when whole: its
-            # chunks do not line up with tokens
+            # a streamed required / auto choice sends parsed calls: its chunks do not
+            # line up with tokens
             raise bad("'logprobs' with a streamed 'tool_choice' other than \"none\" is not "
                       "supported by this server; send stream: false", "logprobs", "unsupported")
         if v["documents"] is not None:
@@ -486,6 +489,8 @@ class RequestSchemas:
                           f"cannot be combined with '{req.grammar.param}'", "tool_choice")
             req.grammar = GrammarSpec("json", _schema_text(schema, "tools"), "tools")
         req.tools, req.tool_choice = tools, choice
+        if choice == "auto" and self.limits.tool_parser in MARKED_BY_SPECIAL_TOKENS:
+            req.skip_special_tokens = False   # the parser reads the call's marker token
 
     def _check_text_len(self, chars: int, where: str) -> None:
         """Refuse, before tokenizing, text that cannot fit the context whatever it says."""
@@ -545,7 +550,7 @@ def _common(v: dict[str, Any], req: CompletionRequest, vocab: int, body: dict[st
         req.include_usage = bool(v["stream_options"]["include_usage"])
     for name in ("temperature", "top_p", "min_tokens", "seed", "ignore_eos", "min_p",
                  "include_stop_str_in_output", "skip_special_tokens", "presence_penalty",
-                 "frequency_penalty", "repetition_penalty"):
+                 "frequency_penalty", "repetition_penalty", "return_tokens_as_token_ids"):
         if v[name] is not None:
             setattr(req, name, v[name])
     if v["top_k"] is not None:

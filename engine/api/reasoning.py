@@ -9,8 +9,14 @@ from its answer, as `reasoning_content` (and `reasoning`, vLLM's newer name) bes
 - `qwen3`: an output that starts with `<think>` is reasoning up to `</think>`; one that
   does not is all content (thinking was off: `enable_thinking: false`).
 
+Both parsers: a prompt whose chat template already closed the thinking (it ends with
+`</think>`, as Qwen3's does with `enable_thinking: false`) has an output that is all
+content (`prompt_closes_thinking`).
+
 `ReasoningStream` does the same split on a stream, piece by piece, holding back only
-what may be the start of a tag: a stream and a whole answer split the same way.
+what may be the start of a tag: a stream and a whole answer split the same way. The
+engine runs the same stream on a structured-output request's tokens to know where the
+answer, which the grammar constrains, starts (engine/sampling/reasoning_gate.py).
 """
 
 from __future__ import annotations
@@ -27,9 +33,22 @@ class Split:
     content: str | None
 
 
-def split_reasoning(parser: str, text: str) -> Split:
-    """The whole output's reasoning and content (None where there is none)."""
-    r = ReasoningStream(parser)
+# The prompt's last tokens decoded to find a closing tag at its end: a few more than
+# `</think>` and the whitespace after it take in any tokenizer.
+PROMPT_TAIL_TOKENS = 16
+
+
+def prompt_closes_thinking(prompt_tail: str) -> bool:
+    """The chat template closed the thinking in the prompt: its text (the tail of it)
+    ends with `</think>` and whitespace. Only the very end counts: an earlier turn's
+    thinking kept in the history says nothing of this output."""
+    return prompt_tail.rstrip().endswith(THINK_END)
+
+
+def split_reasoning(parser: str, text: str, closed: bool = False) -> Split:
+    """The whole output's reasoning and content (None where there is none); closed: the
+    prompt closed the thinking (all content)."""
+    r = ReasoningStream(parser, closed)
     reasoning, content = r.feed(text)
     more_r, more_c = r.end()
     return Split((reasoning + more_r) or None, (content + more_c) or None)
@@ -37,9 +56,10 @@ def split_reasoning(parser: str, text: str) -> Split:
 
 class ReasoningStream:
     """The split of a streamed output: feed() -> the (reasoning, content) pieces to send
-    now; end() -> what was held back."""
+    now; end() -> what was held back. closed: the prompt closed the thinking, so the
+    whole output is content."""
 
-    def __init__(self, parser: str) -> None:
+    def __init__(self, parser: str, closed: bool = False) -> None:
         if parser not in REASONING_PARSERS:
             raise ValueError(f"reasoning parser {parser!r} is not one of "
                              f"{', '.join(REASONING_PARSERS)}")
@@ -48,6 +68,13 @@ class ReasoningStream:
         self.started = False   # past the output's start (and its `<think>`, if any)
         self.thinking = True   # qwen3: decided by the start
         self.after_end = False  # just past `</think>`: its newlines are dropped
+        if closed:
+            self.started, self.thinking = True, False
+
+    @property
+    def answering(self) -> bool:
+        """Past the reasoning (or decided there is none): what follows is the answer."""
+        return self.started and not self.thinking
 
     def feed(self, text: str) -> tuple[str, str]:
         buf = self.held + text

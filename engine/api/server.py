@@ -63,7 +63,7 @@ from zerod.engine.api.openapi import openapi_document
 from zerod.engine.api.response_size import check_response_size, encode_sliced
 from zerod.engine.sampling.structured import GrammarError, GrammarSpec
 from zerod.engine.api.chat_stream import ChoiceStream
-from zerod.engine.api.reasoning import split_reasoning
+from zerod.engine.api.reasoning import PROMPT_TAIL_TOKENS, prompt_closes_thinking, split_reasoning
 from zerod.engine.api.tools import outcome
 
 log = logging.getLogger("zerod.engine.api.server")
@@ -529,10 +529,17 @@ class OpenAIServer:
             else [await self._prompt_ids(req)]
         plan = _Choices(req, prompts, self.max_model_len, self.default_max_tokens,
                         self.engine.tokenizer)
+        if self.reasoning_parser and req.kind == "chat":   # one prompt: its tail says
+            plan.thinking_closed = prompt_closes_thinking(self.engine.tokenizer.decode(
+                prompts[0][-PROMPT_TAIL_TOKENS:], skip_special_tokens=False))
         if req.grammar is not None:   # compiled once; each engine request gets its own matcher
             grammar = await self._compile_grammar(req.grammar)
+            # with a reasoning parser the grammar constrains the answer after the
+            # reasoning (the whole output where the prompt closed the thinking)
+            after = (self.reasoning_parser if self.reasoning_parser and req.kind == "chat"
+                     and not plan.thinking_closed else None)
             for _, params, _ in plan.choices:
-                params.grammar = grammar
+                params.grammar, params.reasoning_parser = grammar, after
         if request.headers.get(CANARY_HEADER) == "1":   # the daemon's canary: not in the metrics
             for _, params, _ in plan.choices:
                 params.unmetered = True
@@ -596,6 +603,11 @@ class OpenAIServer:
     def _tok_str(self, token_id: int) -> str:
         return self.engine.tokenizer.decode([token_id], skip_special_tokens=False)
 
+    def _tok_namer(self, req: P.CompletionRequest) -> Callable[[int], str]:
+        """How a request's logprobs name tokens: by their text, or (vLLM's
+        return_tokens_as_token_ids) "token_id:N", where ids that decode alike stay apart."""
+        return _token_id_str if req.return_tokens_as_token_ids else self._tok_str
+
     async def _collect(self, req: P.CompletionRequest, st: _Req, model: str,
                        plan: _Choices) -> web.Response:
         loop = self.loop
@@ -645,21 +657,25 @@ class OpenAIServer:
         """The non-streamed answer object of a collected request."""
         n = len(plan.choices)
         choices = []
-        shown = [P.prompt_logprobs_json(e, self._tok_str, req.prompt_logprobs)
+        tok_str = self._tok_namer(req)
+        shown = [P.prompt_logprobs_json(e, tok_str, req.prompt_logprobs)
                  if req.show_prompt_logprobs else None for e in plps]
         for i in range(n):
             text = "".join(texts[i])
             echo = plan.echo_text(i)
             if req.kind == "chat":
-                lp = P.chat_logprobs(lps[i], self._tok_str) if req.logprobs is not None else None
+                lp = P.chat_logprobs(lps[i], tok_str) if req.logprobs is not None else None
                 thought = None
                 if self.reasoning_parser:   # tools are read from the answer alone
-                    split = split_reasoning(self.reasoning_parser, text)
+                    split = split_reasoning(self.reasoning_parser, text, plan.thinking_closed)
                     thought, text = split.reasoning, split.content or ""
-                content, calls, finish = outcome(req.tool_choice, req.tool_name, self.tool_parser,
-                                                 text, done[i], req.tools)
+                if self.reasoning_parser and not text:   # all reasoning: no answer, no call
+                    content, calls, finish = None, [], done[i]
+                else:
+                    content, calls, finish = outcome(req.tool_choice, req.tool_name,
+                                                     self.tool_parser, text, done[i], req.tools)
                 if self.reasoning_parser and not content:
-                    content = None   # all reasoning: no answer (as vLLM)
+                    content = None   # no answer text (as vLLM)
                 choice = P.chat_choice(i, content, finish, lp, [c.to_openai() for c in calls])
                 if self.reasoning_parser:   # both names: vLLM's older and newer
                     choice["message"]["reasoning_content"] = thought
@@ -667,7 +683,7 @@ class OpenAIServer:
                 choices.append(choice)
             else:
                 # echo with logprobs: the prompt tokens' entries first, offsets from 0
-                lp = (P.completion_logprobs((plps[i] if echo else []) + lps[i], self._tok_str,
+                lp = (P.completion_logprobs((plps[i] if echo else []) + lps[i], tok_str,
                                             top_n=req.logprobs)
                       if req.logprobs is not None else None)
                 choices.append(P.completion_choice(i, echo + text, done[i], lp, shown[i]))
@@ -679,7 +695,7 @@ class OpenAIServer:
     def _sse_setup(self, req: P.CompletionRequest, model: str, plan: _Choices) -> _SSESetup:
         enc = P.ChunkEncoder(req.kind, P.new_id(req.kind), P.now(), model, req.include_usage)
         general = len(plan.choices) > 1 or req.logprobs is not None or req.echo
-        fmt = (_ChoicesFormatter(enc, req, plan, self._tok_str) if general
+        fmt = (_ChoicesFormatter(enc, req, plan, self._tok_namer(req)) if general
                else _SSEFormatter(enc, req.include_usage, plan.prompt_tokens))
         head = fmt.head() if general else enc.role() if req.kind == "chat" else b""
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
@@ -732,7 +748,7 @@ class OpenAIServer:
         await resp.prepare(request)
         n = len(plan.choices)
         streams = [ChoiceStream(req.tool_choice, req.tool_name, self.tool_parser, req.tools,
-                                self.reasoning_parser) for _ in range(n)]
+                                self.reasoning_parser, plan.thinking_closed) for _ in range(n)]
         done: list[str | None] = [None] * n
         tokens = [0] * n
         cached = [0] * n
@@ -801,15 +817,14 @@ def _choice_end(enc: P.ChunkEncoder, stream: ChoiceStream, index: int,
                      enc.delta({}, finish, index=index)])
 
 
+def _token_id_str(token_id: int) -> str:
+    return f"token_id:{token_id}"
+
+
 def refuse_with_reasoning(req: P.CompletionRequest) -> None:
-    """What --reasoning-parser cannot serve yet, refused by name: a grammar (structured
-    outputs, tool_choice required or a named function) would constrain the reasoning too
-    (vLLM starts it after the reasoning ends), and streamed chat logprobs are not split."""
-    if req.grammar is not None:
-        param = "tool_choice" if req.tool_choice in ("required", "named") else "response_format"
-        raise P.bad("structured outputs (response_format, structured_outputs, tool_choice "
-                    "required or a named function) are not served with --reasoning-parser: "
-                    "the grammar would constrain the reasoning too", param, "unsupported")
+    """What --reasoning-parser cannot serve, refused by name: streamed chat logprobs (the
+    stream's deltas are the split text, reasoning and answer, and carry no token entries,
+    as with streamed tool calls)."""
     if req.stream and req.logprobs is not None:
         raise P.bad("'logprobs' with stream: true is not served with --reasoning-parser",
                     "logprobs", "unsupported")
@@ -871,6 +886,7 @@ class _Choices:
     def __init__(self, req: P.CompletionRequest, prompts: list[list[int]], max_model_len: int,
                  default_max_tokens: int | None, tokenizer: Any) -> None:
         self.prompts = prompts
+        self.thinking_closed = False   # a chat prompt that closed the thinking (reasoning.py)
         # echo: each prompt as text (token-id prompts decoded)
         self.echoes = [p if isinstance(p, str) else tokenizer.decode(p, skip_special_tokens=False)
                        for p in req.prompts] if req.echo else []

@@ -30,6 +30,10 @@ from dataclasses import dataclass
 from typing import Any
 
 PARSERS = ("hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder")
+# parsers whose call marker is a special token in their models' tokenizers (mistral's
+# [TOOL_CALLS]): with tool_choice auto the output keeps special tokens, as vLLM's parser
+# asks (the others' markers are plain tokens, or optional to their parsers)
+MARKED_BY_SPECIAL_TOKENS = ("mistral",)
 
 
 @dataclass
@@ -46,7 +50,12 @@ def new_call_id() -> str:
     return "chatcmpl-tool-" + os.urandom(12).hex()
 
 
-def _call(obj: Any, args_key: str) -> ToolCall | None:
+# what json raises on text it cannot read (nesting deeper than the stack included)
+BAD_JSON = (ValueError, RecursionError)
+
+
+def call_from_json(obj: Any, args_key: str) -> ToolCall | None:
+    """The call a parsed `{"name": ..., args_key: ...}` object is, or None: not a call."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
     args = obj.get(args_key, obj.get("arguments", {}))
@@ -65,8 +74,8 @@ def parse_hermes(text: str) -> tuple[str | None, list[ToolCall]]:
     calls = []
     for m in _HERMES.finditer(text, start):
         try:
-            call = _call(json.loads(m.group(1)), "arguments")
-        except ValueError:
+            call = call_from_json(json.loads(m.group(1)), "arguments")
+        except BAD_JSON:
             call = None
         if call is None:          # a malformed call: the whole output stays content
             return text, []
@@ -87,9 +96,9 @@ def parse_llama3_json(text: str) -> tuple[str | None, list[ToolCall]]:
     while i < len(body):
         try:
             obj, end = dec.raw_decode(body, i)
-        except ValueError:
+        except BAD_JSON:
             return text, []
-        call = _call(obj, "parameters")
+        call = call_from_json(obj, "parameters")
         if call is None:
             return text, []
         calls.append(call)
@@ -116,9 +125,10 @@ def parse_mistral(text: str) -> tuple[str | None, list[ToolCall]]:
         if part.startswith("["):       # [{"name": ..., "arguments": {...}}, ...]
             try:
                 items, end = dec.raw_decode(part)
-            except ValueError:
+            except BAD_JSON:
                 return text, []
-            got = [_call(x, "arguments") for x in items] if isinstance(items, list) else [None]
+            got = ([call_from_json(x, "arguments") for x in items]
+                   if isinstance(items, list) else [None])
             if not got or None in got or part[end:].strip():
                 return text, []
             calls += got
@@ -126,7 +136,7 @@ def parse_mistral(text: str) -> tuple[str | None, list[ToolCall]]:
             name, _, args = part.partition(_MISTRAL_ARGS)
             try:
                 obj, end = dec.raw_decode(args.strip())
-            except ValueError:
+            except BAD_JSON:
                 return text, []
             if not name.strip() or not isinstance(obj, dict) or args.strip()[end:].strip():
                 return text, []
@@ -146,7 +156,7 @@ def parse_pythonic(text: str) -> tuple[str | None, list[ToolCall]]:
         return text, []
     try:
         tree = ast.parse(body, mode="eval").body
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
         return text, []
     if not isinstance(tree, ast.List) or not tree.elts:
         return text, []
@@ -156,9 +166,10 @@ def parse_pythonic(text: str) -> tuple[str | None, list[ToolCall]]:
             return text, []
         try:
             args = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords if kw.arg}
-        except ValueError:
-            return text, []
-        calls.append(ToolCall(node.func.id, json.dumps(args, ensure_ascii=False)))
+            arguments = json.dumps(args, ensure_ascii=False)
+        except (ValueError, TypeError, MemoryError, RecursionError):
+            return text, []   # not a literal, or one JSON cannot hold (a set, bytes)
+        calls.append(ToolCall(node.func.id, arguments))
     return None, calls
 
 
@@ -203,7 +214,7 @@ def qwen3_value(text: str, typ: str | None) -> Any:
         return text
     try:
         return json.loads(text)
-    except ValueError:
+    except BAD_JSON:
         return text
 
 
@@ -235,9 +246,9 @@ def calls_from_required(text: str) -> list[ToolCall]:
     """The calls of an output made under required_schema (a cut output: none)."""
     try:
         items = json.loads(text)
-    except ValueError:
+    except BAD_JSON:
         return []
-    return [c for c in (_call(x, "parameters") for x in items) if c is not None]
+    return [c for c in (call_from_json(x, "parameters") for x in items) if c is not None]
 
 
 def outcome(choice: str, name: str | None, parser: str | None, text: str,

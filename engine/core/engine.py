@@ -18,6 +18,7 @@ import queue
 import random
 import threading
 import time
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Callable
 
@@ -43,6 +44,7 @@ from ..spec.quant import resolve as resolve_quant
 from ..quant.linear import check_device as check_fp8_device
 from ..spec.servable import refuse_unservable
 from ..spec.sizing import FP8_KV, kv_cache_dtype, plan_kv, serving_dtype, wanted_context
+from ..sampling.reasoning_gate import ReasoningGate
 from ..sampling.structured import GrammarCompiler, warm as warm_grammars
 from ..tuning import Tuning
 from ..tokenizer import Tokenizer
@@ -87,11 +89,15 @@ def _cuda_free_total(dev: torch.device) -> tuple[int, int]:
 
 
 def build_rank(cfg: EngineConfig, model_dir: Path, dev: torch.device, tp: TPGroup | None,
-               eos_ids: list[int] = ()) -> tuple[ModelRunner, LoraManager | None]:
+               eos_ids: list[int] = (), phases: dict[str, float] | None = None
+               ) -> tuple[ModelRunner, LoraManager | None]:
     """One rank's device side: weights (its shard under tensor parallelism), the LoRA slabs
     (--enable-lora; one GPU only), the KV pool sized from what they leave (the least any
     rank has left, so every rank gets the same pages), the runner, graphs, warm-up. Every
-    rank runs it in the same order: each step of it that communicates does so collectively."""
+    rank runs it in the same order: each step of it that communicates does so collectively.
+    phases: filled with the seconds each part took (the start log's breakdown)."""
+    phases = {} if phases is None else phases
+    mark = _PhaseClock(phases)
     mc = load_model_config(model_dir)
     dtype_name = serving_dtype(cfg.dtype, mc.torch_dtype, dev.type)
     dtype = getattr(torch, dtype_name)      # serving_dtype names torch's dtypes
@@ -107,6 +113,7 @@ def build_rank(cfg: EngineConfig, model_dir: Path, dev: torch.device, tp: TPGrou
     model = build_model(mc, model_dir, "dummy" if cfg.load_format == "dummy" else "safetensors",
                         dtype, dev, seed=cfg.seed, quant=quant, tp=tp)
     model.tuning = tuning
+    mark("weights")
     loras = build_loras(cfg, model, mc, dev) if cfg.enable_lora else None   # slabs before the KV pool
     if dev.type == "cuda" and not model.ops.head_dim_kernels:
         log.warning("head_dim %d is not a power of two >= 16: attention runs the torch reference",
@@ -120,7 +127,9 @@ def build_rank(cfg: EngineConfig, model_dir: Path, dev: torch.device, tp: TPGrou
     pool = KVPool(model.mc, plan.num_pages, cfg.block_size, kv_torch_dtype(kv_dtype, dtype), dev)  # this rank's KV heads
     runner = ModelRunner(cfg, mc, model, pool, dev, plan.max_model_len, list(eos_ids),
                          lora=loras.batch if loras is not None else None)
+    mark("KV pool")
     runner.capture_graphs()
+    mark("graphs")
     if dev.type == "cuda" and model.tuning.warmup:
         try:
             runner.warmup()
@@ -128,7 +137,20 @@ def build_rank(cfg: EngineConfig, model_dir: Path, dev: torch.device, tp: TPGrou
             if tp is not None:   # the other ranks are in its collectives
                 raise
             log.warning("prefill warm-up failed (%s); kernels compile on first use", exc)
+        mark("warm-up")
     return runner, loras
+
+
+class _PhaseClock:
+    """mark(name): the seconds since the last mark, recorded under name."""
+
+    def __init__(self, phases: dict[str, float]) -> None:
+        self.phases, self.t = phases, time.monotonic()
+
+    def __call__(self, name: str) -> None:
+        now = time.monotonic()
+        self.phases[name] = now - self.t
+        self.t = now
 
 
 def build_loras(cfg: EngineConfig, model, mc, dev: torch.device) -> LoraManager:
@@ -160,7 +182,9 @@ class Engine:
         self.model_dir = self._model_dir(cfg.model)
         self.device = _resolve_device(cfg.device)
         mc = self.model_config = load_model_config(self.model_dir)
+        self.start_phases: dict[str, float] = {}   # seconds per part of the start (the ready log)
         self.tokenizer = Tokenizer(cfg.tokenizer or self.model_dir, extra_eos_ids=mc.eos_token_ids)
+        self.start_phases["tokenizer"] = time.monotonic() - t0
         self.model_name = cfg.served_model_name or (
             "demo" if cfg.model == "demo" else self.model_dir.name)
         self.vocab_size = mc.vocab_size
@@ -170,11 +194,16 @@ class Engine:
         # thread pool) warms beside the device side and is ready before READY
         grammars = threading.Thread(target=self._warm_host_side, name="zerod-warmup", daemon=True)
         grammars.start()
-        # the device is current only while the engine builds on it (and in its step
-        # thread): constructing an engine leaves the process's current device alone
+        # The step thread builds the device side, then parks until start(): cuDNN keeps its
+        # attention plans and cuBLAS its handles per thread, so what the warm-up builds must be
+        # built on the thread that serves. The caller's current device stays untouched.
+        self._stop = threading.Event()
+        self._go = threading.Event()
+        built: Future = Future()
+        self._loop = threading.Thread(target=self._step_thread, args=(built,), name="zerod-step", daemon=True)
+        self._loop.start()
         try:
-            with torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext():
-                self._build_device_side()
+            built.result()   # the build's own exception, re-raised here
         except BaseException:
             grammars.join()   # a refused engine leaves no warm-up behind (several at once abort xgrammar)
             raise
@@ -189,7 +218,6 @@ class Engine:
         self._ids = itertools.count()
         self._rng = random.Random(cfg.seed)
         self._accepting = True
-        self._stop = threading.Event()
         self._healthy = True
         self._error: str | None = None
         self._stream_errors = 0
@@ -202,13 +230,30 @@ class Engine:
                                    notify_stop=lambda r: self._inbox.put(("stopped", r)),
                                    on_stream_error=self._on_stream_error,
                                    on_step_time=self.scheduler.cost.observe)
-        self._loop = threading.Thread(target=self._run, name="zerod-step", daemon=True)
         self._started = False
+        t_join = time.monotonic()
         grammars.join()
+        self.start_phases["host warm-up wait"] = time.monotonic() - t_join
         self.ready_seconds = time.monotonic() - t0
-        log.info("engine ready: %s on %s (%s), %d KV pages of %d tokens, max_model_len %d, graphs %s, %.1fs",
+        log.info("engine ready: %s on %s (%s), %d KV pages of %d tokens, max_model_len %d, graphs %s, %.1fs (%s)",
                  self.model_name, self.device, self.dtype, self.pool.total, cfg.block_size,
-                 self.max_model_len, bool(self.runner.graphs), self.ready_seconds)
+                 self.max_model_len, bool(self.runner.graphs), self.ready_seconds,
+                 ", ".join(f"{k} {v:.1f}s" for k, v in self.start_phases.items()))
+
+    def _step_thread(self, built: Future) -> None:
+        """The engine's one device thread: the build (weights, KV pool, graphs, warm-up),
+        then, once start() lets it go, the step loop."""
+        set_os_thread_name("zerod-step")
+        try:
+            with torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext():
+                self._build_device_side()
+        except BaseException as exc:  # noqa: BLE001 - the constructor raises it
+            built.set_exception(exc)
+            return
+        built.set_result(None)
+        self._go.wait()
+        if not self._stop.is_set():
+            self._run()
 
     def _build_device_side(self) -> None:
         """The tensor-parallel group if any (parallel.py), then this rank's model runner."""
@@ -225,7 +270,7 @@ class Engine:
             try:
                 self.tp = TPGroup(0, cfg.tensor_parallel_size, self.device, self.workers.init_method)
                 self.runner, self.loras = build_rank(cfg, self.model_dir, self.device, self.tp,
-                                                     self.tokenizer.eos_token_ids)
+                                                     self.tokenizer.eos_token_ids, self.start_phases)
             except BaseException:
                 self.workers.kill()
                 if self.tp is not None:
@@ -234,7 +279,7 @@ class Engine:
             self.runner.channel = StepChannel(self.tp, self.runner.staging, cfg.max_num_seqs)
         else:
             self.runner, self.loras = build_rank(cfg, self.model_dir, self.device, None,
-                                                 self.tokenizer.eos_token_ids)
+                                                 self.tokenizer.eos_token_ids, self.start_phases)
         self.model, self.pool = self.runner.model, self.runner.pool
         self.dtype, self.max_model_len = self.model.dtype, self.runner.max_model_len
 
@@ -273,7 +318,7 @@ class Engine:
         gc.collect()
         gc.freeze()
         self.poller.start()
-        self._loop.start()
+        self._go.set()
 
     def submit(self, prompt_ids: list[int], params: SamplingParams | None,
                on_output: Callable[[RequestOutput], None], after: str | None = None,
@@ -315,7 +360,10 @@ class Engine:
                       sample_class=row_class(params.temperature, params.top_k, params.top_p,
                                                    params.min_p), after=after, lora=adapter)
         if params.grammar is not None:   # each engine request walks the grammar on its own
-            req.grammar = self.grammar_compiler.new_state(params.grammar)
+            gate = (ReasoningGate(params.reasoning_parser, self.tokenizer, req.prompt_ids,
+                                  params.skip_special_tokens)
+                    if params.reasoning_parser is not None else None)
+            req.grammar = self.grammar_compiler.new_state(params.grammar, gate)
         self._inbox.put(("submit", req))
         if adapter is not None:
             self.metrics.lora_request(adapter.name)
@@ -388,6 +436,10 @@ class Engine:
         self._accepting = False
         if self._started:
             self._stop_loop(drain_timeout)
+        else:   # the step thread parked after the build: let it end
+            self._stop.set()
+            self._go.set()
+            self._loop.join(timeout=30)
         if self.workers is not None:
             self._stop_group()
 
@@ -447,7 +499,6 @@ class Engine:
 
     # ------------------------------------------------------------------ step loop
     def _run(self) -> None:
-        set_os_thread_name("zerod-step")
         try:
             self._loop_body()
         except BaseException as exc:  # noqa: BLE001 - never die silently: fail health and every request

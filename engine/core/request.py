@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable
 
+from ..api.reasoning import REASONING_PARSERS
 from ..sampling.logprobs import MAX_LOGPROBS
 from ..tokenizer import IncrementalDetokenizer
 
@@ -66,6 +67,9 @@ class SamplingParams:
     prompt_logprobs: int | None = None   # the same per prompt token (prompt_logprobs.py)
     # a compiled xgrammar grammar (structured.GrammarCompiler.compile): outputs follow it
     grammar: Any = None
+    # the --reasoning-parser whose reasoning the grammar leaves free: it constrains the
+    # answer after it (sampling/reasoning_gate.py); None: the whole output
+    reasoning_parser: str | None = None
     # the daemon's canary (header X-Zerod-Canary): served like any request, kept out of the
     # latency histograms and token / request counters its baseline and the users' metrics read
     unmetered: bool = False
@@ -119,6 +123,9 @@ class SamplingParams:
             raise ValueError("stop must be a string or a list of strings")
         for t_id in self.stop_token_ids:
             _int("stop_token_ids", t_id, 0)
+        if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
+            raise ValueError(f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, "
+                             f"got {self.reasoning_parser!r}")
 
     def for_vocab(self, vocab_size: int) -> "SamplingParams":
         """These params for a model of vocab_size tokens: stop ids must be in it, and a

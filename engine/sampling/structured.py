@@ -26,7 +26,10 @@ import json
 import os
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .reasoning_gate import ReasoningGate
 
 MAX_GRAMMAR_CHARS = 65536   # a schema / regex / grammar text longer than this is refused
 MAX_CHOICE_OPTIONS = 256   # strings a structured-output choice list may hold
@@ -135,23 +138,43 @@ class GrammarCompiler:
                                f"{str(exc).strip().splitlines()[0][:300]}") from None
         raise GrammarError(f"unknown structured output kind {spec.kind!r}")
 
-    def new_state(self, compiled: CompiledGrammar) -> GrammarState:
-        return GrammarState(self._xgr.GrammarMatcher(compiled.grammar), self.mask_words)
+    def new_state(self, compiled: CompiledGrammar, gate: ReasoningGate | None = None
+                  ) -> GrammarState:
+        return GrammarState(self._xgr.GrammarMatcher(compiled.grammar), self.mask_words, gate)
 
 
 class GrammarState:
-    """One request's matcher (the step thread's, after the submit) and the width of its
-    mask rows in int32 words (its compiler's)."""
+    """One request's matcher (the step thread's, after the submit), the width of its
+    mask rows in int32 words (its compiler's) and, with a reasoning parser, the gate
+    that holds the grammar back until the answer starts (reasoning_gate.py)."""
 
-    __slots__ = ("matcher", "words")
+    __slots__ = ("matcher", "words", "gate")
 
-    def __init__(self, matcher: Any, words: int) -> None:
-        self.matcher, self.words = matcher, words
+    def __init__(self, matcher: Any, words: int, gate: ReasoningGate | None = None) -> None:
+        self.matcher, self.words, self.gate = matcher, words, gate
 
     @property
     def terminated(self) -> bool:
         """It accepted a stop token: the output is whole (later tokens are discarded)."""
         return self.matcher.is_terminated()
+
+    @property
+    def gated(self) -> bool:
+        """The output is still before its answer: the grammar does not run yet."""
+        return self.gate is not None and not self.gate.answering
+
+    def take_gated(self, token: int) -> bool | None:
+        """A token read by the gate: None where it is the answer's first token (the
+        matcher takes it), else True."""
+        first, text = self.gate.take(token)
+        if first:
+            return None
+        if text and not self.matcher.accept_string(text):
+            # The token that ends the reasoning also carries answer text the grammar
+            # refuses (`</think>` and more in one token, which the reasoning's unmasked
+            # row allows): the grammar starts after that token instead.
+            self.matcher.reset()
+        return True
 
 
 # Up to this many rows a step's masks are filled on the step thread: xgrammar's thread pool
@@ -176,25 +199,52 @@ def _batch(rows: int) -> Any:
 
 
 def advance_all(states: list[GrammarState], tokens: list[int]) -> list[bool]:
-    """Each matcher takes its token; False where the grammar refuses it (cannot happen
-    for a masked row: a bug, reported as an error)."""
+    """Each matcher takes its token (a gated state's gate reads it instead); False where
+    the grammar refuses it (cannot happen for a masked row: a bug, reported as an error)."""
     import xgrammar as xgr
-    return xgr.BatchGrammarMatcher.batch_accept_token([g.matcher for g in states], tokens)
+    ok = [True] * len(states)
+    taken = []
+    for k, (g, t) in enumerate(zip(states, tokens)):
+        if not g.gated or g.take_gated(t) is None:
+            taken.append(k)
+    if taken:
+        got = xgr.BatchGrammarMatcher.batch_accept_token([states[k].matcher for k in taken],
+                                                         [tokens[k] for k in taken])
+        for k, accepted in zip(taken, got):
+            ok[k] = accepted
+    return ok
+
+
+def _allow(bitmask: Any, row: int, token: int) -> None:
+    """Set token's bit in a mask row (int32 words: bit 31 is the sign)."""
+    w, b = divmod(token, 32)
+    word = (int(bitmask[row, w]) & 0xFFFFFFFF) | (1 << b)
+    bitmask[row, w] = word - (1 << 32) if word >= 1 << 31 else word
 
 
 def fill_masks(states: list[GrammarState], bitmask: Any, indices: list[int]) -> None:
     """Fill bitmask rows `indices` (int32 [rows, words], CPU) with each state's next-token
-    mask; a terminated state's row allows everything (its token is discarded)."""
-    live, rows = [], []
+    mask; a terminated state's row allows everything (its token is discarded), and so
+    does a gated one's (its reasoning is free), but for qwen3's start (reasoning_gate.py)."""
+    live, rows, extra = [], [], []
     for g, i in zip(states, indices):
         if g.terminated:
+            bitmask[i] = -1
+        elif g.gated and g.gate.forced is not None:
+            bitmask[i] = 0
+            _allow(bitmask, i, g.gate.forced)
+        elif g.gated and not g.gate.undecided:
             bitmask[i] = -1
         else:
             live.append(g.matcher)
             rows.append(i)
+            if g.gated:   # the grammar's first token, or `<think>`'s
+                extra.append((i, g.gate.opening[0]))
     if live:
         with _POOLS_LOCK:
             _batch(len(live)).batch_fill_next_token_bitmask(live, bitmask, rows)
+    for i, token in extra:
+        _allow(bitmask, i, token)
 
 
 def warm(compiler: GrammarCompiler) -> None:

@@ -66,7 +66,15 @@ def near_tie(a: Answer, b: Answer) -> bool:
 
 
 def changed(ref: Answer, now: Answer) -> bool:
-    return now.text != ref.text and not near_tie(ref, now)
+    # token by token where both answers name their tokens: two ids can decode to the same
+    # text (or to none, past a tokenizer's vocabulary)
+    differs = now.tokens != ref.tokens if ref.tokens and now.tokens else now.text != ref.text
+    return differs and not near_tie(ref, now)
+
+
+def shown(a: Answer) -> str:
+    """An answer as the alert quotes it: its text, and its tokens where the text is empty."""
+    return json.dumps(a.text) if a.text.strip() or not a.tokens else json.dumps(a.tokens)
 
 
 @owns(alerts=(AlertRule("CanaryMismatch", "critical", "the engine answers its fixed greedy canary prompts differently than at its start (twice, not at a near-tie): suspect the GPU"),))
@@ -99,6 +107,7 @@ class CanaryWatcher(Watcher):
         self._retry_at = 0.0
         self._asked_pid: int | None = None
         self._session = None
+        self._token_ids = True  # ask for "token_id:N" tokens until an engine refuses the field
 
     async def apoll(self) -> None:
         """Starts a round in the background when one is due (a slow engine never holds
@@ -156,8 +165,8 @@ class CanaryWatcher(Watcher):
         named = f" {self.spec.name}" if self.spec.tagged else ""
         gpus = self.gpus()
         where = f"GPU {', '.join(map(str, gpus))}" if gpus else "its GPU"
-        diffs = "; ".join(f"prompt {json.dumps(self.prompts[i])}: at start {json.dumps(self.reference[i].text)}, "
-                          f"now {json.dumps(answers[i].text)}" for i in bad)
+        diffs = "; ".join(f"prompt {json.dumps(self.prompts[i])}: at start {shown(self.reference[i])}, "
+                          f"now {shown(answers[i])}" for i in bad)
         self.book.fire(
             "CanaryMismatch", self.spec.key(), severity="critical",
             labels={**self.spec.labels, "gpu": ",".join(map(str, gpus)) or None, "pid": self.reference_pid},
@@ -190,11 +199,19 @@ class CanaryWatcher(Watcher):
             body: dict[str, Any] = {"model": self.model, "prompt": prompt, "max_tokens": MAX_TOKENS,
                                     "temperature": 0.0, "ignore_eos": True, "logprobs": TOP_LOGPROBS,
                                     "user": CANARY_USER}
-            async with self._session.post(self.supervisor.url + "/v1/completions", json=body, headers=headers,
-                                          timeout=timeout) as r:
-                data = await r.json(content_type=None)
+            while True:
+                if self._token_ids:   # vLLM's and zerod's field: tokens compared by id
+                    body["return_tokens_as_token_ids"] = True
+                async with self._session.post(self.supervisor.url + "/v1/completions", json=body,
+                                              headers=headers, timeout=timeout) as r:
+                    data = await r.json(content_type=None)
+                if r.status == 400 and self._token_ids and "return_tokens_as_token_ids" in str(data):
+                    self._token_ids = False   # an engine without it: tokens by their text
+                    body.pop("return_tokens_as_token_ids")
+                    continue
                 if r.status != 200:
                     raise RuntimeError(f"canary request: HTTP {r.status}: {str(data)[:200]}")
+                break
             choice = data["choices"][0]
             lp = choice.get("logprobs") or {}
             out.append(Answer(choice["text"], list(lp.get("tokens") or []),
