@@ -15,12 +15,13 @@ fit max_model_len is refused before it is tokenized at all (protocol.Limits).
 Hand-off from the engine: `on_output` runs on the engine's poller thread. It appends
 (request state, output) to one shared inbox and, only when no wake-up is pending yet,
 schedules a drain on the event loop with `call_soon_threadsafe`. So a poller burst of
-outputs for 200 streams costs one self-pipe write, not 200. After a stream's first write
-(which aiohttp sends with the headers), the drain itself formats what piled up for each
-stream and writes it to the transport in one chunk-framed write: no task wake-up, future
-or coroutine per token (measured ~15 % less HTTP-thread CPU per token than waking each
-stream's handler; the rest is mostly the send syscall). Non-streamed requests and the
-first chunk go through a per-request waiter.
+outputs for 200 streams costs one self-pipe write, not 200. Once a stream's headers are
+out (aiohttp sends them at prepare; one that holds them for the first body write gets
+that write through a waiter), the drain itself formats what piled up for each stream and
+writes it to the transport in one chunk-framed write: no task wake-up, future or
+coroutine per token, the first token included (measured ~15 % less HTTP-thread CPU per
+token than waking each stream's handler; the rest is mostly the send syscall).
+Non-streamed requests go through a per-request waiter.
 
 Client gone: the app runs with handler cancellation, so a disconnect cancels the
 handler (stream or not) and its `finally` calls `engine.abort(rid)`; a failed write does
