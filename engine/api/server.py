@@ -551,19 +551,14 @@ class OpenAIServer:
                         plan.choices[0][1], self.max_log_len)
         st = _Req()
         st.rid = []
-        tools = req.stream and req.kind == "chat" and (req.tool_choice != "none"
-                                                       or self.reasoning_parser)
-        # A plain stream's objects are built before the engine has the request: from the
-        # submit on, the step thread runs the request's step, and whatever this thread
-        # does meanwhile holds the GIL the step needs (TTFT, docs/perf.md "Request path").
-        sse = self._sse_setup(req, model, plan) if req.stream and not tools else None
         self.inflight.add(st)
         try:
             self._submit(request, plan, st, None if model in self.model_names else model)
-            if tools:
+            if req.stream and req.kind == "chat" and (req.tool_choice != "none"
+                                                      or self.reasoning_parser):
                 return await self._stream_tools(request, req, st, model, plan)
-            if sse is not None:
-                return await self._stream(request, req, st, sse)
+            if req.stream:
+                return await self._stream(request, req, st, model, plan)
             return await self._collect(req, st, model, plan)
         finally:
             self.inflight.discard(st)
@@ -693,20 +688,16 @@ class OpenAIServer:
             return P.chat_response(P.new_id("chat"), P.now(), model, choices, u, shown[0])
         return P.completion_response(P.new_id(req.kind), P.now(), model, choices, u)
 
-    def _sse_setup(self, req: P.CompletionRequest, model: str, plan: _Choices) -> _SSESetup:
+    async def _stream(self, request: web.Request, req: P.CompletionRequest, st: _Req,
+                      model: str, plan: _Choices) -> web.StreamResponse:
+        loop = self.loop
         enc = P.ChunkEncoder(req.kind, P.new_id(req.kind), P.now(), model, req.include_usage)
         general = len(plan.choices) > 1 or req.logprobs is not None or req.echo
         fmt = (_ChoicesFormatter(enc, req, plan, self._tok_namer(req)) if general
                else _SSEFormatter(enc, req.include_usage, plan.prompt_tokens))
-        head = fmt.head() if general else enc.role() if req.kind == "chat" else b""
+        first = fmt.head() if general else enc.role() if req.kind == "chat" else b""
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache"})
-        return _SSESetup(fmt, head, resp)
-
-    async def _stream(self, request: web.Request, req: P.CompletionRequest, st: _Req,
-                      sse: _SSESetup) -> web.StreamResponse:
-        loop = self.loop
-        fmt, resp = sse.fmt, sse.resp
         await resp.prepare(request)
         chunked = "chunked" in resp.headers.get("Transfer-Encoding", "").lower()
         try:
@@ -714,15 +705,15 @@ class OpenAIServer:
                 # This aiohttp holds the headers back until the first write: that one goes
                 # through aiohttp, which sends them with it ...
                 items = await _next_items(st, loop)
-                data = fmt(items, sse.head)
+                data = fmt(items, first)
                 st.finished = fmt.finished
                 await resp.write(data)
                 head = b""
             else:
                 # ... else the headers are out and every chunk, the first included, is
                 # written by the drain callback itself (the first token reaches the client
-                # without a wake-up of this handler)
-                head = sse.head
+                # without a wake-up of this handler; docs/perf.md "Request path")
+                head = first
             if not st.finished:
                 # The drain callback writes straight to the transport (chunk-framed as
                 # aiohttp would): no task wake-up and no coroutine per token; this handler
@@ -999,14 +990,6 @@ class _ChoicesFormatter:
                 parts.append(enc.usage(self.plan.prompt_tokens, sum(self.tokens), sum(self.cached)))
             parts.append(P.DONE)
         return b"".join(parts)
-
-
-@dataclasses.dataclass(slots=True)
-class _SSESetup:
-    """A plain stream's formatter, first chunk's head and response, made before submit."""
-    fmt: _SSEFormatter | _ChoicesFormatter
-    head: bytes
-    resp: web.StreamResponse
 
 
 class _DirectSink:
