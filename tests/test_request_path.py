@@ -1,9 +1,9 @@
 """A tiny streamed request on an idle engine (the "Hello" TTFT path), as a client sees it:
-it completes and streams correctly one request after another, in every stream shape whose
-objects the server builds before the engine has the request (completions, chat, n > 1 with
-echo), and a request the engine refuses still gets an error in OpenAI's shape, not a
-started stream. gpu/request_path.py, the per-stage timing of the same request, runs
-end to end."""
+it completes and streams correctly one request after another, in each shape of a plain
+stream's first chunk (completions, chat's role chunk, n > 1 with echo's prompts), whether
+the drain or aiohttp writes that chunk; a request the engine refuses still gets an error
+in OpenAI's shape, not a started stream. gpu/request_path.py, the per-stage timing of the
+same request, runs end to end."""
 
 from __future__ import annotations
 
