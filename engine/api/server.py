@@ -15,12 +15,13 @@ fit max_model_len is refused before it is tokenized at all (protocol.Limits).
 Hand-off from the engine: `on_output` runs on the engine's poller thread. It appends
 (request state, output) to one shared inbox and, only when no wake-up is pending yet,
 schedules a drain on the event loop with `call_soon_threadsafe`. So a poller burst of
-outputs for 200 streams costs one self-pipe write, not 200. After a stream's first write
-(which aiohttp sends with the headers), the drain itself formats what piled up for each
-stream and writes it to the transport in one chunk-framed write: no task wake-up, future
-or coroutine per token (measured ~15 % less HTTP-thread CPU per token than waking each
-stream's handler; the rest is mostly the send syscall). Non-streamed requests and the
-first chunk go through a per-request waiter.
+outputs for 200 streams costs one self-pipe write, not 200. Once a stream's headers are
+out (aiohttp sends them at prepare; one that holds them for the first body write gets
+that write through a waiter), the drain itself formats what piled up for each stream and
+writes it to the transport in one chunk-framed write: no task wake-up, future or
+coroutine per token, the first token included (measured ~15 % less HTTP-thread CPU per
+token than waking each stream's handler; the rest is mostly the send syscall).
+Non-streamed requests go through a per-request waiter.
 
 Client gone: the app runs with handler cancellation, so a disconnect cancels the
 handler (stream or not) and its `finally` calls `engine.abort(rid)`; a failed write does
@@ -694,23 +695,31 @@ class OpenAIServer:
         general = len(plan.choices) > 1 or req.logprobs is not None or req.echo
         fmt = (_ChoicesFormatter(enc, req, plan, self._tok_namer(req)) if general
                else _SSEFormatter(enc, req.include_usage, plan.prompt_tokens))
+        first = fmt.head() if general else enc.role() if req.kind == "chat" else b""
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache"})
         await resp.prepare(request)
+        chunked = "chunked" in resp.headers.get("Transfer-Encoding", "").lower()
         try:
-            # The first write goes through aiohttp (it sends the headers with it) ...
-            items = await _next_items(st, loop)
-            data = fmt(items, fmt.head() if general else
-                       enc.role() if req.kind == "chat" else b"")
-            st.finished = fmt.finished
-            await resp.write(data)
+            if request.writer.output_size == 0:
+                # This aiohttp holds the headers back until the first write: that one goes
+                # through aiohttp, which sends them with it ...
+                items = await _next_items(st, loop)
+                data = fmt(items, first)
+                st.finished = fmt.finished
+                await resp.write(data)
+                head = b""
+            else:
+                # ... else the headers are out and every chunk, the first included, is
+                # written by the drain callback itself (the first token reaches the client
+                # without a wake-up of this handler; docs/perf.md "Request path")
+                head = first
             if not st.finished:
-                # ... the following ones are written by the drain callback itself, straight
-                # to the transport (chunk-framed as aiohttp would): no task wake-up and no
-                # coroutine per token; this handler only waits for the end.
+                # The drain callback writes straight to the transport (chunk-framed as
+                # aiohttp would): no task wake-up and no coroutine per token; this handler
+                # only waits for the end.
                 done = loop.create_future()
-                chunked = "chunked" in resp.headers.get("Transfer-Encoding", "").lower()
-                st.sink = _DirectSink(st, fmt, request.transport, chunked, done)
+                st.sink = _DirectSink(st, fmt, request.transport, chunked, done, head)
                 if st.items:  # arrived while the first write was in flight
                     st.sink()
                 if not await done:
@@ -991,12 +1000,13 @@ class _DirectSink:
     the transport's buffer: a stream's total output is bounded by max_tokens.
     """
 
-    __slots__ = ("chunked", "done", "fmt", "st", "transport")
+    __slots__ = ("chunked", "done", "fmt", "head", "st", "transport")
 
-    def __init__(self, st: _Req, fmt: _SSEFormatter, transport: Any, chunked: bool,
-                 done: asyncio.Future) -> None:
+    def __init__(self, st: _Req, fmt: _SSEFormatter | _ChoicesFormatter, transport: Any,
+                 chunked: bool, done: asyncio.Future, head: bytes = b"") -> None:
         self.st, self.fmt, self.transport, self.chunked, self.done = (
             st, fmt, transport, chunked, done)
+        self.head = head   # what the stream's first chunk starts with (sent once)
 
     def __call__(self) -> None:
         st = self.st
@@ -1004,7 +1014,8 @@ class _DirectSink:
         st.items = []
         if self.done.done():
             return
-        data = self.fmt(items)
+        data = self.fmt(items, self.head)
+        self.head = b""
         st.finished = self.fmt.finished
         t = self.transport
         if t is None or t.is_closing():
