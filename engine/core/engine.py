@@ -163,6 +163,10 @@ def build_loras(cfg: EngineConfig, model, mc, dev: torch.device) -> LoraManager:
                           f"{cfg.max_lora_rank}) do not fit on {dev}") from None
     for name, path, base in cfg.lora_modules:
         loras.add(name, path, base)
+    # the first adapters' device slots written before READY: a first request would write its
+    # adapter's slot on the step thread, stalling every stream
+    for name, _, _ in cfg.lora_modules[:cfg.max_loras]:
+        loras.release(loras.acquire(loras.get(name)))
     return loras
 
 

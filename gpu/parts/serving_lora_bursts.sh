@@ -17,7 +17,7 @@ $PY gpu/lora_bench.py adapters "$M" "$W/adapters" 8 16 || exit 1
 MODS=""; for i in 0 1 2 3 4 5 6 7; do MODS="$MODS a$i=$W/adapters/a$i"; done
 ROOT=$PWD
 Z="$PY -m zerod bench --port 8000 --no-progress --num-prompts 200 --max-concurrency 200 --input-len 24 --output-len 128 --warmup 0"
-for v in before after; do
+for v in ${VARIANTS:-before after}; do
     dir=$ROOT; [ $v = before ] && dir=$ROOT/.before
     # shellcheck disable=SC2086
     ( cd "$dir" && TRITON_CACHE_DIR=/tmp/triton-lora-$v exec $PY -m zerod serve --model "$M" --served-model-name base \
@@ -41,8 +41,8 @@ def tps(v, r):
     p = os.path.join(w, f"{v}-{r}.json")
     if not os.path.exists(p):
         return None
-    d = json.load(open(p))
-    return d.get("output_throughput") or d.get("output_tokens_per_s")
+    d = next(iter(json.load(open(p))["scenarios"].values()))
+    return d.get("output_throughput")
 print("| code | adapters, burst 1 | burst 2 | base, burst 1 / 2 | burst 1 vs 2 | burst 1 / 2 of base (best) |")
 print("|---|---|---|---|---|---|")
 for v in ("before", "after"):
