@@ -245,3 +245,24 @@ def test_adapters_on_fp8_weights_shrink_on_their_own(setup):
             assert g["token_ids"] == alone[n][ps.index(p)], f"adapter {n} in a mixed batch"
     finally:
         eng.shutdown(0)
+
+
+def test_registered_adapters_are_resident_before_ready(setup, monkeypatch):
+    """The --lora-modules adapters (up to --max-loras) are written to their device slots at
+    start: a first request writes none on the step thread, and answers as PEFT does."""
+    import zerod.engine.lora.manager as manager
+
+    base, paths, ps, want = setup
+    writes: list[int] = []
+    real = manager.write_slot
+    monkeypatch.setattr(manager, "write_slot", lambda model, slot, a: (writes.append(slot), real(model, slot, a)))
+    eng = engine(base, paths, max_loras=len(ADAPTERS))
+    try:
+        assert sorted(writes) == list(range(1, len(ADAPTERS) + 1))   # one slot each, at start
+        writes.clear()
+        for name in ADAPTERS:
+            got = generate(eng, [(ps[0], name)], GREEDY)
+            assert got[0]["token_ids"] == want[name][0]
+        assert writes == []
+    finally:
+        eng.shutdown(0)
