@@ -344,3 +344,16 @@ def test_mistral_output_keeps_its_tool_calls_token(scripted, parser, choice, ski
                                    tools=TOOLS, tool_choice=choice, max_tokens=20)
     params = scripted.engines()[-1].submitted[-1][2]
     assert params.skip_special_tokens is skips
+
+
+def test_an_explicit_skip_special_tokens_the_mistral_parser_cannot_honour_is_refused(scripted):
+    client = scripted("ok", "mistral")
+    openai = pytest.importorskip("openai")
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="fake", messages=[{"role": "user", "content": "x"}],
+                                       tools=TOOLS, max_tokens=20, extra_body={"skip_special_tokens": True})
+    assert e.value.body["param"] == "skip_special_tokens" and "mistral" in e.value.body["message"]
+    client.chat.completions.create(model="fake", messages=[{"role": "user", "content": "x"}],
+                                   tools=TOOLS, tool_choice="none", max_tokens=20,
+                                   extra_body={"skip_special_tokens": True})   # no parser reads it
+

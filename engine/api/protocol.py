@@ -490,6 +490,11 @@ class RequestSchemas:
             req.grammar = GrammarSpec("json", _schema_text(schema, "tools"), "tools")
         req.tools, req.tool_choice = tools, choice
         if choice == "auto" and self.limits.tool_parser in MARKED_BY_SPECIAL_TOKENS:
+            if body.get("skip_special_tokens") is True:   # asked for, and cannot be honoured
+                raise bad(f"'skip_special_tokens' true cannot be honoured with tools and "
+                          f"--tool-call-parser {self.limits.tool_parser}: the parser reads the "
+                          f"call's special marker token; leave it unset or send false",
+                          "skip_special_tokens", "unsupported")
             req.skip_special_tokens = False   # the parser reads the call's marker token
 
     def _check_text_len(self, chars: int, where: str) -> None:
