@@ -74,7 +74,10 @@ def test_schemathesis_against_the_demo_server(demo_server, tmp_path):
     t0 = time.monotonic()
     r = subprocess.run([str(Path(sys.executable).with_name("schemathesis")), "run",
                         demo_server + "/openapi.json", "--checks", CHECKS, "--seed", "0",
-                        "--max-examples", "30", "--workers", "1", "--no-shrink"],
+                        "--max-examples", "30", "--workers", "1", "--no-shrink",
+                        # a valid request may be long: n=105 chat choices to max_model_len on
+                        # the CPU take more than schemathesis's default 10 s
+                        "--request-timeout", "60"],
                        cwd=tmp_path,  # its cache directory lands there
                        capture_output=True, text=True, timeout=150)
     assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]
