@@ -159,6 +159,7 @@ class _Reader:
         self.state = "lead"
         self.content_sent = 0   # text[:content_sent] is sent as content
         self.committed = False  # a call's name is sent
+        self.call: _JsonCall | None = None   # the JSON call object being read (JSON formats)
 
     def feed(self, cs, text: str) -> Deltas:
         self.text += text
@@ -185,6 +186,18 @@ class _Reader:
         else:
             self.state = "content"
             self._content_rest(out)
+
+    def _read_call(self, cs, out: Deltas) -> bool:
+        """Reads on in the JSON call object begun (self.call); True once it closed, with
+        pos past it. A malformed one falls back (_not_a_call)."""
+        self.call.step(self, cs, out)
+        if self.call.failed:
+            self._not_a_call(out)
+            return False
+        if self.call.end is None:
+            return False
+        self.pos = self.call.end
+        return True
 
     def commit(self, cs, name: str, arguments: str, out: Deltas) -> None:
         self.committed = True
@@ -278,10 +291,6 @@ class Llama3JsonCalls(_Reader):
 
     parse = staticmethod(parse_llama3_json)
 
-    def __init__(self, tools) -> None:
-        super().__init__(tools)
-        self.call: _JsonCall | None = None
-
     def _step(self, cs, out: Deltas) -> None:
         text = self.text
         while True:
@@ -297,12 +306,9 @@ class Llama3JsonCalls(_Reader):
                     return self._not_a_call(out)
                 self.call, self.state = _JsonCall(i, _LLAMA3_HEAD, "parameters"), "call"
             if self.state == "call":
-                self.call.step(self, cs, out)
-                if self.call.failed:
-                    return self._not_a_call(out)
-                if self.call.end is None:
+                if not self._read_call(cs, out):
                     return
-                self.pos, self.state = self.call.end, "between"
+                self.state = "between"
             if self.state == "between":
                 self.pos = _skip(text, self.pos, _JSON_WS + ";")
                 if self.pos == len(text):
@@ -321,7 +327,6 @@ class MistralCalls(_Reader):
     def __init__(self, tools) -> None:
         super().__init__(tools)
         self.state = "text"
-        self.call: _JsonCall | None = None   # the list's object being read
         self.args: _JsonArgs | None = None   # a name[ARGS] call's arguments
 
     def _step(self, cs, out: Deltas) -> None:
@@ -357,12 +362,9 @@ class MistralCalls(_Reader):
                     return self._not_a_call(out)
                 self.call, self.state = _JsonCall(self.pos, _MISTRAL_HEAD, "arguments"), "item"
             if self.state == "item":
-                self.call.step(self, cs, out)
-                if self.call.failed:
-                    return self._not_a_call(out)
-                if self.call.end is None:
+                if not self._read_call(cs, out):
                     return
-                self.pos, self.state = self.call.end, "item_end"
+                self.state = "item_end"
             if self.state == "item_end":
                 self.pos = _skip(text, self.pos)
                 if self.pos == len(text):
