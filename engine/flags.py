@@ -20,7 +20,7 @@ from typing import Any
 
 import click
 
-from .api.reasoning import REASONING_PARSERS
+from .reasoning import REASONING_PARSERS
 from .api.tools import PARSERS
 from zerod.engine.logs import LOG_FORMATS
 

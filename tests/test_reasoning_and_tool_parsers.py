@@ -13,7 +13,7 @@ import pytest
 openai = pytest.importorskip("openai")
 
 from test_server_fake import FakeEngine, FakeTokenizer
-from zerod.engine.api.reasoning import split_reasoning
+from zerod.engine.reasoning import split_reasoning
 from zerod.engine.api.server import ServerThread
 from zerod.engine.api.tools import parse_tool_calls
 from zerod.engine.core.request import RequestOutput

@@ -19,7 +19,7 @@ openai = pytest.importorskip("openai")
 pytest.importorskip("xgrammar")
 jsonschema = pytest.importorskip("jsonschema")
 
-from zerod.engine.api.reasoning import THINK_END, THINK_START
+from zerod.engine.reasoning import THINK_END, THINK_START
 from zerod.engine.api.server import ServerThread
 from zerod.engine.sampling.reasoning_gate import ReasoningGate
 from zerod.engine.sampling.structured import (GrammarCompiler, GrammarSpec, advance_all,

@@ -24,7 +24,7 @@ import json
 import re
 from typing import Any
 
-from .reasoning import ReasoningStream, partial_tail
+from ..reasoning import ReasoningStream, partial_tail
 from .tool_streams import Llama3JsonCalls, MistralCalls, PythonicCalls
 from .tools import new_call_id, outcome, param_type, parse_hermes, qwen3_value
 

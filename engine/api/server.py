@@ -64,7 +64,7 @@ from zerod.engine.api.openapi import openapi_document
 from zerod.engine.api.response_size import check_response_size, encode_sliced
 from zerod.engine.sampling.structured import GrammarError, GrammarSpec
 from zerod.engine.api.chat_stream import ChoiceStream
-from zerod.engine.api.reasoning import PROMPT_TAIL_TOKENS, prompt_closes_thinking, split_reasoning
+from zerod.engine.reasoning import PROMPT_TAIL_TOKENS, prompt_closes_thinking, split_reasoning
 from zerod.engine.api.tools import outcome
 
 log = logging.getLogger("zerod.engine.api.server")

@@ -27,7 +27,7 @@ import keyword
 import re
 from typing import Any
 
-from .reasoning import partial_tail
+from ..reasoning import partial_tail
 from .tools import BAD_JSON, MISTRAL_TOKEN, call_from_json, parse_llama3_json, parse_mistral, \
     parse_pythonic
 

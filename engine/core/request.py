@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..api.reasoning import REASONING_PARSERS
+from ..reasoning import REASONING_PARSERS
 from ..sampling.logprobs import MAX_LOGPROBS
 from ..tokenizer import IncrementalDetokenizer
 

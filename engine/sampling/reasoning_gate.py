@@ -5,7 +5,7 @@ row allows every token and its matcher takes nothing; from the answer's first to
 the grammar runs from its initial state.
 
 Where the reasoning ends is decided on the decoded text of the generated tokens, fed to
-the same `ReasoningStream` the server splits the output with (engine/api/reasoning.py),
+the same `ReasoningStream` the server splits the output with (engine/reasoning.py),
 not on the token id of `</think>`: a model may write the tag in several tokens (a
 tokenizer without it as one token, or a split the model picks), and the text is what
 the server's split reads, so the grammar starts exactly where `content` starts.
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..api.reasoning import THINK_START, ReasoningStream
+from ..reasoning import THINK_START, ReasoningStream
 from ..tokenizer import IncrementalDetokenizer
 
 
