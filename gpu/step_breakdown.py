@@ -26,11 +26,16 @@ PROJ = {  # parameters per layer, Llama-3-8B
     "qkv": HIDDEN * (HIDDEN + 2 * KV_HEADS * HEAD_DIM), "o": HIDDEN * HIDDEN,
 }
 LM_HEAD = HIDDEN * 128256
-ATTENTION = ("_decode_split_kernel", "_decode_reduce_kernel", "_prefill_kernel", "fmha", "flash", "cudnn")
+ATTENTION_KERNELS = ("_decode_split_kernel", "_decode_reduce_kernel", "_prefill_kernel")   # engine/kernels
+ATTENTION_LIBS = ("fmha", "flash", "cudnn")   # SDPA's backends, named inside their kernels' names
 
 
 def is_gemm(name: str) -> bool:
     return name.startswith(("nvjet", "_w8a16")) or "gemm" in name.lower() or "cutlass" in name
+
+
+def is_attention(name: str) -> bool:
+    return name.startswith(ATTENTION_KERNELS) or any(a in name for a in ATTENTION_LIBS)
 
 
 def bound_us(params: float, rows: int, weight_bytes: float, peak: float) -> float:
@@ -55,10 +60,6 @@ def breakdown(w: dict, fp8: bool, ctx: int) -> list[tuple[str, float, float | No
              gemm, layers + head),
             (f"attention (KV read once at {ctx} tokens of context)", att, 1e6 * kv / HBM),
             ("norms, RoPE, SiLU, KV writes, quantization, sampling, copies", rest, None)]
-
-
-def is_attention(name: str) -> bool:
-    return name.startswith(ATTENTION[:3]) or any(a in name for a in ATTENTION[3:])
 
 
 def main() -> None:
