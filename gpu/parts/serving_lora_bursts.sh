@@ -10,7 +10,6 @@ PY=${PYTHON:-python3}
 FINAL=${OUT:-/tmp/zerod-lora-bursts}; mkdir -p "$FINAL"
 W=/tmp/lora-bursts; rm -rf "$W"; mkdir -p "$W"
 . gpu/parts/wheels.sh xgrammar
-unset PYTHONDONTWRITEBYTECODE; export PYTHONPYCACHEPREFIX=/tmp/pycache   # as serving_stalls.sh
 M=/tmp/zerod-dummy-8b
 $PY gpu/server_make_model.py "$M" --shape 8b > /dev/null || exit 1
 $PY gpu/lora_bench.py adapters "$M" "$W/adapters" 8 16 || exit 1

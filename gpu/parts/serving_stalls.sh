@@ -9,10 +9,6 @@ cd "$(dirname "$0")/../.."
 PY=${PYTHON:-python3}
 OUTD=${OUT:-/tmp/zerod-stalls}; mkdir -p "$OUTD"
 . gpu/parts/wheels.sh xgrammar
-# the device image's packages have no bytecode caches it can keep: without a writable cache
-# every start compiles torch's sources again (~3.4 s a start, a py-spy profile showed), which
-# a pip-installed host never does
-unset PYTHONDONTWRITEBYTECODE; export PYTHONPYCACHEPREFIX=/tmp/pycache
 M=/tmp/zerod-dummy-8b
 $PY gpu/server_make_model.py "$M" --shape 8b > /dev/null || exit 1
 ROOT=$PWD

@@ -10,3 +10,7 @@ for _m in "$@"; do
     fi
 done
 if [ -d /tmp/site ]; then export PYTHONPATH=/tmp/site; fi
+# The device image's packages have no bytecode cache it can keep: without a writable one every
+# start compiles torch's sources again (~3.4 s a start, gpu/start_profile.sh showed), which a
+# pip-installed host never does. Start times measured here are a host's.
+unset PYTHONDONTWRITEBYTECODE; export PYTHONPYCACHEPREFIX=/tmp/pycache
