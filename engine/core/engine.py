@@ -187,8 +187,9 @@ class Engine:
         self.device = _resolve_device(cfg.device)
         mc = self.model_config = load_model_config(self.model_dir)
         self.start_phases: dict[str, float] = {}   # seconds per part of the start (the ready log)
+        t_tok = time.monotonic()
         self.tokenizer = Tokenizer(cfg.tokenizer or self.model_dir, extra_eos_ids=mc.eos_token_ids)
-        self.start_phases["tokenizer"] = time.monotonic() - t0
+        self.start_phases["tokenizer"] = time.monotonic() - t_tok
         self.model_name = cfg.served_model_name or (
             "demo" if cfg.model == "demo" else self.model_dir.name)
         self.vocab_size = mc.vocab_size
