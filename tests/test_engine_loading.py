@@ -154,6 +154,26 @@ def test_max_model_len_beyond_pool_refused(ckpt):
     assert e.max_model_len == 4 * 16
 
 
+def test_an_engine_refused_after_its_build_leaves_no_step_thread(ckpt, monkeypatch):
+    """A start that fails once the device side is built (here: its metrics) raises the
+    error and leaves nothing running behind it, so a retry in the same process starts clean."""
+    import threading
+
+    from zerod.engine.core import engine as engine_mod
+
+    def broken(*a, **kw):
+        raise EngineError("metrics registry refused")
+
+    before = {t for t in threading.enumerate() if t.name == "zerod-step"}
+    monkeypatch.setattr(engine_mod, "EngineMetrics", broken)
+    with pytest.raises(EngineError, match="metrics registry refused"):
+        Engine(EngineConfig(model=str(ckpt), kv_pages=64))
+    left = {t for t in threading.enumerate() if t.name == "zerod-step" and t.is_alive()} - before
+    assert not left
+    monkeypatch.undo()
+    assert _run(ckpt)[0]                       # the same process serves afterwards
+
+
 def test_demo_model_created_once_in_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     e = Engine(EngineConfig(model="demo", kv_pages=64))

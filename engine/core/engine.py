@@ -204,6 +204,7 @@ class Engine:
         # built on the thread that serves. The caller's current device stays untouched.
         self._stop = threading.Event()
         self._go = threading.Event()
+        self._started = False
         built: Future = Future()
         self._loop = threading.Thread(target=self._step_thread, args=(built,), name="zerod-step", daemon=True)
         self._loop.start()
@@ -212,7 +213,17 @@ class Engine:
         except BaseException:
             grammars.join()   # a refused engine leaves no warm-up behind (several at once abort xgrammar)
             raise
+        try:
+            self._after_build(cfg, mc, t0, grammars)
+        except BaseException:
+            # nothing of a refused engine outlives it: the parked step thread holds the
+            # device side (and the ranks their processes) until shut down
+            grammars.join()
+            self.shutdown()
+            raise
 
+    def _after_build(self, cfg: EngineConfig, mc, t0: float, grammars: threading.Thread) -> None:
+        """The host side around the built device side: scheduler, metrics, poller."""
         self.scheduler = Scheduler(cfg, self.pool, self.loras, ring_window(mc.layer_windows))
         if self.scheduler.ring and cfg.enable_prefix_caching:
             log.info("every layer slides (window %d): each request holds a ring of %d KV pages; "
@@ -235,7 +246,6 @@ class Engine:
                                    notify_stop=lambda r: self._inbox.put(("stopped", r)),
                                    on_stream_error=self._on_stream_error,
                                    on_step_time=self.scheduler.cost.observe)
-        self._started = False
         t_join = time.monotonic()
         grammars.join()
         self.start_phases["host warm-up wait"] = time.monotonic() - t_join
