@@ -9,19 +9,23 @@ The names below are the one list of the engine's series as a scrape shows them
 
 Beside them, the series vLLM's dashboards, autoscalers and gateways read are published
 under vLLM's names (`vllm:*`, each with a `model_name` label) from the same observations:
-one `_Twin` observes both, so the two families cannot disagree. promtool's lint flags the
+one `_Twin` observes both (the inter-token gaps: one `StepHistogram` holds them), so the
+two families cannot disagree. promtool's lint flags the
 `:` in those names (a convention for recording rules); that is the only finding.
 """
 
 from __future__ import annotations
 
+import bisect
+import threading
 from typing import Callable
 
 import platform
 
 import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.utils import floatToGoString
 
 # No `_created` series beside each counter and histogram: Prometheus reads them as
 # separate series nobody charts (this is prometheus_client's process-wide switch; the
@@ -113,6 +117,51 @@ class _Twin:
             self.observe = lambda v: (a.observe(v), b.observe(v))
         else:
             self.inc = lambda v=1: (a.inc(v), b.inc(v))
+
+
+class StepHistogram:
+    """A histogram the output poller feeds a step's values at once, exposed under zerod's
+    name and vLLM's (labelled with the model): the inter-token gaps, one a streaming row a
+    step. prometheus_client observes one value at a time, two locked increments each and
+    twice for the twin; here a step's gaps take one lock and a bisect each
+    (`gpu/poller_cost.py` measures the poller's time a token)."""
+
+    def __init__(self, name: str, vllm_name: str, doc: str, buckets: tuple[float, ...], model_name: str):
+        self.names = (name, vllm_name)
+        self.doc, self.model_name = doc, model_name
+        self.bounds = tuple(float(b) for b in buckets)
+        self._counts = [0] * (len(self.bounds) + 1)   # per bucket, the last one +Inf
+        self._sum = 0.0
+        self._lock = threading.Lock()
+
+    def observe(self, value: float) -> None:
+        self.observe_many((value,))
+
+    def observe_many(self, values) -> None:
+        counts, bounds, at = self._counts, self.bounds, bisect.bisect_left
+        with self._lock:
+            total = self._sum
+            for v in values:
+                counts[at(bounds, v)] += 1       # the first bucket whose bound is >= v
+                total += v                       # in order, as one observation at a time adds
+            self._sum = total
+
+    def describe(self):
+        return [HistogramMetricFamily(self.names[0], self.doc),
+                HistogramMetricFamily(self.names[1], self.doc, labels=["model_name"])]
+
+    def collect(self):
+        with self._lock:
+            counts, total = list(self._counts), self._sum
+        cum, buckets = 0, []
+        for bound, c in zip(self.bounds + (float("inf"),), counts):
+            cum += c
+            buckets.append((floatToGoString(bound), cum))
+        ours = HistogramMetricFamily(self.names[0], self.doc)
+        ours.add_metric([], buckets, total)
+        vllm = HistogramMetricFamily(self.names[1], self.doc, labels=["model_name"])
+        vllm.add_metric([self.model_name], buckets, total)
+        return [ours, vllm]
 
 
 class RollingMax:
@@ -218,8 +267,9 @@ class EngineMetrics:
 
         self.ttft = hist(TIME_TO_FIRST_TOKEN_SECONDS, VLLM_TIME_TO_FIRST_TOKEN_SECONDS,
                          "Time from submit to the first token.", _LAT + (20.0, 60.0))
-        self.itl = hist(INTER_TOKEN_LATENCY_SECONDS, VLLM_INTER_TOKEN_LATENCY_SECONDS,
-                        "Time between consecutive tokens of a request.", _LAT)
+        self.itl = StepHistogram(INTER_TOKEN_LATENCY_SECONDS, VLLM_INTER_TOKEN_LATENCY_SECONDS,
+                                 "Time between consecutive tokens of a request.", _LAT, model_name)
+        r.register(self.itl)
         self.e2e = hist(E2E_REQUEST_LATENCY_SECONDS, VLLM_E2E_REQUEST_LATENCY_SECONDS,
                         "Time from submit to the end of a request.", _E2E)
         phase = {name: Histogram(name, doc, mn, buckets=_PHASE, registry=r).labels(model_name)

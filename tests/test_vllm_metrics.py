@@ -106,3 +106,36 @@ def test_daemon_reads_the_pool_under_either_name():
     new, _, _ = parse_metrics(f"{names.KV_POOL_PAGES} 40\n")
     old, _, _ = parse_metrics(f"{names.KV_PAGES_TOTAL} 41\n")
     assert new[names.KV_PAGES_TOTAL] == 40 and old[names.KV_PAGES_TOTAL] == 41
+
+
+def test_inter_token_gaps_under_both_names(scrape):
+    """3 requests of 6 tokens: 5 gaps each, counted once under zerod's name and once under
+    vLLM's (labelled with the model), the same buckets, sums and counts in both."""
+    eng, _, fams = scrape
+    ours = {(s.name, s.labels.get("le")): s.value for s in fams[names.INTER_TOKEN_LATENCY_SECONDS].samples}
+    vllm = {(s.name, s.labels.get("le")): s.value for s in fams[names.VLLM_INTER_TOKEN_LATENCY_SECONDS].samples
+            if s.labels.get("model_name") == eng.model_name}
+    assert ours[(names.INTER_TOKEN_LATENCY_SECONDS + "_count", None)] == 15
+    assert ours[(names.INTER_TOKEN_LATENCY_SECONDS + "_bucket", "+Inf")] == 15
+    assert [v for (n, le), v in sorted(ours.items()) if n.endswith("_bucket")] == \
+        [v for (n, le), v in sorted(vllm.items()) if n.endswith("_bucket")]
+    assert vllm[(names.VLLM_INTER_TOKEN_LATENCY_SECONDS + "_sum", None)] == ours[(names.INTER_TOKEN_LATENCY_SECONDS + "_sum", None)] > 0
+
+
+def test_a_steps_gaps_expose_as_prometheus_clients_histogram():
+    """The batched histogram's exposition equals prometheus_client's Histogram fed the same
+    values one at a time, boundaries included (a value equal to a bound is in its bucket)."""
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    values = [0.0005, 0.001, 0.0025, 0.004, 0.05, 0.05, 0.31, 7.0, 120.0]
+    batched, plain = CollectorRegistry(), CollectorRegistry()
+    h = names.StepHistogram("gap_seconds", "vllm:gap_seconds", "Gaps.", names._LAT, "m")
+    batched.register(h)
+    h.observe_many(values[:4])
+    h.observe_many(values[4:])
+    ref = Histogram("gap_seconds", "Gaps.", buckets=names._LAT, registry=plain)
+    ref_vllm = Histogram("vllm:gap_seconds", "Gaps.", ["model_name"], buckets=names._LAT, registry=plain).labels("m")
+    for v in values:
+        ref.observe(v)
+        ref_vllm.observe(v)
+    assert generate_latest(batched) == generate_latest(plain)

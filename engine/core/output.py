@@ -107,23 +107,6 @@ class FinishRecord:
     error: str | None = None
 
 
-class _Unobserved:
-    """Stands in for the engine's metrics for an unmetered request (the daemon's canary)."""
-
-    def observe(self, _v: float) -> None:
-        pass
-
-    def inc(self, _v: float = 1) -> None:
-        pass
-
-
-class _UnmeteredMetrics:
-    ttft = itl = max_itl = prompt_tokens = _Unobserved()
-
-
-UNMETERED = _UnmeteredMetrics()
-
-
 class OutputPoller(threading.Thread):
     def __init__(self, tokenizer: Tokenizer, ring: HostRing, metrics, notify_stop: Callable[[Request], None],
                  on_stream_error: Callable[[BaseException], None],
@@ -198,12 +181,16 @@ class OutputPoller(threading.Thread):
                           "seconds": round(step_s, 6), "at": time.time()}
         now = time.monotonic()
         gen = 0
+        gaps: list[float] = []        # the metered rows' inter-token gaps, observed once a step
         for i, (r, t) in enumerate(zip(rec.rows, toks)):
             if not r.finished:
                 gen += not r.params.unmetered
-                self._token(r, t, now, lps.get(i) if lps else None)
+                self._token(r, t, now, gaps, lps.get(i) if lps else None)
         if gen:
             self.metrics.generation_tokens.inc(gen)
+        if gaps:
+            self.metrics.itl.observe_many(gaps)
+            self.metrics.max_itl.observe(max(gaps))
 
     def _logprobs(self, ring_idx: int, rows: list[Request], toks: list[int]) -> dict[int, TokenLogprob]:
         """The step's logprob rows, by ring row (empty when no row asked)."""
@@ -218,18 +205,17 @@ class OutputPoller(threading.Thread):
         return out
 
     # ------------------------------------------------------------------ per token
-    def _token(self, r: Request, tok: int, now: float, lp: TokenLogprob | None = None) -> None:
+    def _token(self, r: Request, tok: int, now: float, gaps: list[float],
+               lp: TokenLogprob | None = None) -> None:
         p = r.params
-        m = self.metrics if not p.unmetered else UNMETERED
         if r.first_token_at is None:
             r.first_token_at = now
-            m.ttft.observe(now - r.arrival)
-            m.prompt_tokens.inc(r.prompt_len)
+            if not p.unmetered:
+                self.metrics.ttft.observe(now - r.arrival)
+                self.metrics.prompt_tokens.inc(r.prompt_len)
             r.detok = IncrementalDetokenizer(self.tok, r.prompt_ids, p.skip_special_tokens)
-        else:
-            gap = now - r.last_token_at
-            m.itl.observe(gap)
-            m.max_itl.observe(gap)
+        elif not p.unmetered:
+            gaps.append(now - r.last_token_at)
         r.last_token_at = now
         r.out_ids.append(tok)
         n = len(r.out_ids)
