@@ -1,0 +1,408 @@
+#!/usr/bin/env python3
+"""The skinny GEMM candidates (engine/kernels/skinny_gemm.py) against cuBLAS at the
+Llama-3-8B shapes, on one GPU: which config is fastest per shape and M, and how close each
+side runs to its roofline bound.
+
+    python3 gpu/skinny_gemm_bench.py --out $OUT/skinny.json        # the sweep
+    python3 gpu/skinny_gemm_bench.py --out $OUT/skinny.json --quick   # o and gate_up only
+    python3 gpu/skinny_gemm_bench.py --interpret --out /tmp/s.json    # dry run on the CPU
+
+Shapes (N x K): qkv 6144x4096, o 4096x4096, gate_up 28672x4096, down 4096x14336, and the
+LM head 128256x4096 (bf16 only: the engine keeps the LM head unquantized), at M in
+1, 16, 64, 128, 200, 256 (`--ms`, `--shapes`, `--dtypes` pick fewer). bf16: every
+CONFIGS["half"] entry against F.linear. fp8 (where float8_e4m3fn and torch._scaled_mm run:
+sm_89+): every CONFIGS["fp8"] entry against torch._scaled_mm with per-token A and
+per-channel B scales, as Fp8Linear.w8a8 calls it; both take the same quantized activations
+(the quantization itself is not timed).
+
+Each result is first checked against a float32 reference (the fp8 one from the
+dequantized operands): a relative error above TOL, a NaN, or a launch that fails (out of
+shared memory, a compiler error) excludes that config however fast; the error against
+cuBLAS's output is recorded too. Then timed: on the GPU inside a CUDA graph that cycles
+through enough copies of the weights (COLD_BYTES in all, several times the L2) that every
+call reads its weights from HBM, as a decode step does: o's and qkv's weights alone would
+fit the L2 and read back from it, while gate_up's, down's (bf16) and the LM head's are
+larger than the L2 anyway (one or two copies). The median of 7 replays of ~1 ms, per call;
+the graph also proves the launches capturable. Each is set against its roofline bound
+max(bytes / HBM, FLOPs / peak), with gpu/step_breakdown.py's H200 figures (diag's copy
+bandwidth and checked GEMM peaks); the bytes are those a call must move: weights,
+activations, output, and the FP8 scales.
+
+Prints a table (shape, M, cuBLAS us and % of bound, the best Triton config's, the speedup)
+and, per dtype and M, a decode step's GEMMs (32 layers of the four projections + the bf16
+LM head) with cuBLAS against the faster of the two per shape. Writes every row to --out
+(after each shape, so a cut-short run keeps what it measured) and the per-shape best
+config to --table-out (default: --out's name with _table), for a later change to load
+at engine start.
+
+Runtime on an H200: Triton compiles each config once per dtype (M is no specialisation
+key; N, K and the strides share one), ~32 kernels plus the split-K sums; every (shape, M)
+cell then times 17 launches. --budget-s (default 420) stops starting new cells past it and
+says so (`stopped_early`), so one device call of 10 minutes always ends with its files.
+
+--interpret: TRITON_INTERPRET=1, tiny shapes on the CPU, fp16 in place of bf16 (the
+interpreter's tl.dot on bf16 is wrong) and the interpreter's wall-clock, to exercise the
+script end to end; its times say nothing about a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(Path(__file__).resolve().parent)]
+
+from step_breakdown import HBM, PEAK  # noqa: E402  (H200: diag's copy bandwidth, GEMM peaks)
+
+SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
+          "lm_head": (128256, 4096)}
+QUICK = ("o", "gate_up")
+MS = (1, 16, 64, 128, 200, 256)
+BF16_ONLY = ("lm_head",)
+LAYERS = 32
+# tiny stand-ins for --interpret: N and K past a tile, M in and past a 16-token tile
+INTERPRET_SHAPES = {"qkv": (96, 320), "o": (64, 128), "gate_up": (160, 128), "down": (64, 384), "lm_head": (200, 128)}
+INTERPRET_MS = (1, 5, 33)
+# relative error (Frobenius) against float32: bf16's rounding is ~1e-3; FP8 products are
+# exact, their sums on Hopper keep ~14 bits; a wrong tile or index costs O(1)
+TOL = {"bf16": 5e-3, "fp8": 1e-2}
+COLD_BYTES = 256 << 20   # weight copies per timing: several times an H200's L2
+MAX_COPIES = 16
+
+
+def bound_us(dtype: str, m: int, n: int, k: int) -> float:
+    """The roofline bound of one call, us: max(bytes / HBM, FLOPs / peak); bytes: the
+    weights and activations (bf16, or e4m3 with float32 scales) and a bf16 output."""
+    elt = 1 if dtype == "fp8" else 2
+    moved = n * k * elt + m * k * elt + m * n * 2 + (4 * (m + n) if dtype == "fp8" else 0)
+    return 1e6 * max(moved / HBM, 2 * m * n * k / PEAK[dtype])
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "/tmp"), "skinny.json"),
+                    help="every row as JSON (default $OUT/skinny.json)")
+    ap.add_argument("--table-out", help="the best config per dtype, shape and M (default: --out with _table)")
+    ap.add_argument("--quick", action="store_true", help=f"shapes {' and '.join(QUICK)} only")
+    ap.add_argument("--shapes", help=f"comma-separated, of {','.join(SHAPES)}")
+    ap.add_argument("--ms", help=f"comma-separated M values (default {','.join(map(str, MS))})")
+    ap.add_argument("--dtypes", default="bf16,fp8", help="bf16, fp8 or both")
+    ap.add_argument("--max-configs", type=int, default=0, help="the first N configs of each dtype (0: all)")
+    ap.add_argument("--budget-s", type=float, default=420.0, help="start no new cell after this many seconds")
+    ap.add_argument("--interpret", action="store_true", help="the CPU through Triton's interpreter, tiny shapes")
+    a = ap.parse_args(argv)
+    names = a.shapes.split(",") if a.shapes else list(QUICK if a.quick else SHAPES)
+    if any(s not in SHAPES for s in names):
+        ap.error(f"--shapes: one of {','.join(SHAPES)}, got {a.shapes}")
+    a.shapes = names
+    a.ms = [int(m) for m in a.ms.split(",")] if a.ms else list(INTERPRET_MS if a.interpret else MS)
+    a.dtypes = a.dtypes.split(",")
+    if any(d not in TOL for d in a.dtypes):
+        ap.error(f"--dtypes: bf16 and / or fp8, got {a.dtypes}")
+    if a.table_out is None:
+        p = Path(a.out)
+        a.table_out = str(p.with_name(p.stem + "_table" + (p.suffix or ".json")))
+    return a
+
+
+# --------------------------------------------------------------------------- results
+
+def best_per_cell(rows: list[dict]) -> dict:
+    """{dtype: {"NxK": {"M": best checked Triton row against cuBLAS}}}: wrong or failed
+    rows never win."""
+    best: dict = {}
+    base = {(r["dtype"], r["N"], r["K"], r["M"]): r for r in rows if r["impl"] == "cublas" and "us" in r}
+    for r in rows:
+        if r["impl"] != "triton" or not r.get("ok") or "us" not in r:
+            continue
+        cell = best.setdefault(r["dtype"], {}).setdefault(f"{r['N']}x{r['K']}", {})
+        key = str(r["M"])
+        if key in cell and cell[key]["triton_us"] <= r["us"]:
+            continue
+        b = base.get((r["dtype"], r["N"], r["K"], r["M"]))
+        cell[key] = {"shape": r["shape"], "config": r["config"], "name": r["name"], "triton_us": r["us"],
+                     "triton_of_bound": r["bound_us"] / r["us"],
+                     "cublas_us": b["us"] if b else None, "cublas_of_bound": b["bound_us"] / b["us"] if b else None,
+                     "speedup": b["us"] / r["us"] if b else None}
+    return best
+
+
+def table_lines(rows: list[dict], best: dict) -> list[str]:
+    """The short table: per dtype, shape and M, cuBLAS against the best Triton config."""
+    out = [f"{'dtype':5} {'shape':8} {'N x K':>12} {'M':>4} {'cuBLAS us (bound)':>19} "
+           f"{'Triton us (bound)':>19} {'speedup':>7}  best config"]
+    seen = []
+    for r in rows:
+        k = (r["dtype"], r["shape"], r["N"], r["K"], r["M"])
+        if r["impl"] == "cublas" and k not in seen:
+            seen.append(k)
+    for dtype, shape, n, k, m in seen:
+        cell = best.get(dtype, {}).get(f"{n}x{k}", {}).get(str(m))
+        base = next(r for r in rows if r["impl"] == "cublas" and (r["dtype"], r["N"], r["K"], r["M"]) == (dtype, n, k, m))
+        cub = f"{base['us']:8.1f} ({100 * base['bound_us'] / base['us']:3.0f} %)" if "us" in base else "failed"
+        tri = f"{cell['triton_us']:8.1f} ({100 * cell['triton_of_bound']:3.0f} %)" if cell else "none correct"
+        sp = f"{cell['speedup']:6.2f}x" if cell and cell["speedup"] else "-"
+        out.append(f"{dtype:5} {shape:8} {f'{n}x{k}':>12} {m:>4} {cub:>19} {tri:>19} {sp:>7}  "
+                   f"{cell['name'] if cell else '-'}")
+    return out
+
+
+def step_lines(rows: list[dict], best: dict) -> list[str]:
+    """Per dtype and M: a decode step's GEMMs (LAYERS x the four projections + the bf16 LM
+    head) with cuBLAS alone, and with the faster of cuBLAS and the best Triton per shape."""
+    base = {(r["dtype"], r["shape"], r["M"]): r for r in rows if r["impl"] == "cublas" and "us" in r}
+    out = []
+    for dtype in sorted({r["dtype"] for r in rows}):
+        for m in sorted({r["M"] for r in rows}):
+            parts = [(s, LAYERS) for s in ("qkv", "o", "gate_up", "down")] + [("lm_head", 1)]
+            cells = []
+            for s, times in parts:
+                d = "bf16" if s in BF16_ONLY else dtype
+                b = base.get((d, s, m))
+                if b is None:
+                    break
+                t = best.get(d, {}).get(f"{b['N']}x{b['K']}", {}).get(str(m))
+                cells.append((times * b["us"], times * min(b["us"], t["triton_us"] if t else math.inf),
+                              times * b["bound_us"]))
+            else:
+                cub, mixed, bound = (sum(c[i] for c in cells) for i in range(3))
+                out.append(f"{dtype:5} M={m:>4}: cuBLAS {cub:8.0f} us ({100 * bound / cub:3.0f} % of bound), "
+                           f"best of both {mixed:8.0f} us ({100 * bound / mixed:3.0f} %), bound {bound:6.0f} us")
+    return out
+
+
+# --------------------------------------------------------------------------- the device part
+
+def run(a: argparse.Namespace) -> int:
+    if a.interpret:
+        os.environ["TRITON_INTERPRET"] = "1"   # before triton defines any kernel
+    import torch
+    import torch.nn.functional as F
+    import triton
+
+    if a.interpret:
+        from kernel_checks import patch_triton_interpreter
+        patch_triton_interpreter()
+    from zerod.engine.kernels import skinny_gemm as sg
+    from zerod.engine.quant import fp8
+
+    dev = torch.device("cpu" if a.interpret else "cuda")
+    if not a.interpret and not torch.cuda.is_available():
+        print("no CUDA device: run on a GPU, or pass --interpret for the CPU dry run", file=sys.stderr)
+        return 2
+    half = torch.float16 if a.interpret else torch.bfloat16
+    torch.backends.cuda.matmul.allow_tf32 = False   # the float32 references stay float32
+    shapes = {s: (INTERPRET_SHAPES if a.interpret else SHAPES)[s] for s in a.shapes}
+    info = {"device": "cpu (Triton interpreter)" if a.interpret else torch.cuda.get_device_name(dev),
+            "torch": torch.__version__, "triton": triton.__version__, "interpret": a.interpret,
+            "hbm_Bps": HBM, "peak_flops": PEAK, "tol": TOL, "shapes": shapes, "ms": a.ms,
+            "timing": "interpreter wall-clock, median of 3 calls" if a.interpret else
+                      "CUDA graph over cold weight copies, median of 7 replays, per call"}
+    if not a.interpret:
+        p = torch.cuda.get_device_properties(dev)
+        info.update(sms=p.multi_processor_count, l2_bytes=getattr(p, "L2_cache_size", None),
+                    capability=list(torch.cuda.get_device_capability(dev)))
+    dtypes = list(a.dtypes)
+    if "fp8" in dtypes:
+        why = fp8_unsupported(torch, dev)
+        if why:
+            print(f"fp8 skipped: {why}", flush=True)
+            info["fp8_skipped"] = why
+            dtypes.remove("fp8")
+    configs = {d: sg.CONFIGS["fp8" if d == "fp8" else "half"] for d in dtypes}
+    if a.max_configs:
+        configs = {d: c[:a.max_configs] for d, c in configs.items()}
+    print(json.dumps(info), flush=True)
+
+    rows: list[dict] = []
+    result = {"info": info, "rows": rows, "stopped_early": False}
+    t0 = time.perf_counter()
+    g = torch.Generator(device=dev).manual_seed(11)
+
+    def save() -> None:
+        result["elapsed_s"] = time.perf_counter() - t0
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps(result, indent=1))
+
+    def timed(fns: list) -> float:
+        if a.interpret:
+            ts = []
+            for f in fns[:1] * 3:
+                s = time.perf_counter()
+                f()
+                ts.append(time.perf_counter() - s)
+            return statistics.median(ts) * 1e6
+        return graph_time_us(torch, fns)
+
+    fatal = None
+    for shape, (n, k) in shapes.items():
+        for dtype in dtypes:
+            if dtype == "fp8" and shape in BF16_ONLY:
+                continue
+            wbytes = n * k * (1 if dtype == "fp8" else 2)
+            copies = 1 if a.interpret else max(1, min(MAX_COPIES, math.ceil(COLD_BYTES / wbytes)))
+            w = (torch.randn(n, k, generator=g, device=dev) / math.sqrt(k)).to(half)
+            if dtype == "fp8":
+                wq, ws = fp8.quantize_rows(w)
+                wref = wq.float() * ws[:, None]
+                ws_ = [(wq, ws)] + [(wq.clone(), ws.clone()) for _ in range(copies - 1)]
+            else:
+                wref = w.float()
+                ws_ = [w] + [w.clone() for _ in range(copies - 1)]
+            for m in a.ms:
+                if time.perf_counter() - t0 > a.budget_s:
+                    result["stopped_early"] = True
+                    break
+                x = torch.randn(m, k, generator=g, device=dev).to(half)
+                if dtype == "fp8":
+                    xq, xs = fp8.quantize_rows(x)
+                    xs = xs[:, None]
+                    ref = (xq.float() * xs) @ wref.T
+                    base = [lambda c=c: torch._scaled_mm(xq, c[0].t(), scale_a=xs, scale_b=c[1].view(1, -1),
+                                                         out_dtype=half) for c in ws_]
+                    mk = lambda cfg: [lambda c=c: sg.skinny_matmul_fp8(xq, xs, c[0], c[1], out_dtype=half,  # noqa: E731
+                                                                       cfg=cfg) for c in ws_]
+                else:
+                    ref = x.float() @ wref.T
+                    base = [lambda c=c: F.linear(x, c) for c in ws_]
+                    mk = lambda cfg: [lambda c=c: sg.skinny_matmul(x, c, cfg=cfg) for c in ws_]  # noqa: E731
+                common = {"dtype": dtype, "shape": shape, "N": n, "K": k, "M": m, "bound_us": bound_us(dtype, m, n, k)}
+                cub = measure(torch, dict(common, impl="cublas", name="cuBLAS", config=None), base, ref, None,
+                              TOL[dtype], timed)
+                rows.append(cub)
+                cub_out = base[0]() if "error" not in cub else None
+                for cfg in configs[dtype]:
+                    r = measure(torch, dict(common, impl="triton", name=cfg.name, config=cfg.as_dict()),
+                                mk(cfg), ref, cub_out, TOL[dtype], timed)
+                    rows.append(r)
+                    fatal = fatal or r.get("fatal")
+                    if fatal:
+                        break
+                line = f"{dtype} {shape} M={m}: cuBLAS {cub.get('us', float('nan')):.1f} us"
+                good = [r for r in rows[-len(configs[dtype]):] if r.get("ok") and "us" in r]
+                if good:
+                    b = min(good, key=lambda r: r["us"])
+                    line += f", best Triton {b['us']:.1f} us ({b['name']})"
+                print(f"{line}, {len(good)}/{len(configs[dtype])} configs right, "
+                      f"{time.perf_counter() - t0:.0f} s", flush=True)
+                if fatal:
+                    break
+            del w, wref, ws_
+            if not a.interpret:
+                torch.cuda.empty_cache()
+            save()
+            if fatal or result["stopped_early"]:
+                break
+        if fatal or result["stopped_early"]:
+            break
+    if result["stopped_early"]:
+        print(f"stopped early: past --budget-s {a.budget_s:.0f} s, the rest not measured", flush=True)
+    if fatal:
+        result["fatal"] = fatal
+        print(f"stopped: the CUDA context failed ({fatal}); rows before it are kept", flush=True)
+
+    best = best_per_cell(rows)
+    result["best"] = best
+    save()
+    Path(a.table_out).write_text(json.dumps({"info": info, "best": best}, indent=1))
+    print("\n" + ("times: the interpreter's wall-clock, not a GPU's\n" if a.interpret else "") +
+          "\n".join(table_lines(rows, best)))
+    steps = step_lines(rows, best)
+    if steps:
+        print(f"\na decode step's GEMMs ({LAYERS} layers x qkv, o, gate_up, down + the bf16 LM head):")
+        print("\n".join(steps))
+    bad = [r for r in rows if not r.get("ok")]
+    print(f"\n{len(rows)} rows, {len(bad)} excluded (wrong or failed); {a.out}, {a.table_out}; "
+          f"{time.perf_counter() - t0:.0f} s", flush=True)
+    return 1 if fatal else 0
+
+
+def fp8_unsupported(torch, dev) -> str | None:
+    """Why the FP8 half cannot run here (None: it can)."""
+    if not hasattr(torch, "float8_e4m3fn") or not hasattr(torch, "_scaled_mm"):
+        return "this torch has no float8_e4m3fn / _scaled_mm"
+    if dev.type == "cuda" and torch.cuda.get_device_capability(dev) < (8, 9):
+        return "FP8 tensor cores need compute capability 8.9+"
+    try:
+        a = torch.ones(16, 32, device=dev).to(torch.float8_e4m3fn)
+        torch._scaled_mm(a, a.t(), scale_a=torch.ones(16, 1, device=dev), scale_b=torch.ones(1, 16, device=dev),
+                         out_dtype=torch.bfloat16)
+    except Exception as e:   # a build without row-wise scaling
+        return f"torch._scaled_mm row-wise: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
+    return None
+
+
+def measure(torch, row: dict, fns: list, ref, cub_out, tol: float, timed) -> dict:
+    """Check fns[0]'s output against ref (and cuBLAS's), then time all fns; a failure is
+    recorded, not raised. row["fatal"]: the CUDA context no longer works."""
+    try:
+        t = time.perf_counter()
+        y = fns[0]().float()
+        if ref.is_cuda:
+            torch.cuda.synchronize()
+        row["first_call_s"] = time.perf_counter() - t   # compile time included
+        finite = bool(torch.isfinite(y).all())
+        row["rel_err"] = float((y.double() - ref.double()).norm() / ref.double().norm()) if finite else math.inf
+        row["max_abs"] = float((y - ref).abs().max()) if finite else math.inf
+        if cub_out is not None:
+            row["max_abs_vs_cublas"] = float((y - cub_out.float()).abs().max()) if finite else math.inf
+            row["rel_vs_cublas"] = (float((y.double() - cub_out.double()).norm() / cub_out.double().norm())
+                                    if finite else math.inf)
+        row["ok"] = finite and row["rel_err"] <= tol
+        if row["ok"] or row["impl"] == "cublas":
+            row["us"] = timed(fns)
+    except Exception as e:   # out of shared memory, a compiler error, a capture that fails
+        row["ok"] = False
+        row["error"] = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+        if ref.is_cuda:
+            try:
+                torch.cuda.synchronize()
+            except Exception as e2:   # a sticky error (an illegal address): nothing after it is trusted
+                row["fatal"] = f"{type(e2).__name__}: {(str(e2).splitlines() or [''])[0][:200]}"
+    return row
+
+
+def graph_time_us(torch, fns: list) -> float:
+    """Per call: fns (one per weight copy) captured in a CUDA graph, repeated to ~1 ms,
+    the median of 7 replays."""
+    for f in fns:
+        f()   # compiled, and cuBLAS's choice made, outside the capture
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for f in fns:
+        f()
+    b.record()
+    b.synchronize()
+    rounds = max(1, min(20, int(1.0 / max(a.elapsed_time(b), 1e-3))))
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(rounds):
+            for f in fns:
+                f()
+    g.replay()
+    ts = []
+    for _ in range(7):
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        ts.append(a.elapsed_time(b) * 1e3)
+    del g
+    return statistics.median(ts) / (rounds * len(fns))
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
