@@ -6,6 +6,7 @@ side runs to its roofline bound.
     python3 gpu/skinny_gemm_bench.py --out $OUT/skinny.json        # the sweep
     python3 gpu/skinny_gemm_bench.py --out $OUT/skinny.json --quick   # o and gate_up only
     python3 gpu/skinny_gemm_bench.py --interpret --out /tmp/s.json    # dry run on the CPU
+    python3 gpu/skinny_gemm_bench.py --aot --out /tmp/aot.json        # sm_90a compile, no GPU
 
 Shapes (N x K): qkv 6144x4096, o 4096x4096, gate_up 28672x4096, down 4096x14336, and the
 LM head 128256x4096 (bf16 only: the engine keeps the LM head unquantized), at M in
@@ -43,6 +44,10 @@ says so (`stopped_early`), so one device call of 10 minutes always ends with its
 --interpret: TRITON_INTERPRET=1, tiny shapes on the CPU, fp16 in place of bf16 (the
 interpreter's tl.dot on bf16 is wrong) and the interpreter's wall-clock, to exercise the
 script end to end; its times say nothing about a GPU.
+
+--aot: no GPU either: every config compiled ahead for sm_90a (Triton's own ptxas, -v),
+one line each: shared memory, registers, spills, the MMA instructions (wgmma or
+mma.sync) and any ptxas performance warning; to prune configs without device time.
 """
 
 from __future__ import annotations
@@ -77,10 +82,21 @@ COLD_BYTES = 256 << 20   # weight copies per timing: several times an H200's L2
 MAX_COPIES = 16
 
 
+ELT = {"bf16": 2, "fp8": 1}   # bytes of a weight or an activation
+PRIORITY_M = 200             # the throughput scenario's batch: measured first
+
+
+def cells(shapes: list[str], dtypes: list[str], ms: list[int]) -> list[tuple[int, str, str]]:
+    """(M, shape, dtype) in the order they are measured: M = PRIORITY_M first, then the
+    larger M before the smaller, so a run cut short by --budget-s keeps what matters most."""
+    order = sorted(ms, key=lambda m: (m != PRIORITY_M, -m))
+    return [(m, s, d) for m in order for s in shapes for d in dtypes if not (d == "fp8" and s in BF16_ONLY)]
+
+
 def bound_us(dtype: str, m: int, n: int, k: int) -> float:
     """The roofline bound of one call, us: max(bytes / HBM, FLOPs / peak); bytes: the
     weights and activations (bf16, or e4m3 with float32 scales) and a bf16 output."""
-    elt = 1 if dtype == "fp8" else 2
+    elt = ELT[dtype]
     moved = n * k * elt + m * k * elt + m * n * 2 + (4 * (m + n) if dtype == "fp8" else 0)
     return 1e6 * max(moved / HBM, 2 * m * n * k / PEAK[dtype])
 
@@ -98,6 +114,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-configs", type=int, default=0, help="the first N configs of each dtype (0: all)")
     ap.add_argument("--budget-s", type=float, default=420.0, help="start no new cell after this many seconds")
     ap.add_argument("--interpret", action="store_true", help="the CPU through Triton's interpreter, tiny shapes")
+    ap.add_argument("--aot", action="store_true", help="compile every config for sm_90a on the CPU, report ptxas -v")
     a = ap.parse_args(argv)
     names = a.shapes.split(",") if a.shapes else list(QUICK if a.quick else SHAPES)
     if any(s not in SHAPES for s in names):
@@ -139,11 +156,9 @@ def table_lines(rows: list[dict], best: dict) -> list[str]:
     """The short table: per dtype, shape and M, cuBLAS against the best Triton config."""
     out = [f"{'dtype':5} {'shape':8} {'N x K':>12} {'M':>4} {'cuBLAS us (bound)':>19} "
            f"{'Triton us (bound)':>19} {'speedup':>7}  best config"]
-    seen = []
-    for r in rows:
-        k = (r["dtype"], r["shape"], r["N"], r["K"], r["M"])
-        if r["impl"] == "cublas" and k not in seen:
-            seen.append(k)
+    order = list(SHAPES)
+    seen = sorted({(r["dtype"], r["shape"], r["N"], r["K"], r["M"]) for r in rows if r["impl"] == "cublas"},
+                  key=lambda c: (c[0], order.index(c[1]) if c[1] in order else len(order), c[1], c[4]))
     for dtype, shape, n, k, m in seen:
         cell = best.get(dtype, {}).get(f"{n}x{k}", {}).get(str(m))
         base = next(r for r in rows if r["impl"] == "cublas" and (r["dtype"], r["N"], r["K"], r["M"]) == (dtype, n, k, m))
@@ -242,67 +257,67 @@ def run(a: argparse.Namespace) -> int:
             return statistics.median(ts) * 1e6
         return graph_time_us(torch, fns)
 
-    fatal = None
-    for shape, (n, k) in shapes.items():
-        for dtype in dtypes:
-            if dtype == "fp8" and shape in BF16_ONLY:
-                continue
-            wbytes = n * k * (1 if dtype == "fp8" else 2)
-            copies = 1 if a.interpret else max(1, min(MAX_COPIES, math.ceil(COLD_BYTES / wbytes)))
+    weights: dict = {}
+
+    def weights_of(shape: str, dtype: str):
+        """(copies enough to read cold, the float32 weights the reference uses), made once."""
+        if (shape, dtype) not in weights:
+            n, k = shapes[shape]
+            copies = 1 if a.interpret else max(1, min(MAX_COPIES, math.ceil(COLD_BYTES / (n * k * ELT[dtype]))))
             w = (torch.randn(n, k, generator=g, device=dev) / math.sqrt(k)).to(half)
             if dtype == "fp8":
                 wq, ws = fp8.quantize_rows(w)
-                wref = wq.float() * ws[:, None]
-                ws_ = [(wq, ws)] + [(wq.clone(), ws.clone()) for _ in range(copies - 1)]
+                weights[shape, dtype] = ([(wq, ws)] + [(wq.clone(), ws.clone()) for _ in range(copies - 1)],
+                                         wq.float() * ws[:, None])
             else:
-                wref = w.float()
-                ws_ = [w] + [w.clone() for _ in range(copies - 1)]
-            for m in a.ms:
-                if time.perf_counter() - t0 > a.budget_s:
-                    result["stopped_early"] = True
-                    break
-                x = torch.randn(m, k, generator=g, device=dev).to(half)
-                if dtype == "fp8":
-                    xq, xs = fp8.quantize_rows(x)
-                    xs = xs[:, None]
-                    ref = (xq.float() * xs) @ wref.T
-                    base = [lambda c=c: torch._scaled_mm(xq, c[0].t(), scale_a=xs, scale_b=c[1].view(1, -1),
-                                                         out_dtype=half) for c in ws_]
-                    mk = lambda cfg: [lambda c=c: sg.skinny_matmul_fp8(xq, xs, c[0], c[1], out_dtype=half,  # noqa: E731
-                                                                       cfg=cfg) for c in ws_]
-                else:
-                    ref = x.float() @ wref.T
-                    base = [lambda c=c: F.linear(x, c) for c in ws_]
-                    mk = lambda cfg: [lambda c=c: sg.skinny_matmul(x, c, cfg=cfg) for c in ws_]  # noqa: E731
-                common = {"dtype": dtype, "shape": shape, "N": n, "K": k, "M": m, "bound_us": bound_us(dtype, m, n, k)}
-                cub = measure(torch, dict(common, impl="cublas", name="cuBLAS", config=None), base, ref, None,
-                              TOL[dtype], timed)
-                rows.append(cub)
-                cub_out = base[0]() if "error" not in cub else None
-                for cfg in configs[dtype]:
-                    r = measure(torch, dict(common, impl="triton", name=cfg.name, config=cfg.as_dict()),
-                                mk(cfg), ref, cub_out, TOL[dtype], timed)
-                    rows.append(r)
-                    fatal = fatal or r.get("fatal")
-                    if fatal:
-                        break
-                line = f"{dtype} {shape} M={m}: cuBLAS {cub.get('us', float('nan')):.1f} us"
-                good = [r for r in rows[-len(configs[dtype]):] if r.get("ok") and "us" in r]
-                if good:
-                    b = min(good, key=lambda r: r["us"])
-                    line += f", best Triton {b['us']:.1f} us ({b['name']})"
-                print(f"{line}, {len(good)}/{len(configs[dtype])} configs right, "
-                      f"{time.perf_counter() - t0:.0f} s", flush=True)
-                if fatal:
-                    break
-            del w, wref, ws_
-            if not a.interpret:
-                torch.cuda.empty_cache()
-            save()
-            if fatal or result["stopped_early"]:
-                break
-        if fatal or result["stopped_early"]:
+                weights[shape, dtype] = ([w] + [w.clone() for _ in range(copies - 1)], w.float())
+        return weights[shape, dtype]
+
+    fatal = None
+    for m, shape, dtype in cells(list(shapes), dtypes, a.ms):
+        if time.perf_counter() - t0 > a.budget_s:
+            result["stopped_early"] = True
             break
+        n, k = shapes[shape]
+        ws_, wref = weights_of(shape, dtype)
+        x = torch.randn(m, k, generator=g, device=dev).to(half)
+        if dtype == "fp8":
+            xq, xs = fp8.quantize_rows(x)
+            xs = xs[:, None]
+            ref = (xq.float() * xs) @ wref.T
+            base = [lambda c=c: torch._scaled_mm(xq, c[0].t(), scale_a=xs, scale_b=c[1].view(1, -1),
+                                                 out_dtype=half) for c in ws_]
+            mk = lambda cfg: [lambda c=c: sg.skinny_matmul_fp8(xq, xs, c[0], c[1], out_dtype=half,  # noqa: E731
+                                                               cfg=cfg) for c in ws_]
+        else:
+            ref = x.float() @ wref.T
+            base = [lambda c=c: F.linear(x, c) for c in ws_]
+            mk = lambda cfg: [lambda c=c: sg.skinny_matmul(x, c, cfg=cfg) for c in ws_]  # noqa: E731
+        common = {"dtype": dtype, "shape": shape, "N": n, "K": k, "M": m, "bound_us": bound_us(dtype, m, n, k)}
+        cub = measure(torch, dict(common, impl="cublas", name="cuBLAS", config=None), base, ref, None,
+                      TOL[dtype], timed)
+        rows.append(cub)
+        cub_out = base[0]() if "error" not in cub else None
+        mine = []
+        for cfg in configs[dtype]:
+            r = measure(torch, dict(common, impl="triton", name=cfg.name, config=cfg.as_dict()),
+                        mk(cfg), ref, cub_out, TOL[dtype], timed)
+            mine.append(r)
+            fatal = r.get("fatal")
+            if fatal:
+                break
+        rows.extend(mine)
+        line = f"{dtype} {shape} M={m}: cuBLAS {cub.get('us', float('nan')):.1f} us"
+        good = [r for r in mine if r.get("ok") and "us" in r]
+        if good:
+            b = min(good, key=lambda r: r["us"])
+            line += f", best Triton {b['us']:.1f} us ({b['name']})"
+        print(f"{line}, {len(good)}/{len(configs[dtype])} configs right, {time.perf_counter() - t0:.0f} s",
+              flush=True)
+        save()
+        if fatal:
+            break
+    del weights
     if result["stopped_early"]:
         print(f"stopped early: past --budget-s {a.budget_s:.0f} s, the rest not measured", flush=True)
     if fatal:
@@ -319,8 +334,13 @@ def run(a: argparse.Namespace) -> int:
     if steps:
         print(f"\na decode step's GEMMs ({LAYERS} layers x qkv, o, gate_up, down + the bf16 LM head):")
         print("\n".join(steps))
+    firsts = {}
+    for r in rows:   # a config's first call compiles it (M is no specialisation key)
+        if r["impl"] == "triton" and "first_call_s" in r:
+            firsts.setdefault((r["dtype"], r["name"]), r["first_call_s"])
+    print(f"\nfirst calls of the {len(firsts)} Triton configs (their compiles): {sum(firsts.values()):.0f} s")
     bad = [r for r in rows if not r.get("ok")]
-    print(f"\n{len(rows)} rows, {len(bad)} excluded (wrong or failed); {a.out}, {a.table_out}; "
+    print(f"{len(rows)} rows, {len(bad)} excluded (wrong or failed); {a.out}, {a.table_out}; "
           f"{time.perf_counter() - t0:.0f} s", flush=True)
     return 1 if fatal else 0
 
@@ -400,8 +420,88 @@ def graph_time_us(torch, fns: list) -> float:
     return statistics.median(ts) / (rounds * len(fns))
 
 
+# --------------------------------------------------------------------------- ahead of time
+
+AOT_DIVISIBLE = ("x_ptr", "w_ptr", "y_ptr", "xs_ptr", "ws_ptr", "b_ptr", "N", "K", "K_SPLIT",
+                 "stride_xm", "stride_wn", "stride_ym", "stride_ys")
+
+
+def aot(a: argparse.Namespace) -> int:
+    """Compile each config as the device's JIT would at the 8B shapes (pointers, N, K and
+    strides 16-divisible, the scales' stride 1, K a multiple of BLOCK_K) for sm_90a."""
+    import subprocess
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from zerod.engine.kernels import skinny_gemm as sg
+
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    rows = []
+    for dtype in a.dtypes:
+        configs = sg.CONFIGS["fp8" if dtype == "fp8" else "half"][:a.max_configs or None]
+        for cfg in configs:
+            elt = "*fp8e4nv" if dtype == "fp8" else "*bf16"
+            part = cfg.SPLIT_K > 1
+            sig = {"x_ptr": elt, "w_ptr": elt, "y_ptr": "*fp32" if part else "*bf16", "xs_ptr": "*fp32",
+                   "ws_ptr": "*fp32", "b_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32", "K_SPLIT": "i32",
+                   "stride_xm": "i32", "stride_wn": "i32", "stride_xs": "constexpr", "stride_ws": "constexpr",
+                   "stride_ym": "i32", "stride_ys": "i32"}
+            consts = dict(stride_xs=1, stride_ws=1, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
+                          EVEN_K=True, SCALED=dtype == "fp8", HAS_BIAS=False, PARTIAL=part)
+            sig.update({k: "constexpr" for k in consts if k not in sig})
+            attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(sig) if n in AOT_DIVISIBLE}
+            row = {"dtype": dtype, "name": cfg.name, "config": cfg.as_dict()}
+            try:
+                k = triton.compile(ASTSource(fn=sg._swap_ab_kernel if cfg.swap_ab else sg._ab_kernel,
+                                             signature=sig, constexprs=consts, attrs=attrs),
+                                   target=GPUTarget("cuda", 90, 32),
+                                   options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+                ptx = k.asm["ptx"]
+                with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+                    f.write(ptx)
+                p = subprocess.run([ptxas, "-arch=sm_90a", "-v", f.name, "-o", os.devnull],
+                                   capture_output=True, text=True)
+                os.unlink(f.name)
+                log = p.stderr
+                row.update(smem=k.metadata.shared, wgmma=ptx.count("wgmma.mma_async"),
+                           mma_sync=ptx.count("mma.sync"), ptxas_rc=p.returncode,
+                           registers=int(_grab(log, r"Used (\d+) registers") or -1),
+                           spill_bytes=int(_grab(log, r"(\d+) bytes spill stores") or 0),
+                           warnings=[ln.split(" : ", 1)[-1].strip()[:160] for ln in log.splitlines()
+                                     if "warning" in ln or "Performance" in ln])   # e.g. serialised wgmma
+            except Exception as e:   # a compiler error: the config cannot run anywhere
+                row["error"] = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+            rows.append(row)
+            print(aot_line(row), flush=True)
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps({"aot": "sm_90a", "rows": rows}, indent=1))
+    bad = [r for r in rows if "error" in r or r.get("ptxas_rc") or r.get("spill_bytes")]
+    print(f"{len(rows)} configs compiled for sm_90a, {len(bad)} with an error or spills; {a.out}")
+    return 1 if any("error" in r or r.get("ptxas_rc") for r in rows) else 0
+
+
+def _grab(text: str, pattern: str) -> str | None:
+    import re
+
+    m = re.search(pattern, text)
+    return m.group(1) if m else None
+
+
+def aot_line(r: dict) -> str:
+    if "error" in r:
+        return f"{r['dtype']:4} {r['name']:32} ERROR {r['error']}"
+    mma = f"wgmma x{r['wgmma']}" if r["wgmma"] else f"mma.sync x{r['mma_sync']}"
+    warn = f"  ptxas: {'; '.join(r['warnings'])}" if r["warnings"] else ""
+    return (f"{r['dtype']:4} {r['name']:32} smem {r['smem'] // 1024:4d} KB  {r['registers']:3d} regs  "
+            f"spills {r['spill_bytes']:3d} B  {mma}{warn}")
+
+
 def main(argv: list[str] | None = None) -> int:
-    return run(parse_args(argv))
+    a = parse_args(argv)
+    return aot(a) if a.aot else run(a)
 
 
 if __name__ == "__main__":

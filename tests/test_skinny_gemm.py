@@ -231,6 +231,12 @@ def test_bench_args_and_subsets(bench):
         bench.parse_args(["--out", "o.json", "--shapes", "nope"])
 
 
+def test_bench_measures_the_priority_batch_first(bench):
+    order = bench.cells(["o", "lm_head"], ["bf16", "fp8"], [1, 16, 200, 256])
+    assert [m for m, _, _ in order] == [200, 200, 200, 256, 256, 256, 16, 16, 16, 1, 1, 1]
+    assert ("fp8" not in {d for _, s, d in order if s == "lm_head"}) and len(set(order)) == len(order)
+
+
 def test_bench_best_skips_wrong_results(bench):
     # fixture rows (not measurements): the fastest Triton row is wrong and must not win
     rows = [
@@ -274,6 +280,29 @@ def test_bench_dry_run_through_the_interpreter(tmp_path):
             for cell in per_m.values():
                 assert cell["config"] and cell["triton_us"] > 0 and cell["cublas_us"] > 0
     assert "speedup" in p.stdout
+
+
+def test_every_config_compiles_for_sm90a(tmp_path):
+    """Each config compiled ahead for the H200 (sm_90a) on the CPU, as the JIT compiles it
+    at the 8B shapes: no compiler error, no register spills, no serialised wgmma, shared
+    memory within a block's 227 KB, and wgmma wherever the MMA's M side has 64 rows."""
+    import triton
+
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    if not ptxas.is_file():
+        pytest.skip("this Triton has no bundled ptxas")
+    out = tmp_path / "aot.json"
+    p = subprocess.run([sys.executable, "gpu/skinny_gemm_bench.py", "--aot", "--out", str(out)], cwd=ROOT,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 32
+    for r in rows:
+        c = r["config"]
+        assert "error" not in r and r["spill_bytes"] == 0 and not r["warnings"], r
+        assert r["smem"] <= 227 * 1024, r
+        mma_rows = c["BLOCK_N"] if c["swap_ab"] else c["BLOCK_M"]
+        assert (r["wgmma"] > 0) == (mma_rows >= 64), r
 
 
 # --------------------------------------------------------------------------- on the GPU

@@ -96,14 +96,17 @@ def _c(swap, bm, bn, bk, split, warps, stages) -> SkinnyConfig:
 # memory over their stages (the H200 has 227 KB a block). FP8 takes the same tiles with
 # twice the K per step: the same bytes in flight.
 _HALF_CONFIGS = (
-    # swap-AB, decode: 16-64 tokens on the MMA's N side, split-K for the narrow projections
+    # swap-AB, decode: 16 tokens on the MMA's N side, split-K for the narrow projections
     _c(True, 16, 64, 256, 1, 4, 4), _c(True, 16, 64, 256, 2, 4, 4), _c(True, 16, 64, 128, 4, 4, 4),
     _c(True, 16, 128, 128, 1, 4, 4), _c(True, 16, 128, 256, 1, 8, 2),
-    _c(True, 32, 64, 256, 2, 4, 3), _c(True, 32, 128, 128, 1, 8, 4),
-    _c(True, 64, 64, 128, 1, 4, 4), _c(True, 64, 128, 128, 1, 8, 3), _c(True, 64, 128, 64, 1, 4, 4),
-    # no swap: mma.sync at 16 rows, wgmma from 64 (the larger batches)
-    _c(False, 16, 64, 256, 1, 4, 4), _c(False, 64, 64, 128, 1, 4, 4), _c(False, 64, 128, 64, 1, 4, 4),
-    _c(False, 64, 128, 128, 2, 4, 3), _c(False, 128, 128, 64, 1, 8, 4), _c(False, 128, 256, 64, 1, 8, 3),
+    # swap-AB, 32-64 tokens
+    _c(True, 32, 64, 256, 2, 4, 3), _c(True, 64, 64, 128, 1, 4, 4), _c(True, 64, 128, 128, 1, 8, 3),
+    # swap-AB, 128-256 tokens in one or two tiles: each weight strip read once
+    _c(True, 128, 64, 128, 1, 4, 3), _c(True, 256, 64, 64, 1, 8, 4), _c(True, 256, 64, 64, 2, 8, 4),
+    _c(True, 256, 128, 64, 1, 8, 3),
+    # no swap: mma.sync at 16 rows, wgmma from 64
+    _c(False, 16, 64, 256, 1, 4, 4), _c(False, 64, 128, 64, 1, 4, 4), _c(False, 64, 128, 128, 2, 4, 3),
+    _c(False, 128, 128, 64, 1, 8, 4),
 )
 CONFIGS: dict[str, tuple[SkinnyConfig, ...]] = {
     "half": _HALF_CONFIGS,
