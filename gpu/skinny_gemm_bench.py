@@ -20,11 +20,14 @@ Each result is first checked against a float32 reference (the fp8 one from the
 dequantized operands): a relative error above TOL, a NaN, or a launch that fails (out of
 shared memory, a compiler error) excludes that config however fast; the error against
 cuBLAS's output is recorded too. Then timed: on the GPU inside a CUDA graph that cycles
-through enough copies of the weights (COLD_BYTES in all, several times the L2) that every
-call reads its weights from HBM, as a decode step does: o's and qkv's weights alone would
-fit the L2 and read back from it, while gate_up's, down's (bf16) and the LM head's are
-larger than the L2 anyway (one or two copies). The median of 7 replays of ~1 ms, per call;
-the graph also proves the launches capturable. Each is set against its roofline bound
+through copies of the weights, COLD_BYTES in all (several times the H200's 50-60 MB L2), so
+that every call reads its weights from HBM, as a decode step does: o's weights (34 MB bf16,
+17 MB fp8), qkv's and fp8 down's would otherwise stay in the L2 between back-to-back calls
+and time faster than any decode step runs them, while gate_up's and the LM head's (and
+bf16 down's) exceed it anyway and get one to three copies. The activations stay
+in the L2, as they do after the kernel that wrote them. The median of 7 replays of ~1 ms,
+per call, launch gaps excluded (a decode step replays graphs too); the graph also proves
+the launches capturable. Each is set against its roofline bound
 max(bytes / HBM, FLOPs / peak), with gpu/step_breakdown.py's H200 figures (diag's copy
 bandwidth and checked GEMM peaks); the bytes are those a call must move: weights,
 activations, output, and the FP8 scales.
@@ -32,14 +35,16 @@ activations, output, and the FP8 scales.
 Prints a table (shape, M, cuBLAS us and % of bound, the best Triton config's, the speedup)
 and, per dtype and M, a decode step's GEMMs (32 layers of the four projections + the bf16
 LM head) with cuBLAS against the faster of the two per shape. Writes every row to --out
-(after each shape, so a cut-short run keeps what it measured) and the per-shape best
+(after each cell, so a cut-short run keeps what it measured) and the per-shape best
 config to --table-out (default: --out's name with _table), for a later change to load
 at engine start.
 
 Runtime on an H200: Triton compiles each config once per dtype (M is no specialisation
-key; N, K and the strides share one), ~32 kernels plus the split-K sums; every (shape, M)
-cell then times 17 launches. --budget-s (default 420) stops starting new cells past it and
-says so (`stopped_early`), so one device call of 10 minutes always ends with its files.
+key; N, K and the strides share one): 32 kernels plus the split-K sums, ~11 s for all
+of them on a 2-core CPU (--aot), so well under a minute there. Then 54 cells (M = 200
+first, then the larger M before the smaller) of 17 timings each, ~10-50 ms a timing: a few
+minutes in all (--quick: 24 cells). --budget-s (default 420) stops starting new cells
+past it and says so (`stopped_early`), so one device call of 10 minutes ends with its files.
 
 --interpret: TRITON_INTERPRET=1, tiny shapes on the CPU, fp16 in place of bf16 (the
 interpreter's tl.dot on bf16 is wrong) and the interpreter's wall-clock, to exercise the
@@ -80,8 +85,6 @@ INTERPRET_MS = (1, 5, 33)
 TOL = {"bf16": 5e-3, "fp8": 1e-2}
 COLD_BYTES = 256 << 20   # weight copies per timing: several times an H200's L2
 MAX_COPIES = 16
-
-
 ELT = {"bf16": 2, "fp8": 1}   # bytes of a weight or an activation
 PRIORITY_M = 200             # the throughput scenario's batch: measured first
 
@@ -235,6 +238,7 @@ def run(a: argparse.Namespace) -> int:
     configs = {d: sg.CONFIGS["fp8" if d == "fp8" else "half"] for d in dtypes}
     if a.max_configs:
         configs = {d: c[:a.max_configs] for d, c in configs.items()}
+    info["configs"] = {d: [c.name for c in cs] for d, cs in configs.items()}
     print(json.dumps(info), flush=True)
 
     rows: list[dict] = []
@@ -297,9 +301,10 @@ def run(a: argparse.Namespace) -> int:
         cub = measure(torch, dict(common, impl="cublas", name="cuBLAS", config=None), base, ref, None,
                       TOL[dtype], timed)
         rows.append(cub)
+        fatal = cub.get("fatal")
         cub_out = base[0]() if "error" not in cub else None
         mine = []
-        for cfg in configs[dtype]:
+        for cfg in configs[dtype] if not fatal else ():
             r = measure(torch, dict(common, impl="triton", name=cfg.name, config=cfg.as_dict()),
                         mk(cfg), ref, cub_out, TOL[dtype], timed)
             mine.append(r)
@@ -317,7 +322,7 @@ def run(a: argparse.Namespace) -> int:
         save()
         if fatal:
             break
-    del weights
+    weights.clear()
     if result["stopped_early"]:
         print(f"stopped early: past --budget-s {a.budget_s:.0f} s, the rest not measured", flush=True)
     if fatal:
@@ -379,6 +384,7 @@ def measure(torch, row: dict, fns: list, ref, cub_out, tol: float, timed) -> dic
         row["ok"] = finite and row["rel_err"] <= tol
         if row["ok"] or row["impl"] == "cublas":
             row["us"] = timed(fns)
+            row["of_bound"] = row["bound_us"] / row["us"]
     except Exception as e:   # out of shared memory, a compiler error, a capture that fails
         row["ok"] = False
         row["error"] = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
@@ -391,33 +397,40 @@ def measure(torch, row: dict, fns: list, ref, cub_out, tol: float, timed) -> dic
 
 
 def graph_time_us(torch, fns: list) -> float:
-    """Per call: fns (one per weight copy) captured in a CUDA graph, repeated to ~1 ms,
-    the median of 7 replays."""
+    """Per call: fns (one per weight copy) captured in a CUDA graph, repeated to ~1 ms of
+    GPU time (a one-round graph's replay says how many rounds), the median of 7 replays."""
     for f in fns:
         f()   # compiled, and cuBLAS's choice made, outside the capture
     torch.cuda.synchronize()
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for f in fns:
-        f()
-    b.record()
-    b.synchronize()
-    rounds = max(1, min(20, int(1.0 / max(a.elapsed_time(b), 1e-3))))
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(rounds):
-            for f in fns:
-                f()
-    g.replay()
-    ts = []
-    for _ in range(7):
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3)
+
+    def capture(rounds: int):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(rounds):
+                for f in fns:
+                    f()
+        g.replay()   # the first replay uploads the graph
+        return g
+
+    def replay_ms(g, n: int) -> float:
+        ts = []
+        for _ in range(n):
+            a.record()
+            g.replay()
+            b.record()
+            b.synchronize()
+            ts.append(a.elapsed_time(b))
+        return statistics.median(ts)
+
+    g = capture(1)
+    rounds = max(1, min(20, int(1.0 / max(replay_ms(g, 3), 1e-3))))
+    if rounds > 1:
+        del g
+        g = capture(rounds)
+    us = replay_ms(g, 7) * 1e3 / (rounds * len(fns))
     del g
-    return statistics.median(ts) / (rounds * len(fns))
+    return us
 
 
 # --------------------------------------------------------------------------- ahead of time

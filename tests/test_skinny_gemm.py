@@ -15,6 +15,7 @@ CUDA graph, and the same bits on every run (split-K included).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -197,6 +198,13 @@ def test_default_config_follows_the_shape(sg):
     assert sg.default_config(16, 4096, 4096, sg.FP8).BLOCK_K == 2 * small.BLOCK_K
     # a short K is never split below four K steps a slice
     assert sg.default_config(1, 64, 512, torch.bfloat16).SPLIT_K == 1
+    # at the 8B shapes the defaults take CONFIGS' tiles (the split apart)
+    tiles = lambda c: dataclasses.replace(c, SPLIT_K=1)  # noqa: E731
+    for dt in (torch.bfloat16, sg.FP8):
+        swept = {tiles(c) for c in sg.configs_for(dt)}
+        for N, K in [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096)]:
+            for M in (1, 8, 16, 17, 32, 48, 64, 65, 128, 200, 256, 512):
+                assert tiles(sg.default_config(M, N, K, dt)) in swept, (M, N, K, dt)
 
 
 # --------------------------------------------------------------------------- the sweep script
@@ -235,6 +243,51 @@ def test_bench_measures_the_priority_batch_first(bench):
     order = bench.cells(["o", "lm_head"], ["bf16", "fp8"], [1, 16, 200, 256])
     assert [m for m, _, _ in order] == [200, 200, 200, 256, 256, 256, 16, 16, 16, 1, 1, 1]
     assert ("fp8" not in {d for _, s, d in order if s == "lm_head"}) and len(set(order)) == len(order)
+
+
+def test_bench_graph_timing_arithmetic(bench):
+    """graph_time_us's control flow on a stand-in for torch.cuda whose events report a fixed
+    0.05 ms a round (a fixture, not a measurement): 20 rounds captured, per-call time out."""
+    import contextlib
+    import types
+
+    calls = []
+    captured = []
+
+    class Event:
+        def __init__(self, enable_timing):
+            assert enable_timing
+
+        def record(self):
+            pass
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, other):
+            return 0.05 * graphs[-1].rounds
+
+    class CUDAGraph:
+        rounds = 0
+
+        def replay(self):
+            pass
+
+    graphs = []
+
+    @contextlib.contextmanager
+    def graph(g):
+        graphs.append(g)
+        n = len(calls)
+        yield
+        g.rounds = (len(calls) - n) // 4
+        captured.append(g.rounds)
+
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        synchronize=lambda: None, Event=Event, CUDAGraph=CUDAGraph, graph=graph))
+    fns = [lambda: calls.append(1)] * 4
+    us = bench.graph_time_us(fake, fns)
+    assert captured == [1, 20] and us == pytest.approx(0.05 * 1e3 / 4)
 
 
 def test_bench_best_skips_wrong_results(bench):
