@@ -98,12 +98,13 @@ def _c(swap, bm, bn, bk, split, warps, stages) -> SkinnyConfig:
 _HALF_CONFIGS = (
     # swap-AB, decode: 16 tokens on the MMA's N side, split-K for the narrow projections
     _c(True, 16, 64, 256, 1, 4, 4), _c(True, 16, 64, 256, 2, 4, 4), _c(True, 16, 64, 128, 4, 4, 4),
-    _c(True, 16, 128, 128, 1, 4, 4), _c(True, 16, 128, 256, 1, 8, 2),
+    _c(True, 16, 128, 128, 1, 4, 4),
     # swap-AB, 32-64 tokens
     _c(True, 32, 64, 256, 2, 4, 3), _c(True, 64, 64, 128, 1, 4, 4), _c(True, 64, 128, 128, 1, 8, 3),
-    # swap-AB, 128-256 tokens in one or two tiles: each weight strip read once
+    # swap-AB, 128-256 tokens in one or two tiles: each weight strip read once; at 200 tokens
+    # qkv has 96 such strips of 64 rows for 132 SMs, so splits of 2 and 4 fill more of them
     _c(True, 128, 64, 128, 1, 4, 3), _c(True, 256, 64, 64, 1, 8, 4), _c(True, 256, 64, 64, 2, 8, 4),
-    _c(True, 256, 128, 64, 1, 8, 3),
+    _c(True, 256, 64, 64, 4, 8, 4), _c(True, 256, 128, 64, 1, 8, 3),
     # no swap: mma.sync at 16 rows, wgmma from 64
     _c(False, 16, 64, 256, 1, 4, 4), _c(False, 64, 128, 64, 1, 4, 4), _c(False, 64, 128, 128, 2, 4, 3),
     _c(False, 128, 128, 64, 1, 8, 4),
