@@ -231,3 +231,18 @@ def test_standalone_reads_the_real_gpus(tmp_path):
     assert all(g["name"] and g["memory_total_bytes"] > 0 and g["utilization_ratio"] is not None for g in doc["gpus"])
     me = [p for p in doc["processes"] if p["pid"] == os.getpid()]
     assert me and me[0]["gpu_memory_bytes"] and me[0]["rss_bytes"] and me[0]["cpu_percent"] is not None
+
+
+def test_the_one_engine_of_a_daemon_shows_its_gpu():
+    """A one-engine daemon's status names the engine's GPUs in its `engines` entry (the
+    `engine` object is the contract's, without them): the engines line says GPU 0."""
+    from zerod.tui.client import Snapshot
+    from zerod.tui.widgets.engines import engine_line
+
+    engine = {"state": "healthy", "up": True, "pid": 7, "kind": "zerod", "url": "http://127.0.0.1:8000",
+              "model": "demo", "restarts": 0, "numa_node": None, "cpus": None}
+    snap = Snapshot(status={"engine": engine, "engines": [{"name": "default", "gpus": [0], **engine}]},
+                    checks={}, gpus={}, processes={}, alerts={}, engine={"running": 0})
+    [doc] = snap.engine_docs()
+    assert doc["name"] == "default" and doc["gpus"] == [0]
+    assert " GPU 0 " in engine_line(doc, narrow=False).plain

@@ -107,7 +107,9 @@ class Snapshot:
         if listed:
             return listed
         if self.status.get("engine") or self.engine:
-            return [{**(self.status.get("engine") or {}), **self.engine}]
+            # the status's own entry for the engine carries its name and GPUs
+            first = next((e for e in self.status.get("engines") or [] if isinstance(e, dict)), {})
+            return [{**first, **(self.status.get("engine") or {}), **self.engine}]
         return []
 
 
