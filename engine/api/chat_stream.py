@@ -9,8 +9,8 @@ What streams when:
   is read and its arguments as they are written;
 - `auto` with `qwen3_coder`: content up to `<tool_call>`, then the call's name, then its
   arguments one parameter at a time as each closes;
-- `auto` with `llama3_json`, `mistral` or `pythonic` (tool_streams.py): content while the
-  output cannot be a call (mistral: up to `[TOOL_CALLS]`), then each call's name once its
+- `auto` with `llama3_json`, `mistral` (tool_streams.py) or `pythonic`
+  (pythonic_stream.py): content while the output cannot be a call (mistral: up to `[TOOL_CALLS]`), then each call's name once its
   opening is read and its arguments as they are written (pythonic: a keyword argument at
   a time as each value closes);
 - `required`: the calls once the output is whole.
@@ -25,7 +25,8 @@ import re
 from typing import Any
 
 from ..reasoning import ReasoningStream, partial_tail
-from .tool_streams import Llama3JsonCalls, MistralCalls, PythonicCalls
+from .pythonic_stream import PythonicCalls
+from .tool_streams import Llama3JsonCalls, MistralCalls
 from .tools import new_call_id, outcome, param_type, parse_hermes, qwen3_value
 
 _HERMES_OPEN, _HERMES_CLOSE = "<tool_call>", "</tool_call>"
