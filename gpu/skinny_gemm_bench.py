@@ -40,10 +40,10 @@ config to --table-out (default: --out's name with _table), for a later change to
 at engine start.
 
 Runtime on an H200: Triton compiles each config once per dtype (M is no specialisation
-key; N, K and the strides share one): 32 kernels plus the split-K sums, ~11 s for all
-of them on a 2-core CPU (--aot), so well under a minute there. Then 54 cells (M = 200
-first, then the larger M before the smaller) of 17 timings each, ~10-50 ms a timing: a few
-minutes in all (--quick: 24 cells). --budget-s (default 420) stops starting new cells
+key; N, K and the strides share one): 38 GEMM kernels plus the split-K sums and stream-K
+fixups, ~15 s for all of them on a 2-core CPU (--aot), so well under a minute there. Then
+54 cells (M = 200 first, then the larger M before the smaller) of 20 timings each (19
+configs and cuBLAS), ~10-50 ms a timing: a few minutes in all (--quick: 24 cells). --budget-s (default 420) stops starting new cells
 past it and says so (`stopped_early`), so one device call of 10 minutes ends with its files.
 
 --interpret: TRITON_INTERPRET=1, tiny shapes on the CPU, fp16 in place of bf16 (the
@@ -435,19 +435,42 @@ def graph_time_us(torch, fns: list) -> float:
 
 # --------------------------------------------------------------------------- ahead of time
 
-AOT_DIVISIBLE = ("x_ptr", "w_ptr", "y_ptr", "xs_ptr", "ws_ptr", "b_ptr", "N", "K", "K_SPLIT",
+AOT_DIVISIBLE = ("x_ptr", "w_ptr", "y_ptr", "xs_ptr", "ws_ptr", "b_ptr", "p_ptr", "N", "K", "K_SPLIT",
                  "stride_xm", "stride_wn", "stride_ym", "stride_ys")
 
 
+def aot_compile(fn, dtype: str, consts: dict, options: dict):
+    """fn compiled for sm_90a as the device's JIT would at the 8B shapes: pointers, N, K and
+    the row strides 16-divisible, the scales' stride 1 (a constant), bf16 out."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    elt = "*fp8e4nv" if dtype == "fp8" else "*bf16"
+    consts = dict(consts)
+    sig = {}
+    for p in fn.params:
+        n = p.name
+        if n in ("stride_xs", "stride_ws"):
+            sig[n], consts[n] = "constexpr", 1
+        elif p.is_constexpr:
+            sig[n] = "constexpr"
+        elif n.endswith("_ptr"):
+            sig[n] = {"x_ptr": elt, "w_ptr": elt, "b_ptr": "*bf16",
+                      "y_ptr": "*fp32" if consts.get("PARTIAL") else "*bf16"}.get(n, "*fp32")
+        else:
+            sig[n] = "i32"
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(sig) if n in AOT_DIVISIBLE}
+    return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
+                          target=GPUTarget("cuda", 90, 32), options=options)
+
+
 def aot(a: argparse.Namespace) -> int:
-    """Compile each config as the device's JIT would at the 8B shapes (pointers, N, K and
-    strides 16-divisible, the scales' stride 1, K a multiple of BLOCK_K) for sm_90a."""
+    """Each config's GEMM kernel (and stream-K's fixup) compiled for sm_90a, ptxas -v."""
     import subprocess
     import tempfile
 
     import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
     from zerod.engine.kernels import skinny_gemm as sg
 
@@ -456,22 +479,16 @@ def aot(a: argparse.Namespace) -> int:
     for dtype in a.dtypes:
         configs = sg.CONFIGS["fp8" if dtype == "fp8" else "half"][:a.max_configs or None]
         for cfg in configs:
-            elt = "*fp8e4nv" if dtype == "fp8" else "*bf16"
-            part = cfg.SPLIT_K > 1
-            sig = {"x_ptr": elt, "w_ptr": elt, "y_ptr": "*fp32" if part else "*bf16", "xs_ptr": "*fp32",
-                   "ws_ptr": "*fp32", "b_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32", "K_SPLIT": "i32",
-                   "stride_xm": "i32", "stride_wn": "i32", "stride_xs": "constexpr", "stride_ws": "constexpr",
-                   "stride_ym": "i32", "stride_ys": "i32"}
-            consts = dict(stride_xs=1, stride_ws=1, BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K,
-                          EVEN_K=True, SCALED=dtype == "fp8", HAS_BIAS=False, PARTIAL=part)
-            sig.update({k: "constexpr" for k in consts if k not in sig})
-            attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(sig) if n in AOT_DIVISIBLE}
+            tiles = dict(BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, HAS_BIAS=False, SWAP_AB=cfg.swap_ab)
+            consts = dict(tiles, BLOCK_K=cfg.BLOCK_K, EVEN_K=True, SCALED=dtype == "fp8")
+            if not cfg.stream_k:
+                consts["PARTIAL"] = cfg.SPLIT_K > 1
             row = {"dtype": dtype, "name": cfg.name, "config": cfg.as_dict()}
             try:
-                k = triton.compile(ASTSource(fn=sg._swap_ab_kernel if cfg.swap_ab else sg._ab_kernel,
-                                             signature=sig, constexprs=consts, attrs=attrs),
-                                   target=GPUTarget("cuda", 90, 32),
-                                   options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+                k = aot_compile(sg._stream_k_kernel if cfg.stream_k else sg._skinny_kernel, dtype, consts,
+                                {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+                if cfg.stream_k:   # its fixup: compiled too, so an error shows here, not on the device
+                    aot_compile(sg._stream_k_fixup_kernel, dtype, tiles, {"num_warps": 8})
                 ptx = k.asm["ptx"]
                 with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
                     f.write(ptx)

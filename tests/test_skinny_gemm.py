@@ -94,9 +94,22 @@ def run_checks(device: torch.device) -> list[tuple[str, float, float]]:
             else:
                 half_case(f"half default {cfg.name} M={M} N={N} K={K}", rnd(M, K).to(half),
                           (rnd(N, K) * 0.05).to(half), None)
+    # stream-K with more (tile, K step) iterations than the 132 programs: runs that end
+    # inside one tile and start inside the next, whole tiles between, a K tail (fp8: 768 over
+    # 512-wide steps), and two row tiles (no swap, 200 tokens)
+    for kind, M, N, K, cfg in [
+            ("half", 1, 12800, 768, sg.SkinnyConfig(16, 64, 256, 1, 4, 4, True, True)),
+            ("fp8", 5, 12800, 768, sg.SkinnyConfig(16, 64, 512, 1, 4, 4, True, True)),
+            ("half", 200, 2048, 320, sg.SkinnyConfig(128, 128, 64, 1, 8, 4, False, True)),
+            ("fp8", 40, 4096, 384, sg.SkinnyConfig(64, 64, 128, 1, 4, 4, True, True))]:
+        if kind == "half":
+            half_case(f"half stream-K {cfg.name} M={M} N={N} K={K}", rnd(M, K).to(half),
+                      (rnd(N, K) * 0.05).to(half), cfg)
+        else:
+            fp8_case(f"fp8 stream-K {cfg.name} M={M} N={N} K={K} bias", M, N, K, cfg, bias=True)
     # strided operands: x rows and w rows spaced wider than K, out into a wider buffer
     split = sg.SkinnyConfig(16, 64, 128, 2, 4, 2, True)
-    for cfg in (split, sg.SkinnyConfig(16, 64, 128, 1, 4, 2, False)):
+    for cfg in (split, sg.SkinnyConfig(16, 64, 128, 1, 4, 2, False), sg.SkinnyConfig(16, 64, 128, stream_k=True)):
         x = rnd(5, 400).to(half)[:, 16:336]
         w = (rnd(96, 352) * 0.05).to(half)[:, :320]
         buf = nan(5, 130, half)
@@ -176,14 +189,15 @@ def test_bad_inputs_are_refused(sg):
 
 def test_configs_are_valid_and_round_trip(sg):
     for kind, configs in sg.CONFIGS.items():
-        assert 8 <= len(configs) <= 16 and len(set(configs)) == len(configs), kind
+        assert 8 <= len(configs) <= 20 and len(set(configs)) == len(configs), kind
         assert {c.swap_ab for c in configs} == {True, False} and {c.SPLIT_K for c in configs} >= {1, 2, 4}
+        assert {c.stream_k for c in configs} == {True, False}
         for c in configs:
             assert sg.SkinnyConfig.from_dict(json.loads(json.dumps(c.as_dict()))) == c
             bk_bytes = 1 if kind == "fp8" else 2
             smem = (c.BLOCK_M + c.BLOCK_N) * c.BLOCK_K * bk_bytes * c.num_stages
             assert smem <= 160 * 1024, (c.name, smem)   # room in the H200's 227 KB a block
-    for bad in (dict(BLOCK_M=8), dict(BLOCK_N=96), dict(SPLIT_K=0), dict(num_warps=3)):
+    for bad in (dict(BLOCK_M=8), dict(BLOCK_N=96), dict(SPLIT_K=0), dict(num_warps=3), dict(SPLIT_K=2, stream_k=True)):
         with pytest.raises(ValueError):
             sg.SkinnyConfig(**bad)
 
@@ -349,7 +363,8 @@ def test_every_config_compiles_for_sm90a(tmp_path):
                        env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
-    assert len(rows) == 32
+    from zerod.engine.kernels.skinny_gemm import CONFIGS
+    assert len(rows) == sum(len(c) for c in CONFIGS.values())
     for r in rows:
         c = r["config"]
         assert "error" not in r and r["spill_bytes"] == 0 and not r["warnings"], r
@@ -398,14 +413,15 @@ def test_skinny_gemm_against_cublas_at_8b_shapes():
                 if _rel(y.float(), base8.float()) > 2e-2 or not torch.equal(y, again):
                     bad.append(("fp8", N, K, M, cfg))
     assert not bad, bad
-    # captured once with a split-K config (its workspace from the graph's pool), replayed
+    # captured once with a split-K and a stream-K config (their workspaces from the graph's
+    # pool), replayed on new activations
     w = (torch.randn(4096, 4096, generator=g, device=dev) / 64).to(torch.bfloat16)
     x = torch.randn(8, 4096, generator=g, device=dev).to(torch.bfloat16)
-    cfg = sg.SkinnyConfig(16, 64, 256, 2, 4, 4, True)
-    sg.skinny_matmul(x, w, cfg=cfg)   # compiled outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        y = sg.skinny_matmul(x, w, cfg=cfg)
-    x.copy_(torch.randn(8, 4096, generator=g, device=dev))
-    graph.replay()
-    assert _rel(y.float(), x.float() @ w.float().T) < 5e-3
+    for cfg in (sg.SkinnyConfig(16, 64, 256, 2, 4, 4, True), sg.SkinnyConfig(16, 64, 256, stream_k=True)):
+        sg.skinny_matmul(x, w, cfg=cfg)   # compiled outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            y = sg.skinny_matmul(x, w, cfg=cfg)
+        x.copy_(torch.randn(8, 4096, generator=g, device=dev))
+        graph.replay()
+        assert _rel(y.float(), x.float() @ w.float().T) < 5e-3, cfg

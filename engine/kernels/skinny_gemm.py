@@ -29,10 +29,16 @@ Split-K (SPLIT_K > 1): each program reduces one K slice and writes float32 parti
 [split, M, N]; a second kernel sums them in split order, adds the bias and casts. Not
 fp32 atomics: those sum in a different order each run, and greedy decoding must repeat
 exactly; the split-K result is deterministic (same inputs, same config: same bits).
+Stream-K (`stream_k`): a tile grid that leaves SMs idle in its last wave (qkv at 200
+tokens: 96 weight strips of 64 rows for 132 SMs) is replaced by one program per SM; the
+(tile, K step) iterations, tile-major, are cut in equal runs, one a program. A program
+stores the tiles it covers whole and writes the at most two pieces of tiles its run starts
+or ends inside as float32 partials; a fixup kernel sums each cut tile's pieces in program
+order (deterministic again, no spin-waits on other programs), adds the bias and casts.
 FP8 scales multiply the float32 accumulator in the epilogue (the partials are already
 scaled); the bias is added in float32 before the one rounding to the output dtype.
 
-Grids and workspaces depend on shapes only and nothing synchronises with the host: the
+Grids and workspaces depend on shapes (and stream-K's on the device's SM count) only and nothing synchronises with the host: the
 launches can be captured in a CUDA graph. M is not a specialisation key
 (do_not_specialize), so one compiled kernel serves every batch size of a config.
 Triton's interpreter (TRITON_INTERPRET=1) runs them on the CPU for the tests, fp16 only:
@@ -42,6 +48,7 @@ its tl.dot on bf16 is wrong (tests/test_kernels_interpreter.py).
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 import triton
@@ -66,6 +73,7 @@ class SkinnyConfig:
     num_warps: int = 4
     num_stages: int = 4
     swap_ab: bool = True
+    stream_k: bool = False   # persistent, one program per SM sharing out (tile, K step) runs
 
     def __post_init__(self) -> None:
         for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
@@ -74,11 +82,13 @@ class SkinnyConfig:
                 raise ValueError(f"SkinnyConfig.{name} must be a power of two >= 16, not {v}")
         if self.SPLIT_K < 1 or self.num_stages < 1 or self.num_warps not in (1, 2, 4, 8, 16):
             raise ValueError(f"SkinnyConfig: bad SPLIT_K / num_stages / num_warps in {self}")
+        if self.stream_k and self.SPLIT_K != 1:
+            raise ValueError(f"SkinnyConfig: stream-K cuts K itself, SPLIT_K must be 1 in {self}")
 
     @property
     def name(self) -> str:
         return (f"{'sab' if self.swap_ab else 'ab'} m{self.BLOCK_M} n{self.BLOCK_N} k{self.BLOCK_K} "
-                f"s{self.SPLIT_K} w{self.num_warps} st{self.num_stages}")
+                f"{'streamk' if self.stream_k else f's{self.SPLIT_K}'} w{self.num_warps} st{self.num_stages}")
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -88,8 +98,8 @@ class SkinnyConfig:
         return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)})
 
 
-def _c(swap, bm, bn, bk, split, warps, stages) -> SkinnyConfig:
-    return SkinnyConfig(bm, bn, bk, split, warps, stages, swap)
+def _c(swap, bm, bn, bk, split, warps, stages, stream_k=False) -> SkinnyConfig:
+    return SkinnyConfig(bm, bn, bk, split, warps, stages, swap, stream_k)
 
 
 # The device sweep's candidates, per operand kind. Tiles hold at most ~160 KB of shared
@@ -108,6 +118,10 @@ _HALF_CONFIGS = (
     # no swap: mma.sync at 16 rows, wgmma from 64
     _c(False, 16, 64, 256, 1, 4, 4), _c(False, 64, 128, 64, 1, 4, 4), _c(False, 64, 128, 128, 2, 4, 3),
     _c(False, 128, 128, 64, 1, 8, 4),
+    # stream-K: every SM busy whatever the tile count (qkv's 96 strips at 200 tokens, o's 64
+    # at one token), each cut tile summed once by the fixup kernel
+    _c(True, 16, 64, 256, 1, 4, 4, True), _c(True, 256, 64, 64, 1, 8, 4, True),
+    _c(False, 128, 128, 64, 1, 8, 4, True),
 )
 CONFIGS: dict[str, tuple[SkinnyConfig, ...]] = {
     "half": _HALF_CONFIGS,
@@ -149,80 +163,87 @@ def default_config(M: int, N: int, K: int, dtype: torch.dtype) -> SkinnyConfig:
 
 # --------------------------------------------------------------------------- kernels
 
-@triton.jit(do_not_specialize=["M"])
-def _ab_kernel(x_ptr, w_ptr, y_ptr, xs_ptr, ws_ptr, b_ptr, M, N, K, K_SPLIT,
-               stride_xm, stride_wn, stride_xs, stride_ws, stride_ym, stride_ys,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               EVEN_K: tl.constexpr, SCALED: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr):
-    """acc[BLOCK_M, BLOCK_N] = x tile · Wᵀ tile over the K slice pid_s."""
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    pid_s = tl.program_id(2)
+@triton.jit
+def _tile_product(x_ptr, w_ptr, xs_ptr, ws_ptr, M, N, K, k_lo, k_hi, pid_m, pid_n,
+                  stride_xm, stride_wn, stride_xs, stride_ws,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  EVEN_K: tl.constexpr, SCALED: tl.constexpr, SWAP_AB: tl.constexpr):
+    """One output tile's float32 product over K in [k_lo, k_hi) (k_lo a multiple of
+    BLOCK_K), scaled: [BLOCK_N, BLOCK_M] (yᵀ) swap-AB, else [BLOCK_M, BLOCK_N]."""
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rows_m = offs_m % M   # in bounds: loads need no row mask; the store drops the copies
     rows_n = offs_n % N
     offs_k = tl.arange(0, BLOCK_K)
-    k0 = pid_s * K_SPLIT
-    k_end = tl.minimum(k0 + K_SPLIT, K)
-    x_ptrs = x_ptr + rows_m.to(tl.int64)[:, None] * stride_xm + (k0 + offs_k)[None, :]
-    w_ptrs = w_ptr + rows_n.to(tl.int64)[None, :] * stride_wn + (k0 + offs_k)[:, None]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(k0, k_end, BLOCK_K):
-        if EVEN_K:
-            x = tl.load(x_ptrs)
-            w = tl.load(w_ptrs)
-        else:
-            k_ok = k + offs_k < K
-            x = tl.load(x_ptrs, mask=k_ok[None, :], other=0.0)
-            w = tl.load(w_ptrs, mask=k_ok[:, None], other=0.0)
-        acc = tl.dot(x, w, acc)
-        x_ptrs += BLOCK_K
-        w_ptrs += BLOCK_K
-    if SCALED:
-        acc = acc * tl.load(xs_ptr + rows_m * stride_xs)[:, None] * tl.load(ws_ptr + rows_n * stride_ws)[None, :]
-    if HAS_BIAS and not PARTIAL:
-        acc += tl.load(b_ptr + rows_n).to(tl.float32)[None, :]
-    out = y_ptr + pid_s.to(tl.int64) * stride_ys + offs_m.to(tl.int64)[:, None] * stride_ym + offs_n[None, :]
-    tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=(offs_m < M)[:, None] & (offs_n < N)[None, :])
+    if SWAP_AB:
+        w_ptrs = w_ptr + rows_n.to(tl.int64)[:, None] * stride_wn + (k_lo + offs_k)[None, :]
+        x_ptrs = x_ptr + rows_m.to(tl.int64)[None, :] * stride_xm + (k_lo + offs_k)[:, None]
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        for k in range(k_lo, k_hi, BLOCK_K):
+            if EVEN_K:
+                w = tl.load(w_ptrs)
+                x = tl.load(x_ptrs)
+            else:
+                k_ok = k + offs_k < K
+                w = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0)
+                x = tl.load(x_ptrs, mask=k_ok[:, None], other=0.0)
+            acc = tl.dot(w, x, acc)
+            w_ptrs += BLOCK_K
+            x_ptrs += BLOCK_K
+        if SCALED:
+            acc = acc * tl.load(ws_ptr + rows_n * stride_ws)[:, None] * tl.load(xs_ptr + rows_m * stride_xs)[None, :]
+    else:
+        x_ptrs = x_ptr + rows_m.to(tl.int64)[:, None] * stride_xm + (k_lo + offs_k)[None, :]
+        w_ptrs = w_ptr + rows_n.to(tl.int64)[None, :] * stride_wn + (k_lo + offs_k)[:, None]
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(k_lo, k_hi, BLOCK_K):
+            if EVEN_K:
+                x = tl.load(x_ptrs)
+                w = tl.load(w_ptrs)
+            else:
+                k_ok = k + offs_k < K
+                x = tl.load(x_ptrs, mask=k_ok[None, :], other=0.0)
+                w = tl.load(w_ptrs, mask=k_ok[:, None], other=0.0)
+            acc = tl.dot(x, w, acc)
+            x_ptrs += BLOCK_K
+            w_ptrs += BLOCK_K
+        if SCALED:
+            acc = acc * tl.load(xs_ptr + rows_m * stride_xs)[:, None] * tl.load(ws_ptr + rows_n * stride_ws)[None, :]
+    return acc
+
+
+@triton.jit
+def _tile_store(acc, y_ptr, b_ptr, M, N, pid_m, pid_n, stride_ym,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr, SWAP_AB: tl.constexpr):
+    """acc (_tile_product's layout) + bias, cast to y's dtype, stored where in bounds."""
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if SWAP_AB:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + offs_n % N).to(tl.float32)[:, None]
+        out = y_ptr + offs_m.to(tl.int64)[None, :] * stride_ym + offs_n[:, None]
+        tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=(offs_n < N)[:, None] & (offs_m < M)[None, :])
+    else:
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + offs_n % N).to(tl.float32)[None, :]
+        out = y_ptr + offs_m.to(tl.int64)[:, None] * stride_ym + offs_n[None, :]
+        tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=(offs_m < M)[:, None] & (offs_n < N)[None, :])
 
 
 @triton.jit(do_not_specialize=["M"])
-def _swap_ab_kernel(x_ptr, w_ptr, y_ptr, xs_ptr, ws_ptr, b_ptr, M, N, K, K_SPLIT,
-                    stride_xm, stride_wn, stride_xs, stride_ws, stride_ym, stride_ys,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                    EVEN_K: tl.constexpr, SCALED: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr):
-    """acc[BLOCK_N, BLOCK_M] = W tile · xᵀ tile over the K slice pid_s (yᵀ, stored as y)."""
+def _skinny_kernel(x_ptr, w_ptr, y_ptr, xs_ptr, ws_ptr, b_ptr, M, N, K, K_SPLIT,
+                   stride_xm, stride_wn, stride_xs, stride_ws, stride_ym, stride_ys,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+                   SCALED: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, SWAP_AB: tl.constexpr):
+    """Tile (pid_m, pid_n) over the K slice pid_s: into y, or its float32 partials (PARTIAL)."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_s = tl.program_id(2)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows_m = offs_m % M
-    rows_n = offs_n % N
-    offs_k = tl.arange(0, BLOCK_K)
     k0 = pid_s * K_SPLIT
-    k_end = tl.minimum(k0 + K_SPLIT, K)
-    w_ptrs = w_ptr + rows_n.to(tl.int64)[:, None] * stride_wn + (k0 + offs_k)[None, :]
-    x_ptrs = x_ptr + rows_m.to(tl.int64)[None, :] * stride_xm + (k0 + offs_k)[:, None]
-    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    for k in range(k0, k_end, BLOCK_K):
-        if EVEN_K:
-            w = tl.load(w_ptrs)
-            x = tl.load(x_ptrs)
-        else:
-            k_ok = k + offs_k < K
-            w = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0)
-            x = tl.load(x_ptrs, mask=k_ok[:, None], other=0.0)
-        acc = tl.dot(w, x, acc)
-        w_ptrs += BLOCK_K
-        x_ptrs += BLOCK_K
-    if SCALED:
-        acc = acc * tl.load(ws_ptr + rows_n * stride_ws)[:, None] * tl.load(xs_ptr + rows_m * stride_xs)[None, :]
-    if HAS_BIAS and not PARTIAL:
-        acc += tl.load(b_ptr + rows_n).to(tl.float32)[:, None]
-    out = y_ptr + pid_s.to(tl.int64) * stride_ys + offs_m.to(tl.int64)[None, :] * stride_ym + offs_n[:, None]
-    tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=(offs_n < N)[:, None] & (offs_m < M)[None, :])
+    acc = _tile_product(x_ptr, w_ptr, xs_ptr, ws_ptr, M, N, K, k0, tl.minimum(k0 + K_SPLIT, K), pid_m, pid_n,
+                        stride_xm, stride_wn, stride_xs, stride_ws, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, SCALED, SWAP_AB)
+    _tile_store(acc, y_ptr + pid_s.to(tl.int64) * stride_ys, b_ptr, M, N, pid_m, pid_n, stride_ym,
+                BLOCK_M, BLOCK_N, HAS_BIAS and not PARTIAL, SWAP_AB)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -238,6 +259,66 @@ def _sum_splits_kernel(p_ptr, b_ptr, y_ptr, M, N, stride_ym,
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs, mask=ok, other=0.0).to(tl.float32)
     tl.store(y_ptr + row * stride_ym + offs, acc.to(y_ptr.dtype.element_ty), mask=ok)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _stream_k_kernel(x_ptr, w_ptr, y_ptr, xs_ptr, ws_ptr, b_ptr, p_ptr, M, N, K, TILES_M, STEPS, ITERS, PER_PROGRAM,
+                     stride_xm, stride_wn, stride_xs, stride_ws, stride_ym,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+                     SCALED: tl.constexpr, HAS_BIAS: tl.constexpr, SWAP_AB: tl.constexpr):
+    """Persistent stream-K: the (tile, K step) iterations, tile-major, cut in equal runs of
+    PER_PROGRAM, one run a program. A tile a program covers whole goes to y; the piece of
+    a tile it starts inside (slot 0) or ends inside (slot 1) goes to its float32 partials,
+    which _stream_k_fixup_kernel sums in program order."""
+    pid = tl.program_id(0)
+    it = pid * PER_PROGRAM
+    end = tl.minimum(it + PER_PROGRAM, ITERS)
+    TILE: tl.constexpr = BLOCK_M * BLOCK_N
+    if SWAP_AB:
+        idx = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
+    else:
+        idx = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+    while it < end:
+        tile = it // STEPS
+        s0 = it - tile * STEPS
+        s1 = tl.minimum(STEPS, s0 + end - it)
+        pid_m = tile % TILES_M
+        pid_n = tile // TILES_M
+        acc = _tile_product(x_ptr, w_ptr, xs_ptr, ws_ptr, M, N, K, s0 * BLOCK_K, tl.minimum(s1 * BLOCK_K, K),
+                            pid_m, pid_n, stride_xm, stride_wn, stride_xs, stride_ws,
+                            BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, SCALED, SWAP_AB)
+        if s0 == 0 and s1 == STEPS:
+            _tile_store(acc, y_ptr, b_ptr, M, N, pid_m, pid_n, stride_ym, BLOCK_M, BLOCK_N, HAS_BIAS, SWAP_AB)
+        else:
+            slot = tl.where(it == pid * PER_PROGRAM, 0, 1)
+            tl.store(p_ptr + (pid * 2 + slot).to(tl.int64) * TILE + idx, acc)
+        it += s1 - s0
+
+
+@triton.jit(do_not_specialize=["M"])
+def _stream_k_fixup_kernel(p_ptr, y_ptr, b_ptr, M, N, TILES_M, STEPS, PER_PROGRAM, stride_ym,
+                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr,
+                           SWAP_AB: tl.constexpr):
+    """Program q: the tile holding the boundary between runs q and q + 1, when the boundary
+    cuts it and no earlier boundary does: its pieces summed in program order, + bias, cast."""
+    b = (tl.program_id(0) + 1) * PER_PROGRAM
+    tile = b // STEPS
+    start = tile * STEPS
+    if b > start and b - PER_PROGRAM <= start:
+        TILE: tl.constexpr = BLOCK_M * BLOCK_N
+        if SWAP_AB:
+            idx = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
+            acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        else:
+            idx = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        first = start // PER_PROGRAM
+        last = (start + STEPS - 1) // PER_PROGRAM
+        for p in range(first, last + 1):
+            slot = tl.where(p * PER_PROGRAM >= start, 0, 1)   # the run starts in this tile, or ends in it
+            acc += tl.load(p_ptr + (p * 2 + slot).to(tl.int64) * TILE + idx)
+        _tile_store(acc, y_ptr, b_ptr, M, N, tile % TILES_M, tile // TILES_M, stride_ym,
+                    BLOCK_M, BLOCK_N, HAS_BIAS, SWAP_AB)
 
 
 # --------------------------------------------------------------------------- wrappers
@@ -270,23 +351,44 @@ def _check_vector(t: torch.Tensor, n: int, what: str, device: torch.device,
 
 
 def _launch(x, w, y, xs, ws, bias, cfg: SkinnyConfig, M: int, N: int, K: int) -> None:
-    """The GEMM kernel (+ the split-K sum) into y [M, N]."""
+    """The GEMM kernel (+ the split-K sum, or stream-K's fixup) into y [M, N]."""
+    scaled = xs is not None
+    ptrs = (x, w, y, xs if scaled else x, ws if scaled else x, bias if bias is not None else x)
+    strides = (x.stride(0), w.stride(0), xs.stride(0) if scaled else 0, ws.stride(0) if scaled else 0)
+    tiles = dict(BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, SWAP_AB=cfg.swap_ab, HAS_BIAS=bias is not None)
+    consts = dict(tiles, BLOCK_K=cfg.BLOCK_K, EVEN_K=K % cfg.BLOCK_K == 0, SCALED=scaled,
+                  num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if cfg.stream_k:
+        tiles_m = triton.cdiv(M, cfg.BLOCK_M)
+        steps = triton.cdiv(K, cfg.BLOCK_K)
+        iters = tiles_m * triton.cdiv(N, cfg.BLOCK_N) * steps
+        per = triton.cdiv(iters, min(_sm_count(x.device), iters))
+        programs = triton.cdiv(iters, per)
+        partial = torch.empty((programs, 2, cfg.BLOCK_M * cfg.BLOCK_N), dtype=torch.float32, device=x.device)
+        _stream_k_kernel[(programs,)](*ptrs, partial, M, N, K, tiles_m, steps, iters, per, *strides, y.stride(0),
+                                      **consts)
+        if programs > 1:
+            _stream_k_fixup_kernel[(programs - 1,)](partial, y, ptrs[5], M, N, tiles_m, steps, per, y.stride(0),
+                                                    **tiles, num_warps=8)
+        return
     k_split = triton.cdiv(triton.cdiv(K, cfg.BLOCK_K), cfg.SPLIT_K) * cfg.BLOCK_K
     split = triton.cdiv(K, k_split)   # a split left without K is dropped
     partial = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else y
-    scaled = xs is not None
-    kernel = _swap_ab_kernel if cfg.swap_ab else _ab_kernel
-    kernel[(triton.cdiv(M, cfg.BLOCK_M), triton.cdiv(N, cfg.BLOCK_N), split)](
-        x, w, partial, xs if scaled else x, ws if scaled else x, bias if bias is not None else x,
-        M, N, K, k_split, x.stride(0), w.stride(0), xs.stride(0) if scaled else 0, ws.stride(0) if scaled else 0,
-        N if split > 1 else y.stride(0), M * N,
-        BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, BLOCK_K=cfg.BLOCK_K, EVEN_K=K % cfg.BLOCK_K == 0,
-        SCALED=scaled, HAS_BIAS=bias is not None, PARTIAL=split > 1,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    _skinny_kernel[(triton.cdiv(M, cfg.BLOCK_M), triton.cdiv(N, cfg.BLOCK_N), split)](
+        *ptrs[:2], partial, *ptrs[3:], M, N, K, k_split, *strides, N if split > 1 else y.stride(0), M * N,
+        PARTIAL=split > 1, **consts)
     if split > 1:
         _sum_splits_kernel[(M, triton.cdiv(N, REDUCE_BLOCK))](
-            partial, bias if bias is not None else partial, y, M, N, y.stride(0),
-            SPLITS=split, HAS_BIAS=bias is not None, BLOCK=REDUCE_BLOCK, num_warps=4)
+            partial, ptrs[5], y, M, N, y.stride(0), SPLITS=split, HAS_BIAS=bias is not None,
+            BLOCK=REDUCE_BLOCK, num_warps=4)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    """Stream-K's programs: one per SM (a property of the device, no synchronisation)."""
+    if device.type != "cuda":
+        return SMS   # Triton's interpreter: the H200's, as the GPU would cut the runs
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def skinny_matmul(x: torch.Tensor, w: torch.Tensor, *, cfg: SkinnyConfig | None = None,
