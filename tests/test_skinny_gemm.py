@@ -10,7 +10,7 @@ rounding (fp16 ~5e-4 relative, bf16 ~4e-3 as the interpreter truncates), float32
 outputs of FP8 products to 1e-5 (exact products, float32 sums in another order); on the
 GPU 1e-3 for those (Hopper's FP8 tensor cores keep ~14 bits of the running sum). On the
 GPU (@gpu): bf16 and the 8B shapes against F.linear and torch._scaled_mm, replay from a
-CUDA graph, and the same bits on every run (split-K included).
+CUDA graph, and the same bits on every run (split-K and stream-K included).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from kernel_checks import run_in_interpreter
 pytest.importorskip("triton")
 
 ROOT = Path(__file__).resolve().parents[1]
-# small shapes: M below, at and past a 16/32-token tile; N past a 64-column tile; K a
-# multiple of no BLOCK_K (320) and one of 128 (EVEN_K for the smaller K steps)
+# small shapes: M below, at and past a 16/32-token tile; N past a 64-column tile; K = 320
+# leaves a K tail for every BLOCK_K above 64, K = 128 none up to 128 (EVEN_K)
 SHAPES = [(1, 64, 128), (5, 96, 320), (16, 64, 320), (33, 96, 128)]
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 1e-5}
 
@@ -94,14 +94,15 @@ def run_checks(device: torch.device) -> list[tuple[str, float, float]]:
             else:
                 half_case(f"half default {cfg.name} M={M} N={N} K={K}", rnd(M, K).to(half),
                           (rnd(N, K) * 0.05).to(half), None)
-    # stream-K with more (tile, K step) iterations than the 132 programs: runs that end
-    # inside one tile and start inside the next, whole tiles between, a K tail (fp8: 768 over
-    # 512-wide steps), and two row tiles (no swap, 200 tokens)
+    # stream-K with more (tile, K step) iterations than the 132 programs: 140 tiles of two
+    # steps in runs of three (a whole tile, then the first half of the next; its second half,
+    # then a whole one); a K tail (768 over 512-wide steps) in runs of one whole tile; two
+    # row tiles (no swap, 200 tokens); runs of two over tiles of three steps, with a bias
     for kind, M, N, K, cfg in [
-            ("half", 1, 12800, 768, sg.SkinnyConfig(16, 64, 256, 1, 4, 4, True, True)),
-            ("fp8", 5, 12800, 768, sg.SkinnyConfig(16, 64, 512, 1, 4, 4, True, True)),
-            ("half", 200, 2048, 320, sg.SkinnyConfig(128, 128, 64, 1, 8, 4, False, True)),
-            ("fp8", 40, 4096, 384, sg.SkinnyConfig(64, 64, 128, 1, 4, 4, True, True))]:
+            ("half", 1, 8960, 512, sg.SkinnyConfig(16, 64, 256, 1, 4, 4, True, True)),
+            ("fp8", 5, 4480, 768, sg.SkinnyConfig(16, 64, 512, 1, 4, 4, True, True)),
+            ("half", 200, 1024, 320, sg.SkinnyConfig(128, 128, 64, 1, 8, 4, False, True)),
+            ("fp8", 40, 3072, 384, sg.SkinnyConfig(64, 64, 128, 1, 4, 4, True, True))]:
         if kind == "half":
             half_case(f"half stream-K {cfg.name} M={M} N={N} K={K}", rnd(M, K).to(half),
                       (rnd(N, K) * 0.05).to(half), cfg)
@@ -330,7 +331,7 @@ def test_bench_dry_run_through_the_interpreter(tmp_path):
     env.pop("CUDA_VISIBLE_DEVICES", None)
     out, table = tmp_path / "skinny.json", tmp_path / "table.json"
     p = subprocess.run([sys.executable, "gpu/skinny_gemm_bench.py", "--interpret", "--out", str(out),
-                        "--table-out", str(table), "--max-configs", "4"],
+                        "--table-out", str(table), "--max-configs", "3", "--ms", "5,33"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     d = json.loads(out.read_text())
@@ -339,14 +340,23 @@ def test_bench_dry_run_through_the_interpreter(tmp_path):
     cublas_rows = [r for r in d["rows"] if r["impl"] == "cublas"]
     assert triton_rows and cublas_rows and all(r["ok"] for r in d["rows"]), [r for r in d["rows"] if not r["ok"]]
     assert {r["dtype"] for r in d["rows"]} == {"bf16", "fp8"}
-    assert len(triton_rows) == 4 * len(cublas_rows)
+    assert len(triton_rows) == 3 * len(cublas_rows)
     t = json.loads(table.read_text())
     assert set(t["best"]) == {"bf16", "fp8"}
+    cells = 0
     for per_shape in t["best"].values():
         for per_m in per_shape.values():
             for cell in per_m.values():
                 assert cell["config"] and cell["triton_us"] > 0 and cell["cublas_us"] > 0
+                cells += 1
+    assert cells == len(cublas_rows)
     assert "speedup" in p.stdout
+    # what an engine start would read back: every cell at min_speedup 0, typed configs
+    from zerod.engine.kernels.skinny_gemm import SkinnyConfig, load_table
+    picked = load_table(t, min_speedup=0.0)
+    assert len(picked) == cells and all(isinstance(c, SkinnyConfig) for c in picked.values())
+    assert {(d, n, k, m) for d, n, k, m in picked} == {(r["dtype"], r["N"], r["K"], r["M"]) for r in cublas_rows}
+    assert len(load_table(t, min_speedup=float("inf"))) == 0
 
 
 def test_every_config_compiles_for_sm90a(tmp_path):

@@ -440,3 +440,17 @@ def skinny_matmul_fp8(xq: torch.Tensor, x_scale: torch.Tensor, wq: torch.Tensor,
         return y.zero_() if bias is None else y.copy_(bias.float().expand(M, N))
     _launch(xq, wq, y, xs, ws, bias, cfg or default_config(M, N, K, FP8), M, N, K)
     return y
+
+
+def load_table(table: dict, min_speedup: float = 1.0) -> dict[tuple[str, int, int, int], SkinnyConfig]:
+    """gpu/skinny_gemm_bench.py's --table-out JSON (parsed) -> {(dtype, N, K, M): config}
+    for the cells where the best config beat cuBLAS by at least min_speedup; a later
+    change can pick a projection's launch from it at engine start."""
+    out = {}
+    for dtype, shapes in table["best"].items():
+        for nk, per_m in shapes.items():
+            n, k = (int(v) for v in nk.split("x"))
+            for m, cell in per_m.items():
+                if cell.get("speedup") is not None and cell["speedup"] >= min_speedup:
+                    out[dtype, n, k, int(m)] = SkinnyConfig.from_dict(cell["config"])
+    return out
