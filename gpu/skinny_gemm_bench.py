@@ -439,9 +439,10 @@ AOT_DIVISIBLE = ("x_ptr", "w_ptr", "y_ptr", "xs_ptr", "ws_ptr", "b_ptr", "p_ptr"
                  "stride_xm", "stride_wn", "stride_ym", "stride_ys")
 
 
-def aot_compile(fn, dtype: str, consts: dict, options: dict):
+def aot_compile(fn, dtype: str, consts: dict, options: dict, partial: bool = False):
     """fn compiled for sm_90a as the device's JIT would at the 8B shapes: pointers, N, K and
-    the row strides 16-divisible, the scales' stride 1 (a constant), bf16 out."""
+    the row strides 16-divisible, the scales' stride 1 (a constant), bf16 out (float32
+    split-K partials when `partial`)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -457,7 +458,7 @@ def aot_compile(fn, dtype: str, consts: dict, options: dict):
             sig[n] = "constexpr"
         elif n.endswith("_ptr"):
             sig[n] = {"x_ptr": elt, "w_ptr": elt, "b_ptr": "*bf16",
-                      "y_ptr": "*fp32" if consts.get("PARTIAL") else "*bf16"}.get(n, "*fp32")
+                      "y_ptr": "*fp32" if partial else "*bf16"}.get(n, "*fp32")
         else:
             sig[n] = "i32"
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(sig) if n in AOT_DIVISIBLE}
@@ -481,12 +482,11 @@ def aot(a: argparse.Namespace) -> int:
         for cfg in configs:
             tiles = dict(BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, HAS_BIAS=False, SWAP_AB=cfg.swap_ab)
             consts = dict(tiles, BLOCK_K=cfg.BLOCK_K, EVEN_K=True, SCALED=dtype == "fp8")
-            if not cfg.stream_k:
-                consts["PARTIAL"] = cfg.SPLIT_K > 1
             row = {"dtype": dtype, "name": cfg.name, "config": cfg.as_dict()}
             try:
                 k = aot_compile(sg._stream_k_kernel if cfg.stream_k else sg._skinny_kernel, dtype, consts,
-                                {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+                                {"num_warps": cfg.num_warps, "num_stages": cfg.num_stages},
+                                partial=cfg.SPLIT_K > 1)
                 if cfg.stream_k:   # its fixup: compiled too, so an error shows here, not on the device
                     aot_compile(sg._stream_k_fixup_kernel, dtype, tiles, {"num_warps": 8})
                 ptx = k.asm["ptx"]

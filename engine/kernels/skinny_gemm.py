@@ -234,8 +234,9 @@ def _tile_store(acc, y_ptr, b_ptr, M, N, pid_m, pid_n, stride_ym,
 def _skinny_kernel(x_ptr, w_ptr, y_ptr, xs_ptr, ws_ptr, b_ptr, M, N, K, K_SPLIT,
                    stride_xm, stride_wn, stride_xs, stride_ws, stride_ym, stride_ys,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-                   SCALED: tl.constexpr, HAS_BIAS: tl.constexpr, PARTIAL: tl.constexpr, SWAP_AB: tl.constexpr):
-    """Tile (pid_m, pid_n) over the K slice pid_s: into y, or its float32 partials (PARTIAL)."""
+                   SCALED: tl.constexpr, HAS_BIAS: tl.constexpr, SWAP_AB: tl.constexpr):
+    """Tile (pid_m, pid_n) over the K slice pid_s: into y, or into its float32 partials
+    [split, M, N] (the bias then comes with the split-K sum: HAS_BIAS off here)."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_s = tl.program_id(2)
@@ -243,7 +244,7 @@ def _skinny_kernel(x_ptr, w_ptr, y_ptr, xs_ptr, ws_ptr, b_ptr, M, N, K, K_SPLIT,
     acc = _tile_product(x_ptr, w_ptr, xs_ptr, ws_ptr, M, N, K, k0, tl.minimum(k0 + K_SPLIT, K), pid_m, pid_n,
                         stride_xm, stride_wn, stride_xs, stride_ws, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, SCALED, SWAP_AB)
     _tile_store(acc, y_ptr + pid_s.to(tl.int64) * stride_ys, b_ptr, M, N, pid_m, pid_n, stride_ym,
-                BLOCK_M, BLOCK_N, HAS_BIAS and not PARTIAL, SWAP_AB)
+                BLOCK_M, BLOCK_N, HAS_BIAS, SWAP_AB)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -273,7 +274,6 @@ def _stream_k_kernel(x_ptr, w_ptr, y_ptr, xs_ptr, ws_ptr, b_ptr, p_ptr, M, N, K,
     pid = tl.program_id(0)
     it = pid * PER_PROGRAM
     end = tl.minimum(it + PER_PROGRAM, ITERS)
-    TILE: tl.constexpr = BLOCK_M * BLOCK_N
     if SWAP_AB:
         idx = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
     else:
@@ -287,11 +287,11 @@ def _stream_k_kernel(x_ptr, w_ptr, y_ptr, xs_ptr, ws_ptr, b_ptr, p_ptr, M, N, K,
         acc = _tile_product(x_ptr, w_ptr, xs_ptr, ws_ptr, M, N, K, s0 * BLOCK_K, tl.minimum(s1 * BLOCK_K, K),
                             pid_m, pid_n, stride_xm, stride_wn, stride_xs, stride_ws,
                             BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, SCALED, SWAP_AB)
-        if s0 == 0 and s1 == STEPS:
+        if (s0 == 0) & (s1 == STEPS):
             _tile_store(acc, y_ptr, b_ptr, M, N, pid_m, pid_n, stride_ym, BLOCK_M, BLOCK_N, HAS_BIAS, SWAP_AB)
         else:
             slot = tl.where(it == pid * PER_PROGRAM, 0, 1)
-            tl.store(p_ptr + (pid * 2 + slot).to(tl.int64) * TILE + idx, acc)
+            tl.store(p_ptr + (pid * 2 + slot).to(tl.int64) * (BLOCK_M * BLOCK_N) + idx, acc)
         it += s1 - s0
 
 
@@ -304,8 +304,7 @@ def _stream_k_fixup_kernel(p_ptr, y_ptr, b_ptr, M, N, TILES_M, STEPS, PER_PROGRA
     b = (tl.program_id(0) + 1) * PER_PROGRAM
     tile = b // STEPS
     start = tile * STEPS
-    if b > start and b - PER_PROGRAM <= start:
-        TILE: tl.constexpr = BLOCK_M * BLOCK_N
+    if (b > start) & (b - PER_PROGRAM <= start):
         if SWAP_AB:
             idx = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
             acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -316,7 +315,7 @@ def _stream_k_fixup_kernel(p_ptr, y_ptr, b_ptr, M, N, TILES_M, STEPS, PER_PROGRA
         last = (start + STEPS - 1) // PER_PROGRAM
         for p in range(first, last + 1):
             slot = tl.where(p * PER_PROGRAM >= start, 0, 1)   # the run starts in this tile, or ends in it
-            acc += tl.load(p_ptr + (p * 2 + slot).to(tl.int64) * TILE + idx)
+            acc += tl.load(p_ptr + (p * 2 + slot).to(tl.int64) * (BLOCK_M * BLOCK_N) + idx)
         _tile_store(acc, y_ptr, b_ptr, M, N, tile % TILES_M, tile // TILES_M, stride_ym,
                     BLOCK_M, BLOCK_N, HAS_BIAS, SWAP_AB)
 
@@ -376,7 +375,7 @@ def _launch(x, w, y, xs, ws, bias, cfg: SkinnyConfig, M: int, N: int, K: int) ->
     partial = torch.empty((split, M, N), dtype=torch.float32, device=x.device) if split > 1 else y
     _skinny_kernel[(triton.cdiv(M, cfg.BLOCK_M), triton.cdiv(N, cfg.BLOCK_N), split)](
         *ptrs[:2], partial, *ptrs[3:], M, N, K, k_split, *strides, N if split > 1 else y.stride(0), M * N,
-        PARTIAL=split > 1, **consts)
+        **dict(consts, HAS_BIAS=bias is not None and split == 1))
     if split > 1:
         _sum_splits_kernel[(M, triton.cdiv(N, REDUCE_BLOCK))](
             partial, ptrs[5], y, M, N, y.stride(0), SPLITS=split, HAS_BIAS=bias is not None,
