@@ -19,7 +19,8 @@ per-channel B scales, as Fp8Linear.w8a8 calls it; both take the same quantized a
 Each result is first checked against a float32 reference (the fp8 one from the
 dequantized operands): a relative error above TOL, a NaN, or a launch that fails (out of
 shared memory, a compiler error) excludes that config however fast; the error against
-cuBLAS's output is recorded too. Then timed: on the GPU inside a CUDA graph that cycles
+cuBLAS's output is recorded too. One within 10x TOL is still timed, never picked (the
+FP8 "fast" configs, whose sums are never promoted, show what their precision costs). Then timed: on the GPU inside a CUDA graph that cycles
 through copies of the weights, COLD_BYTES in all (several times the H200's 50-60 MB L2), so
 that every call reads its weights from HBM, as a decode step does: o's weights (34 MB bf16,
 17 MB fp8), qkv's and fp8 down's would otherwise stay in the L2 between back-to-back calls
@@ -382,7 +383,8 @@ def measure(torch, row: dict, fns: list, ref, cub_out, tol: float, timed) -> dic
             row["rel_vs_cublas"] = (float((y.double() - cub_out.double()).norm() / cub_out.double().norm())
                                     if finite else math.inf)
         row["ok"] = finite and row["rel_err"] <= tol
-        if row["ok"] or row["impl"] == "cublas":
+        # within 10x the tolerance: timed too (what FP8's unpromoted sums save shows), never picked
+        if row["ok"] or row["impl"] == "cublas" or (finite and row["rel_err"] <= 10 * tol):
             row["us"] = timed(fns)
             row["of_bound"] = row["bound_us"] / row["us"]
     except Exception as e:   # out of shared memory, a compiler error, a capture that fails
@@ -481,7 +483,8 @@ def aot(a: argparse.Namespace) -> int:
         configs = sg.CONFIGS["fp8" if dtype == "fp8" else "half"][:a.max_configs or None]
         for cfg in configs:
             tiles = dict(BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, HAS_BIAS=False, SWAP_AB=cfg.swap_ab)
-            consts = dict(tiles, BLOCK_K=cfg.BLOCK_K, EVEN_K=True, SCALED=dtype == "fp8")
+            consts = dict(tiles, BLOCK_K=cfg.BLOCK_K, EVEN_K=True, SCALED=dtype == "fp8",
+                          PROMOTE=dtype == "fp8" and not cfg.fast_accum)
             row = {"dtype": dtype, "name": cfg.name, "config": cfg.as_dict()}
             try:
                 k = aot_compile(sg._stream_k_kernel if cfg.stream_k else sg._skinny_kernel, dtype, consts,

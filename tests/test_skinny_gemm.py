@@ -8,7 +8,8 @@ interpreter's tl.dot on bf16 is wrong (tests/test_kernels_interpreter.py). Every
 starts as NaN, so an element a kernel skips fails the check. Tolerances: the output's
 rounding (fp16 ~5e-4 relative, bf16 ~4e-3 as the interpreter truncates), float32
 outputs of FP8 products to 1e-5 (exact products, float32 sums in another order); on the
-GPU 1e-3 for those (Hopper's FP8 tensor cores keep ~14 bits of the running sum). On the
+GPU 1e-3 for those (Hopper's FP8 tensor cores keep ~14 bits of the running sum within a
+K step; the "fast" configs never promote it). On the
 GPU (@gpu): bf16 and the 8B shapes against F.linear and torch._scaled_mm, replay from a
 CUDA graph, and the same bits on every run (split-K and stream-K included).
 """
@@ -198,7 +199,8 @@ def test_configs_are_valid_and_round_trip(sg):
             bk_bytes = 1 if kind == "fp8" else 2
             smem = (c.BLOCK_M + c.BLOCK_N) * c.BLOCK_K * bk_bytes * c.num_stages
             assert smem <= 160 * 1024, (c.name, smem)   # room in the H200's 227 KB a block
-    for bad in (dict(BLOCK_M=8), dict(BLOCK_N=96), dict(SPLIT_K=0), dict(num_warps=3), dict(SPLIT_K=2, stream_k=True)):
+    for bad in (dict(BLOCK_M=8), dict(BLOCK_N=96), dict(SPLIT_K=0), dict(num_warps=3),
+                dict(SPLIT_K=2, stream_k=True)):
         with pytest.raises(ValueError):
             sg.SkinnyConfig(**bad)
 
@@ -420,7 +422,9 @@ def test_skinny_gemm_against_cublas_at_8b_shapes():
             for cfg in (None, *sg.CONFIGS["fp8"]):
                 y = sg.skinny_matmul_fp8(xq, xs[:, None], wq, ws, out_dtype=torch.bfloat16, cfg=cfg)
                 again = sg.skinny_matmul_fp8(xq, xs[:, None], wq, ws, out_dtype=torch.bfloat16, cfg=cfg)
-                if _rel(y.float(), base8.float()) > 2e-2 or not torch.equal(y, again):
+                # unpromoted FP8 sums (fast_accum) lose bits over K = 14336: right, not exact
+                tol = 5e-2 if cfg is not None and cfg.fast_accum else 2e-2
+                if _rel(y.float(), base8.float()) > tol or not torch.equal(y, again):
                     bad.append(("fp8", N, K, M, cfg))
     assert not bad, bad
     # captured once with a split-K and a stream-K config (their workspaces from the graph's

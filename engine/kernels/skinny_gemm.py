@@ -74,6 +74,7 @@ class SkinnyConfig:
     num_stages: int = 4
     swap_ab: bool = True
     stream_k: bool = False   # persistent, one program per SM sharing out (tile, K step) runs
+    fast_accum: bool = False  # FP8: wgmma's running sum never promoted (below); bf16 ignores it
 
     def __post_init__(self) -> None:
         for name in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
@@ -88,7 +89,8 @@ class SkinnyConfig:
     @property
     def name(self) -> str:
         return (f"{'sab' if self.swap_ab else 'ab'} m{self.BLOCK_M} n{self.BLOCK_N} k{self.BLOCK_K} "
-                f"{'streamk' if self.stream_k else f's{self.SPLIT_K}'} w{self.num_warps} st{self.num_stages}")
+                f"{'streamk' if self.stream_k else f's{self.SPLIT_K}'} w{self.num_warps} st{self.num_stages}"
+                f"{' fast' if self.fast_accum else ''}")
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -98,8 +100,8 @@ class SkinnyConfig:
         return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)})
 
 
-def _c(swap, bm, bn, bk, split, warps, stages, stream_k=False) -> SkinnyConfig:
-    return SkinnyConfig(bm, bn, bk, split, warps, stages, swap, stream_k)
+def _c(swap, bm, bn, bk, split, warps, stages, stream_k=False, fast=False) -> SkinnyConfig:
+    return SkinnyConfig(bm, bn, bk, split, warps, stages, swap, stream_k, fast)
 
 
 # The device sweep's candidates, per operand kind. Tiles hold at most ~160 KB of shared
@@ -123,9 +125,14 @@ _HALF_CONFIGS = (
     _c(True, 16, 64, 256, 1, 4, 4, True), _c(True, 256, 64, 64, 1, 8, 4, True),
     _c(False, 128, 128, 64, 1, 8, 4, True),
 )
+_FP8_DROPPED = (_c(True, 16, 128, 128, 1, 4, 4), _c(True, 256, 128, 64, 1, 8, 3))
 CONFIGS: dict[str, tuple[SkinnyConfig, ...]] = {
     "half": _HALF_CONFIGS,
-    "fp8": tuple(dataclasses.replace(c, BLOCK_K=2 * c.BLOCK_K) for c in _HALF_CONFIGS),
+    # the same tiles but two whose promoted FP8 sums serialise wgmma or spill (sm_90a,
+    # ptxas), and three with the sums never promoted, to measure what the promotion costs
+    "fp8": tuple(dataclasses.replace(c, BLOCK_K=2 * c.BLOCK_K) for c in _HALF_CONFIGS if c not in _FP8_DROPPED)
+    + (_c(True, 16, 64, 512, 1, 4, 4, fast=True), _c(True, 256, 64, 128, 1, 8, 4, fast=True),
+       _c(False, 128, 128, 128, 1, 8, 4, fast=True)),
 }
 
 
@@ -167,9 +174,12 @@ def default_config(M: int, N: int, K: int, dtype: torch.dtype) -> SkinnyConfig:
 def _tile_product(x_ptr, w_ptr, xs_ptr, ws_ptr, M, N, K, k_lo, k_hi, pid_m, pid_n,
                   stride_xm, stride_wn, stride_xs, stride_ws,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  EVEN_K: tl.constexpr, SCALED: tl.constexpr, SWAP_AB: tl.constexpr):
+                  EVEN_K: tl.constexpr, SCALED: tl.constexpr, SWAP_AB: tl.constexpr, PROMOTE: tl.constexpr):
     """One output tile's float32 product over K in [k_lo, k_hi) (k_lo a multiple of
-    BLOCK_K), scaled: [BLOCK_N, BLOCK_M] (yᵀ) swap-AB, else [BLOCK_M, BLOCK_N]."""
+    BLOCK_K), scaled: [BLOCK_N, BLOCK_M] (yᵀ) swap-AB, else [BLOCK_M, BLOCK_N]. PROMOTE
+    (e4m3 operands): Hopper's FP8 wgmma keeps ~14 bits of its running sum (DeepSeek-V3
+    report, 3.3.2), so the sum is added into the float32 accumulator every K step, as
+    cuBLASLt does unless asked for fast accumulation."""
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rows_m = offs_m % M   # in bounds: loads need no row mask; the store drops the copies
@@ -187,7 +197,10 @@ def _tile_product(x_ptr, w_ptr, xs_ptr, ws_ptr, M, N, K, k_lo, k_hi, pid_m, pid_
                 k_ok = k + offs_k < K
                 w = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0)
                 x = tl.load(x_ptrs, mask=k_ok[:, None], other=0.0)
-            acc = tl.dot(w, x, acc)
+            if PROMOTE:
+                acc = tl.dot(w, x, acc, max_num_imprecise_acc=BLOCK_K)
+            else:
+                acc = tl.dot(w, x, acc)
             w_ptrs += BLOCK_K
             x_ptrs += BLOCK_K
         if SCALED:
@@ -204,7 +217,10 @@ def _tile_product(x_ptr, w_ptr, xs_ptr, ws_ptr, M, N, K, k_lo, k_hi, pid_m, pid_
                 k_ok = k + offs_k < K
                 x = tl.load(x_ptrs, mask=k_ok[None, :], other=0.0)
                 w = tl.load(w_ptrs, mask=k_ok[:, None], other=0.0)
-            acc = tl.dot(x, w, acc)
+            if PROMOTE:
+                acc = tl.dot(x, w, acc, max_num_imprecise_acc=BLOCK_K)
+            else:
+                acc = tl.dot(x, w, acc)
             x_ptrs += BLOCK_K
             w_ptrs += BLOCK_K
         if SCALED:
@@ -234,7 +250,7 @@ def _tile_store(acc, y_ptr, b_ptr, M, N, pid_m, pid_n, stride_ym,
 def _skinny_kernel(x_ptr, w_ptr, y_ptr, xs_ptr, ws_ptr, b_ptr, M, N, K, K_SPLIT,
                    stride_xm, stride_wn, stride_xs, stride_ws, stride_ym, stride_ys,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-                   SCALED: tl.constexpr, HAS_BIAS: tl.constexpr, SWAP_AB: tl.constexpr):
+                   SCALED: tl.constexpr, HAS_BIAS: tl.constexpr, SWAP_AB: tl.constexpr, PROMOTE: tl.constexpr):
     """Tile (pid_m, pid_n) over the K slice pid_s: into y, or into its float32 partials
     [split, M, N] (the bias then comes with the split-K sum: HAS_BIAS off here)."""
     pid_m = tl.program_id(0)
@@ -242,7 +258,8 @@ def _skinny_kernel(x_ptr, w_ptr, y_ptr, xs_ptr, ws_ptr, b_ptr, M, N, K, K_SPLIT,
     pid_s = tl.program_id(2)
     k0 = pid_s * K_SPLIT
     acc = _tile_product(x_ptr, w_ptr, xs_ptr, ws_ptr, M, N, K, k0, tl.minimum(k0 + K_SPLIT, K), pid_m, pid_n,
-                        stride_xm, stride_wn, stride_xs, stride_ws, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, SCALED, SWAP_AB)
+                        stride_xm, stride_wn, stride_xs, stride_ws, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, SCALED, SWAP_AB,
+                        PROMOTE)
     _tile_store(acc, y_ptr + pid_s.to(tl.int64) * stride_ys, b_ptr, M, N, pid_m, pid_n, stride_ym,
                 BLOCK_M, BLOCK_N, HAS_BIAS, SWAP_AB)
 
@@ -266,7 +283,7 @@ def _sum_splits_kernel(p_ptr, b_ptr, y_ptr, M, N, stride_ym,
 def _stream_k_kernel(x_ptr, w_ptr, y_ptr, xs_ptr, ws_ptr, b_ptr, p_ptr, M, N, K, TILES_M, STEPS, ITERS, PER_PROGRAM,
                      stride_xm, stride_wn, stride_xs, stride_ws, stride_ym,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-                     SCALED: tl.constexpr, HAS_BIAS: tl.constexpr, SWAP_AB: tl.constexpr):
+                     SCALED: tl.constexpr, HAS_BIAS: tl.constexpr, SWAP_AB: tl.constexpr, PROMOTE: tl.constexpr):
     """Persistent stream-K: the (tile, K step) iterations, tile-major, cut in equal runs of
     PER_PROGRAM, one run a program. A tile a program covers whole goes to y; the piece of
     a tile it starts inside (slot 0) or ends inside (slot 1) goes to its float32 partials,
@@ -286,7 +303,7 @@ def _stream_k_kernel(x_ptr, w_ptr, y_ptr, xs_ptr, ws_ptr, b_ptr, p_ptr, M, N, K,
         pid_n = tile // TILES_M
         acc = _tile_product(x_ptr, w_ptr, xs_ptr, ws_ptr, M, N, K, s0 * BLOCK_K, tl.minimum(s1 * BLOCK_K, K),
                             pid_m, pid_n, stride_xm, stride_wn, stride_xs, stride_ws,
-                            BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, SCALED, SWAP_AB)
+                            BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, SCALED, SWAP_AB, PROMOTE)
         if (s0 == 0) & (s1 == STEPS):
             _tile_store(acc, y_ptr, b_ptr, M, N, pid_m, pid_n, stride_ym, BLOCK_M, BLOCK_N, HAS_BIAS, SWAP_AB)
         else:
@@ -356,7 +373,7 @@ def _launch(x, w, y, xs, ws, bias, cfg: SkinnyConfig, M: int, N: int, K: int) ->
     strides = (x.stride(0), w.stride(0), xs.stride(0) if scaled else 0, ws.stride(0) if scaled else 0)
     tiles = dict(BLOCK_M=cfg.BLOCK_M, BLOCK_N=cfg.BLOCK_N, SWAP_AB=cfg.swap_ab, HAS_BIAS=bias is not None)
     consts = dict(tiles, BLOCK_K=cfg.BLOCK_K, EVEN_K=K % cfg.BLOCK_K == 0, SCALED=scaled,
-                  num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                  PROMOTE=scaled and not cfg.fast_accum, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if cfg.stream_k:
         tiles_m = triton.cdiv(M, cfg.BLOCK_M)
         steps = triton.cdiv(K, cfg.BLOCK_K)
