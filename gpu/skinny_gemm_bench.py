@@ -20,18 +20,19 @@ Each result is first checked against a float32 reference (the fp8 one from the
 dequantized operands): a relative error above TOL, a NaN, or a launch that fails (out of
 shared memory, a compiler error) excludes that config however fast; the error against
 cuBLAS's output is recorded too. One within 10x TOL is still timed, never picked (the
-FP8 "fast" configs, whose sums are never promoted, show what their precision costs). Then timed: on the GPU inside a CUDA graph that cycles
-through copies of the weights, COLD_BYTES in all (several times the H200's 50-60 MB L2), so
-that every call reads its weights from HBM, as a decode step does: o's weights (34 MB bf16,
-17 MB fp8), qkv's and fp8 down's would otherwise stay in the L2 between back-to-back calls
-and time faster than any decode step runs them, while gate_up's and the LM head's (and
-bf16 down's) exceed it anyway and get one to three copies. The activations stay
-in the L2, as they do after the kernel that wrote them. The median of 7 replays of ~1 ms,
-per call, launch gaps excluded (a decode step replays graphs too); the graph also proves
-the launches capturable. Each is set against its roofline bound
-max(bytes / HBM, FLOPs / peak), with gpu/step_breakdown.py's H200 figures (diag's copy
-bandwidth and checked GEMM peaks); the bytes are those a call must move: weights,
-activations, output, and the FP8 scales.
+FP8 "fast" configs, whose sums are never promoted, show what their precision costs).
+
+Then timed: on the GPU inside a CUDA graph that cycles through copies of the weights,
+COLD_BYTES in all (several times the H200's 50-60 MB L2), so that every call reads its
+weights from HBM, as a decode step does: o's weights (34 MB bf16, 17 MB fp8), qkv's and
+fp8 down's would otherwise stay in the L2 between back-to-back calls and time faster
+than any decode step runs them, while gate_up's and the LM head's (and bf16 down's)
+exceed it anyway and get one to three copies. The activations stay in the L2, as they
+do after the kernel that wrote them. The median of 7 replays of ~1 ms, per call, launch
+gaps excluded (a decode step replays graphs too); the graph also proves the launches
+capturable. Each is set against its roofline bound max(bytes / HBM, FLOPs / peak), with
+gpu/step_breakdown.py's H200 figures (diag's copy bandwidth and checked GEMM peaks); the
+bytes are those a call must move: weights, activations, output, and the FP8 scales.
 
 Prints a table (shape, M, cuBLAS us and % of bound, the best Triton config's, the speedup)
 and, per dtype and M, a decode step's GEMMs (32 layers of the four projections + the bf16
@@ -41,11 +42,12 @@ config to --table-out (default: --out's name with _table), for a later change to
 at engine start.
 
 Runtime on an H200: Triton compiles each config once per dtype (M is no specialisation
-key; N, K and the strides share one): 38 GEMM kernels plus the split-K sums and stream-K
+key; N, K and the strides share one): 39 GEMM kernels plus the split-K sums and stream-K
 fixups, ~15 s for all of them on a 2-core CPU (--aot), so well under a minute there. Then
-54 cells (M = 200 first, then the larger M before the smaller) of 20 timings each (19
-configs and cuBLAS), ~10-50 ms a timing: a few minutes in all (--quick: 24 cells). --budget-s (default 420) stops starting new cells
-past it and says so (`stopped_early`), so one device call of 10 minutes ends with its files.
+54 cells (M = 200 first, then the larger M before the smaller) of 20-21 timings each (the
+configs and cuBLAS), ~10-50 ms a timing: a few minutes in all (--quick: 24 cells).
+--budget-s (default 420) stops starting new cells past it and says so (`stopped_early`),
+so one device call of 10 minutes ends with its files.
 
 --interpret: TRITON_INTERPRET=1, tiny shapes on the CPU, fp16 in place of bf16 (the
 interpreter's tl.dot on bf16 is wrong) and the interpreter's wall-clock, to exercise the
@@ -165,7 +167,8 @@ def table_lines(rows: list[dict], best: dict) -> list[str]:
                   key=lambda c: (c[0], order.index(c[1]) if c[1] in order else len(order), c[1], c[4]))
     for dtype, shape, n, k, m in seen:
         cell = best.get(dtype, {}).get(f"{n}x{k}", {}).get(str(m))
-        base = next(r for r in rows if r["impl"] == "cublas" and (r["dtype"], r["N"], r["K"], r["M"]) == (dtype, n, k, m))
+        base = next(r for r in rows
+                    if r["impl"] == "cublas" and (r["dtype"], r["N"], r["K"], r["M"]) == (dtype, n, k, m))
         cub = f"{base['us']:8.1f} ({100 * base['bound_us'] / base['us']:3.0f} %)" if "us" in base else "failed"
         tri = f"{cell['triton_us']:8.1f} ({100 * cell['triton_of_bound']:3.0f} %)" if cell else "none correct"
         sp = f"{cell['speedup']:6.2f}x" if cell and cell["speedup"] else "-"

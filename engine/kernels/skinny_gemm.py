@@ -38,11 +38,11 @@ order (deterministic again, no spin-waits on other programs), adds the bias and 
 FP8 scales multiply the float32 accumulator in the epilogue (the partials are already
 scaled); the bias is added in float32 before the one rounding to the output dtype.
 
-Grids and workspaces depend on shapes (and stream-K's on the device's SM count) only and nothing synchronises with the host: the
-launches can be captured in a CUDA graph. M is not a specialisation key
-(do_not_specialize), so one compiled kernel serves every batch size of a config.
-Triton's interpreter (TRITON_INTERPRET=1) runs them on the CPU for the tests, fp16 only:
-its tl.dot on bf16 is wrong (tests/test_kernels_interpreter.py).
+Grids and workspaces depend on shapes (stream-K's also on the device's SM count) only,
+and nothing synchronises with the host: the launches can be captured in a CUDA graph. M
+is not a specialisation key (do_not_specialize), so one compiled kernel serves every
+batch size of a config. Triton's interpreter (TRITON_INTERPRET=1) runs them on the CPU
+for the tests, fp16 only: its tl.dot on bf16 is wrong (tests/test_kernels_interpreter.py).
 """
 
 from __future__ import annotations
