@@ -224,6 +224,45 @@ def test_default_config_follows_the_shape(sg):
                 assert tiles(sg.default_config(M, N, K, dt)) in swept, (M, N, K, dt)
 
 
+def test_launches_at_the_8b_shapes_fit_cuda_limits(sg, monkeypatch):
+    """The host side of every config at every shape and M the sweep runs, on meta tensors
+    (no kernel runs): grids within CUDA's limits, whole K steps (no masked loads), stream-K
+    at most one program per SM and a split-K sum launched exactly when K is split."""
+    launches = []
+
+    class Kernel:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            return lambda *args, **kw: launches.append((self.name, grid, kw))
+
+    for name in ("_skinny_kernel", "_sum_splits_kernel", "_stream_k_kernel", "_stream_k_fixup_kernel"):
+        monkeypatch.setattr(sg, name, Kernel(name))
+    meta = torch.device("meta")
+    for N, K in [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096)]:
+        for M in (1, 16, 64, 128, 200, 256):
+            for kind in ("half", "fp8"):
+                for cfg in sg.CONFIGS[kind]:
+                    launches.clear()
+                    if kind == "half":
+                        sg.skinny_matmul(torch.empty(M, K, dtype=torch.bfloat16, device=meta),
+                                         torch.empty(N, K, dtype=torch.bfloat16, device=meta), cfg=cfg)
+                    else:
+                        sg.skinny_matmul_fp8(torch.empty(M, K, dtype=sg.FP8, device=meta),
+                                             torch.empty(M, 1, device=meta), torch.empty(N, K, dtype=sg.FP8, device=meta),
+                                             torch.empty(N, device=meta), out_dtype=torch.bfloat16, cfg=cfg)
+                    (name, grid, kw), *rest = launches
+                    where = (N, K, M, cfg.name)
+                    assert kw["EVEN_K"] and grid[0] < 2 ** 31 and all(g <= 65535 for g in grid[1:]), where
+                    if cfg.stream_k:
+                        assert name == "_stream_k_kernel" and grid[0] <= sg.SMS, where
+                        assert [r[0] for r in rest] == ["_stream_k_fixup_kernel"] and rest[0][1] == (grid[0] - 1,)
+                    else:
+                        assert name == "_skinny_kernel" and grid[2] == min(cfg.SPLIT_K, K // cfg.BLOCK_K), where
+                        assert [r[0] for r in rest] == (["_sum_splits_kernel"] if grid[2] > 1 else []), where
+
+
 # --------------------------------------------------------------------------- the sweep script
 
 @pytest.fixture(scope="module")
