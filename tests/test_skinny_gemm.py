@@ -249,9 +249,9 @@ def test_launches_at_the_8b_shapes_fit_cuda_limits(sg, monkeypatch):
                         sg.skinny_matmul(torch.empty(M, K, dtype=torch.bfloat16, device=meta),
                                          torch.empty(N, K, dtype=torch.bfloat16, device=meta), cfg=cfg)
                     else:
-                        sg.skinny_matmul_fp8(torch.empty(M, K, dtype=sg.FP8, device=meta),
-                                             torch.empty(M, 1, device=meta), torch.empty(N, K, dtype=sg.FP8, device=meta),
-                                             torch.empty(N, device=meta), out_dtype=torch.bfloat16, cfg=cfg)
+                        sg.skinny_matmul_fp8(torch.empty(M, K, dtype=sg.FP8, device=meta), torch.empty(M, 1, device=meta),
+                                             torch.empty(N, K, dtype=sg.FP8, device=meta), torch.empty(N, device=meta),
+                                             out_dtype=torch.bfloat16, cfg=cfg)
                     (name, grid, kw), *rest = launches
                     where = (N, K, M, cfg.name)
                     assert kw["EVEN_K"] and grid[0] < 2 ** 31 and all(g <= 65535 for g in grid[1:]), where
