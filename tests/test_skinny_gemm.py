@@ -239,18 +239,16 @@ def test_launches_at_the_8b_shapes_fit_cuda_limits(sg, monkeypatch):
 
     for name in ("_skinny_kernel", "_sum_splits_kernel", "_stream_k_kernel", "_stream_k_fixup_kernel"):
         monkeypatch.setattr(sg, name, Kernel(name))
-    meta = torch.device("meta")
+    e = lambda *shape, dt=torch.float32: torch.empty(*shape, dtype=dt, device="meta")  # noqa: E731
     for N, K in [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096)]:
         for M in (1, 16, 64, 128, 200, 256):
             for kind in ("half", "fp8"):
                 for cfg in sg.CONFIGS[kind]:
                     launches.clear()
                     if kind == "half":
-                        sg.skinny_matmul(torch.empty(M, K, dtype=torch.bfloat16, device=meta),
-                                         torch.empty(N, K, dtype=torch.bfloat16, device=meta), cfg=cfg)
+                        sg.skinny_matmul(e(M, K, dt=torch.bfloat16), e(N, K, dt=torch.bfloat16), cfg=cfg)
                     else:
-                        sg.skinny_matmul_fp8(torch.empty(M, K, dtype=sg.FP8, device=meta), torch.empty(M, 1, device=meta),
-                                             torch.empty(N, K, dtype=sg.FP8, device=meta), torch.empty(N, device=meta),
+                        sg.skinny_matmul_fp8(e(M, K, dt=sg.FP8), e(M, 1), e(N, K, dt=sg.FP8), e(N),
                                              out_dtype=torch.bfloat16, cfg=cfg)
                     (name, grid, kw), *rest = launches
                     where = (N, K, M, cfg.name)
