@@ -46,7 +46,7 @@ key; N, K and the strides share one): 39 GEMM kernels plus the split-K sums and 
 fixups, ~15 s for all of them on a 2-core CPU (--aot), so well under a minute there. Then
 54 cells (M = 200 first, then the larger M before the smaller) of 20-21 timings each (the
 configs and cuBLAS), ~10-50 ms a timing: a few minutes in all (--quick: 24 cells).
---budget-s (default 420) stops starting new cells past it and says so (`stopped_early`),
+--budget-s (default 360) stops starting new cells past it and says so (`stopped_early`),
 so one device call of 10 minutes ends with its files.
 
 --interpret: TRITON_INTERPRET=1, tiny shapes on the CPU, fp16 in place of bf16 (the
@@ -118,7 +118,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--ms", help=f"comma-separated M values (default {','.join(map(str, MS))})")
     ap.add_argument("--dtypes", default="bf16,fp8", help="bf16, fp8 or both")
     ap.add_argument("--max-configs", type=int, default=0, help="the first N configs of each dtype (0: all)")
-    ap.add_argument("--budget-s", type=float, default=420.0, help="start no new cell after this many seconds")
+    ap.add_argument("--budget-s", type=float, default=360.0, help="start no new cell after this many seconds")
     ap.add_argument("--interpret", action="store_true", help="the CPU through Triton's interpreter, tiny shapes")
     ap.add_argument("--aot", action="store_true", help="compile every config for sm_90a on the CPU, report ptxas -v")
     a = ap.parse_args(argv)
