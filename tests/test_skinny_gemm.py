@@ -149,6 +149,7 @@ print("RESULT", "ok" if res and all(e <= t for _, e, t in res) else "bad")
 """
 
 
+@pytest.mark.slow   # seconds: Triton's interpreter or compiler (tests/conftest.py's SLOW_MODULES kind)
 def test_skinny_gemm_in_interpreter():
     run_in_interpreter(SCRIPT)
 
@@ -363,6 +364,7 @@ def test_bench_best_skips_wrong_results(bench):
     assert any("right" in line and "1.11x" in line for line in lines), lines
 
 
+@pytest.mark.slow   # seconds: Triton's interpreter or compiler (tests/conftest.py's SLOW_MODULES kind)
 def test_bench_dry_run_through_the_interpreter(tmp_path):
     """The whole script on tiny shapes through Triton's interpreter: its control flow,
     checks and JSON files (its times are the interpreter's wall-clock, not a GPU's)."""
@@ -398,6 +400,7 @@ def test_bench_dry_run_through_the_interpreter(tmp_path):
     assert len(load_table(t, min_speedup=float("inf"))) == 0
 
 
+@pytest.mark.slow   # seconds: Triton's interpreter or compiler (tests/conftest.py's SLOW_MODULES kind)
 def test_every_config_compiles_for_sm90a(tmp_path):
     """Each config compiled ahead for the H200 (sm_90a) on the CPU, as the JIT compiles it
     at the 8B shapes: no compiler error, no register spills, no serialised wgmma, shared
