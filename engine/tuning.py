@@ -45,6 +45,13 @@ class Tuning:
     # at batch 1 those launches take 195 of a step's 3,474 us of kernels (docs/perf.md "FP8").
     fp8_fused_act_quant: bool = True
 
+    # A step with prompt chunks and decodes runs them in one forward, each decode a
+    # one-token sequence of the prefill graph (the weights read once, not twice), when
+    # the rows fit one (`prefill_graph_seqs` counts the decodes too). Off until measured on
+    # the device; gpu/schedule_sim.py predicts the largest gain of the mixed scenarios
+    # from it (docs/perf.md "A model of the scheduler").
+    one_forward_mixed_steps: bool = False
+
     @classmethod
     def from_env(cls, environ=None) -> "Tuning":
         raw = (environ if environ is not None else os.environ).get(ENV, "").strip()

@@ -12,6 +12,8 @@ another's prefix cache):
   mix10      the same at 10 req/s for 30 s
   prefix     16 shared 2,000-token prefixes + 48 unique tokens, 64 out, 16 req/s, 20 s; twice
   hello      30 "Hello"-sized prompts (2 tokens), max_tokens 1, one at a time: TTFT
+  burst200   200 streams of 24 prompt and 128 output tokens sent at once, twice: TTFT and
+             output tokens/s of each wave (zerod bench's streams-200)
 After each phase the server's slow-step counter is scraped (absent on older code).
 """
 
@@ -126,6 +128,15 @@ async def phase(c: Client, name: str) -> dict:
             res = await poisson(c, 16.0, 20.0, lambda: (rng.choice(prefixes) + c.prompt(48), 64))
             out[run] = summarize(res)
         return out
+    if name == "burst200":
+        out = {}
+        for wave in ("first", "second"):
+            res = await asyncio.gather(*(c.stream(c.prompt(24), 128) for _ in range(200)))
+            out[wave] = summarize(res)
+            ends = [r["times"][-1] for r in res if r["times"]]
+            tokens = sum(len(r["times"]) for r in res)
+            out[wave]["output_tokens_per_s"] = tokens / (max(ends) - min(r["t0"] for r in res)) if ends else None
+        return out
     raise SystemExit(f"unknown phase {name}")
 
 
@@ -133,7 +144,7 @@ async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("port", type=int)
     ap.add_argument("out")
-    ap.add_argument("--phases", default="first16k,streams16k,mix25,mix10,prefix,hello")
+    ap.add_argument("--phases", default="first16k,streams16k,mix25,mix10,prefix,hello,burst200")
     ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args()
     c = Client(a.port, random.Random(a.seed))

@@ -336,8 +336,8 @@ def test_padded_prefill_takes_a_wave_of_prompts_beside_decodes(ckpt):
         e.runner.pad_prefill = pad
         steps = []   # (padded tokens, chunks, decodes running) of each padded prefill
         run = e.runner._prefill_padded
-        e.runner._prefill_padded = lambda p: (steps.append((p.padded, len(p.seqlens), len(e.scheduler.decoding))),
-                                              run(p))[1]
+        e.runner._prefill_padded = lambda p, *a: (steps.append((p.padded, len(p.seqlens), len(e.scheduler.decoding))),
+                                                  run(p, *a))[1]
         e.start()
         try:
             first, got = threading.Event(), []

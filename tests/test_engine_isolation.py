@@ -61,10 +61,10 @@ def test_a_failing_row_fails_alone_and_the_others_get_their_own_tokens(eng, monk
         # raises before anything of the step is launched
         orig = runner._stage_prefill
 
-        def hooked(pk, chunks, pad, uses):
+        def hooked(pk, chunks, pad, uses, *rest):
             if any(_is_victim(c.req) for c in chunks):
                 raise OverflowError("injected: this request's inputs do not fit")
-            return orig(pk, chunks, pad, uses)
+            return orig(pk, chunks, pad, uses, *rest)
         monkeypatch.setattr(runner, "_stage_prefill", hooked)
     else:
         # raises after the decode forward wrote K/V for every row and sampled: the redo must

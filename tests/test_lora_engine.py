@@ -81,14 +81,45 @@ def test_mixed_batch_through_the_padded_prefill_equals_peft(setup):
     eng.runner.pad_prefill = True
     seen = []   # the adapter slots of each padded forward's real rows
     run = eng.runner._prefill_padded
-    eng.runner._prefill_padded = lambda p: (seen.append(None if p.lora_rows is None else
-                                                        set(p.lora_rows[:p.n_real].tolist())), run(p))[1]
+    eng.runner._prefill_padded = lambda p, *a: (seen.append(None if p.lora_rows is None else
+                                                            set(p.lora_rows[:p.n_real].tolist())), run(p, *a))[1]
     eng.start()
     try:
         _every_pair_equals_peft(eng, ps, want, "through the padded prefill")
     finally:
         eng.shutdown(0)
     assert any(s is not None and len(s - {0}) > 1 for s in seen), seen
+
+
+def test_mixed_steps_as_one_forward_equal_peft(setup, monkeypatch):
+    """One forward a step (Tuning.one_forward_mixed_steps): decodes of adapters and the
+    base share a forward with other requests' prompt chunks, each decode row with its own
+    adapter, eager and in the padded layout: PEFT's tokens."""
+    import json
+
+    base, paths, ps, want = setup
+    monkeypatch.setenv("ZEROD_TUNING", json.dumps({"one_forward_mixed_steps": True}))
+    for padded in (False, True):
+        eng = Engine(EngineConfig(model=str(base), block_size=4, kv_pages=400, max_num_batched_tokens=16,
+                                  max_prefill_tokens_idle=16, enable_lora=True, max_lora_rank=16, max_loras=3,
+                                  lora_modules=tuple((n, str(p), None) for n, p in paths.items())))
+        eng.runner.pad_prefill = padded
+        fused = []   # the adapter slots of each one-forward step's decode rows
+        hidden = eng.runner.prefill_hidden
+
+        def counting(p, ring_idx=-1, decode_slots=None, hidden=hidden, fused=fused):
+            if decode_slots is not None:
+                fused.append(set(p.lora_rows.index_select(0, p.decode_rows).tolist()) if p.lora_rows is not None
+                             else {0})
+            return hidden(p, ring_idx, decode_slots)
+
+        eng.runner.prefill_hidden = counting
+        eng.start()
+        try:
+            _every_pair_equals_peft(eng, ps, want, f"as one forward ({'padded' if padded else 'eager'})")
+        finally:
+            eng.shutdown(0)
+        assert any(len(s - {0}) > 1 for s in fused), fused   # several adapters' decodes in one
 
 
 def test_fewer_slots_than_adapters_reloads_exactly(setup):

@@ -22,6 +22,7 @@ raise, so a step that fails can be redone.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from dataclasses import dataclass
 from typing import Callable
@@ -87,8 +88,9 @@ class ModelRunner:
         # decode 2 per request; penalty / bias rows
         # 2 per sampled row; logprob rows 2 per sampled row; grammar rows 1 per sampled
         # row; LoRA: 1 per request + 1 per token; a padded prefill's sequence fields 2 per
-        # graph sequence; + alignment of each field
-        self.staging = Staging(3 * pool.num_pages + (15 + 2 + 2 + 1 + 451 + 1) * S + 11 * T
+        # graph sequence; a decode's row in a prefill forward (one forward a step) 8;
+        # + alignment of each field
+        self.staging = Staging(3 * pool.num_pages + (15 + 2 + 2 + 1 + 451 + 1 + 8) * S + 11 * T
                                + 2 * self.tuning.prefill_graph_seqs + 128,
                                cfg.ring_depth, dev, self.cuda)
         # decode graph buffers
@@ -136,9 +138,11 @@ class ModelRunner:
         # sampling wants rows grouped by class (they are when every request has one)
         decodes = batch.decodes if u.one_class is not None else sorted(batch.decodes, key=_sample_class)
         new = [c.req for c in batch.chunks if not c.req.on_device]
+        fused = decodes if batch.chunks and decodes and self._one_forward(batch.chunks, decodes, u) else None
         inputs = StepInputs(
             upload=self._stage_upload(pk, new) if new else None,
-            prefill=self._stage_prefill(pk, batch.chunks, self.tuning.prefill_graphs_while_decoding or not decodes, u)
+            prefill=self._stage_prefill(pk, batch.chunks, self.tuning.prefill_graphs_while_decoding or not decodes, u,
+                                        fused)
             if batch.chunks else None,
             decode=self._stage_decode(pk, decodes, u) if decodes else None, uses=u)
         if batch.masked:   # structured outputs: the sampled rows that have a mask
@@ -151,6 +155,21 @@ class ModelRunner:
         pk.ship()
         inputs.words = pk.used
         return inputs
+
+    def _one_forward(self, chunks: list[Chunk], decodes: list[Request], u: Uses) -> bool:
+        """Whether a mixed step runs its chunks and its decodes in one forward (the
+        weights read once): `Tuning.one_forward_mixed_steps`, and the rows fit one prefill
+        graph (eager only where no graph is captured: the CPU). Not with tensor
+        parallelism or prompt logprobs."""
+        if not self.tuning.one_forward_mixed_steps or self.channel is not None:
+            return False
+        if u.prompt_logprobs and any(c.req.params.prompt_logprobs is not None for c in chunks):
+            return False
+        if not self.pad_prefill:
+            return True
+        n = sum(c.n for c in chunks) + len(decodes)
+        return (len(chunks) + len(decodes) <= self.tuning.prefill_graph_seqs
+                and any(t > n for t in self.pgraph_sizes))
 
     def _stage_upload(self, pk: Packer, reqs: list[Request]) -> SlotUpload:
         A = len(reqs)
@@ -200,43 +219,63 @@ class ModelRunner:
                           max((seq_lens(reqs[i]) for i in pen), default=0),
                           pk.int64(bias) if bias else None)
 
-    def _stage_prefill(self, pk: Packer, chunks: list[Chunk], pad: bool, u: Uses) -> PrefillInputs:
+    def _stage_prefill(self, pk: Packer, chunks: list[Chunk], pad: bool, u: Uses,
+                       decodes: list[Request] | None = None) -> PrefillInputs:
+        """The chunks' rows; with `decodes` (one forward a step) a one-token sequence after
+        each chunk for every decoding request, whose token the launch takes from the device."""
         ps = self.ps
         # prompt logprobs read the prompt's hidden rows, which the padded graphs do not return
         want_plp = u.prompt_logprobs and any(c.req.params.prompt_logprobs is not None for c in chunks)
-        with_lora = self.lora is not None and any(c.req.lora_slot for c in chunks)
-        padded = self._prefill_bucket(chunks) if pad and not want_plp else 0
+        decodes = decodes or []
+        with_lora = self.lora is not None and any(r.lora_slot for r in itertools.chain((c.req for c in chunks), decodes))
+        padded = self._prefill_bucket(chunks, len(decodes)) if pad and not want_plp else 0
         C = len(chunks)
         toks = np.concatenate([np.asarray(c.req.prompt_ids[c.start:c.start + c.n], dtype=np.int64)
                                for c in chunks])
         pos = np.concatenate([np.arange(c.start, c.start + c.n, dtype=np.int64) for c in chunks])
         pages = np.concatenate([np.asarray(c.req.pages, dtype=np.int64)[
             np.arange(c.start, c.start + c.n) // ps] for c in chunks])
-        smap = pages * ps + pos % ps
         lens = np.fromiter((c.n for c in chunks), dtype=np.int64, count=C)
-        cu = np.zeros(C + 1, dtype=np.int64)
-        np.cumsum(lens, out=cu[1:])
         ctx = np.fromiter((c.start + c.n for c in chunks), dtype=np.int64, count=C)
+        n_real = len(toks)   # the prompts' tokens (the penalties' history)
+        decode_rows = None
+        if decodes:
+            B = len(decodes)
+            d_pos = np.fromiter((r.prompt_len + r.num_scheduled - 1 for r in decodes), dtype=np.int64, count=B)
+            d_pages = np.fromiter((r.pages[p // ps] for r, p in zip(decodes, d_pos.tolist())),
+                                  dtype=np.int64, count=B)
+            decode_rows = pk.int64(np.arange(n_real, n_real + B, dtype=np.int64))
+            toks = np.concatenate([toks, np.zeros(B, dtype=np.int64)])
+            pos, pages = np.concatenate([pos, d_pos]), np.concatenate([pages, d_pages])
+            lens = np.concatenate([lens, np.ones(B, dtype=np.int64)])
+            ctx = np.concatenate([ctx, d_pos + 1])
+        smap = pages * ps + pos % ps
+        seqs = len(lens)
+        cu = np.zeros(seqs + 1, dtype=np.int64)
+        np.cumsum(lens, out=cu[1:])
         done = sorted((i for i, c in enumerate(chunks) if c.completes),
                       key=lambda i: chunks[i].req.sample_class)
         s_idx = cu[1:][done] - 1
-        n_real = len(toks)
-        lora_rows = np.repeat([c.req.lora_slot for c in chunks], lens) if with_lora else None
+        rows = len(toks)
+        lora_rows = (np.repeat([r.lora_slot for r in itertools.chain((c.req for c in chunks), decodes)], lens)
+                     if with_lora else None)
         if padded:
             # the graph's shapes: empty sequences up to prefill_graph_seqs, then the dummy
             # one, T - n_real tokens on the scratch page (adapter slot 0)
-            G, pad_n = self.tuning.prefill_graph_seqs, padded - n_real
+            G, pad_n = self.tuning.prefill_graph_seqs, padded - rows
             dummy = np.arange(pad_n, dtype=np.int64)
             toks = np.concatenate([toks, np.zeros(pad_n, dtype=np.int64)])
             pos = np.concatenate([pos, dummy])
             smap = np.concatenate([smap, dummy % ps])
-            cu = np.concatenate([cu, np.full(G - C, n_real, dtype=np.int64), [padded]])
-            ctx = np.concatenate([ctx, np.zeros(G - C, dtype=np.int64), [pad_n]])
+            cu = np.concatenate([cu, np.full(G - seqs, rows, dtype=np.int64), [padded]])
+            ctx = np.concatenate([ctx, np.zeros(G - seqs, dtype=np.int64), [pad_n]])
             if with_lora:
                 lora_rows = np.concatenate([lora_rows, np.zeros(pad_n, dtype=np.int64)])
         prompt_rows = plp.stage(chunks, cu[:-1], pk.int64) if want_plp else None
         slots_host = np.fromiter((c.req.slot for c in chunks), dtype=np.int64, count=len(chunks))
-        slots = pk.int64(slots_host)
+        # the block-table rows of every sequence: the chunks', then the decodes'
+        slots = pk.int64(np.concatenate([slots_host, np.fromiter((r.slot for r in decodes), dtype=np.int64,
+                                                                 count=len(decodes))]) if decodes else slots_host)
         # the token history only matters to requests with penalties: record none otherwise
         tok_slots = (pk.int64(np.repeat(slots_host, [c.n for c in chunks]))
                      if u.penalty and any(uses_penalty(c.req.params) for c in chunks) else None)
@@ -250,11 +289,12 @@ class ModelRunner:
             logit_rules=self._stage_rules(pk, sample_reqs, lambda r: r.prompt_len, u),
             logprob_rows=self._stage_logprob_rows(pk, sample_reqs, u),
             tok_slots=tok_slots, n_real=n_real,
-            seqlens=[c.n for c in chunks],
-            width=max((c.start + c.n + ps - 1) // ps for c in chunks),
-            no_prefix=all(c.start == 0 for c in chunks),
+            seqlens=lens.tolist(),
+            width=int(max(ctx[:seqs] + ps - 1) // ps),
+            no_prefix=not decodes and all(c.start == 0 for c in chunks),
             padded=padded, prompt_rows=prompt_rows,
-            lora_rows=pk.int32(lora_rows) if with_lora else None)
+            lora_rows=pk.int32(lora_rows) if with_lora else None,
+            decode_rows=decode_rows)
 
     def _stage_decode(self, pk: Packer, decodes: list[Request], u: Uses) -> DecodeInputs:
         B = len(decodes)
@@ -302,8 +342,13 @@ class ModelRunner:
         # ids).
         if p is not None and p.tok_slots is not None:   # the penalties' token history
             self.tables.pen.record(p.tok_slots, p.positions[:p.n_real], p.tokens[:p.n_real])
-        p_logits = self.prefill_logits(p, ring_idx) if p is not None else None
-        d_logits = self.decode_logits(d) if d is not None else None
+        if p is not None and p.decode_rows is not None:   # one forward: chunks and decodes
+            hidden = self.prefill_hidden(p, ring_idx, decode_slots=d.slots)
+            p_logits = self._sampled_logits(hidden, p)
+            d_logits = self.model.logits(hidden.index_select(0, p.decode_rows))
+        else:
+            p_logits = self.prefill_logits(p, ring_idx) if p is not None else None
+            d_logits = self.decode_logits(d) if d is not None else None
         if x.masked is not None:
             self.masks.fill(ring_idx, x.masked)
         if p_logits is not None:
@@ -362,21 +407,34 @@ class ModelRunner:
         """The forward of the step's prompt chunks: the raw logits of the rows that complete
         a prompt (None: no chunk does). Every tensor-parallel rank runs it; prompt logprobs
         (rank 0 alone, so refused under tensor parallelism) go to ring slot ring_idx."""
-        if p.padded:
-            # a graph's output lives in the prefill graphs' own memory pool: the decode
-            # graph replayed after it in the same step cannot overwrite it
-            hidden = self._prefill_padded(p)
-        else:
-            meta = AttnMeta(slot_mapping=p.slot_mapping, block_tables=self.tables.block_table[p.slots, :p.width],
-                            context_lens=p.context_lens, cu_seqlens_q=p.cu_seqlens,
-                            no_prefix=p.no_prefix, seqlens_q=p.seqlens)
-            hidden = self._forward(p.tokens, p.positions, meta, p.lora_rows)
-        if p.prompt_rows is not None:
-            self.ring.prompt[ring_idx] = p.prompt_rows
-            plp.compute(self.model.logits, hidden, p.prompt_rows, *self.ring.prompt_buffers(ring_idx))
+        return self._sampled_logits(self.prefill_hidden(p, ring_idx), p)
+
+    def _sampled_logits(self, hidden: torch.Tensor, p: PrefillInputs) -> torch.Tensor | None:
         if not p.sample_idx.numel():
             return None
         return self.model.logits(hidden.index_select(0, p.sample_idx))
+
+    def prefill_hidden(self, p: PrefillInputs, ring_idx: int = -1,
+                       decode_slots: torch.Tensor | None = None) -> torch.Tensor:
+        """The hidden rows of the step's prefill forward. With decode_slots (one forward a
+        step), rows p.decode_rows take those requests' last sampled tokens, which only the
+        device has."""
+        if p.padded:
+            # a graph's output lives in the prefill graphs' own memory pool: the decode
+            # graph replayed after it in the same step cannot overwrite it
+            hidden = self._prefill_padded(p, decode_slots)
+        else:
+            tokens = p.tokens
+            if decode_slots is not None:
+                tokens = tokens.index_copy(0, p.decode_rows, self.tables.last_tokens.index_select(0, decode_slots))
+            meta = AttnMeta(slot_mapping=p.slot_mapping, block_tables=self.tables.block_table[p.slots, :p.width],
+                            context_lens=p.context_lens, cu_seqlens_q=p.cu_seqlens,
+                            no_prefix=p.no_prefix, seqlens_q=p.seqlens)
+            hidden = self._forward(tokens, p.positions, meta, p.lora_rows)
+        if p.prompt_rows is not None:
+            self.ring.prompt[ring_idx] = p.prompt_rows
+            plp.compute(self.model.logits, hidden, p.prompt_rows, *self.ring.prompt_buffers(ring_idx))
+        return hidden
 
     def _logit_rules(self, logits: torch.Tensor, slots: torch.Tensor, rules: LogitRules,
                      seq_lens: torch.Tensor | None) -> torch.Tensor:
@@ -403,18 +461,20 @@ class ModelRunner:
             self.lora.clear()
 
     # ------------------------------------------------------------------ padded prefill
-    def _prefill_bucket(self, chunks: list[Chunk]) -> int:
-        """The padded token count of a step's chunks (after their cached prefixes, if any);
-        0 = the general path (eager)."""
-        if not self.pad_prefill or len(chunks) > self.tuning.prefill_graph_seqs:
+    def _prefill_bucket(self, chunks: list[Chunk], decodes: int = 0) -> int:
+        """The padded token count of a step's chunks (after their cached prefixes, if any)
+        and of its decodes' rows when they share the forward; 0 = the general path (eager)."""
+        if not self.pad_prefill or len(chunks) + decodes > self.tuning.prefill_graph_seqs:
             return 0
-        n = sum(c.n for c in chunks)
+        n = sum(c.n for c in chunks) + decodes
         return next((t for t in self.pgraph_sizes if t > n), 0)
 
-    def _prefill_padded(self, p: PrefillInputs) -> torch.Tensor:
+    def _prefill_padded(self, p: PrefillInputs, decode_slots: torch.Tensor | None = None) -> torch.Tensor:
         """The hidden rows [T, hidden] of the chunks padded to p.padded tokens."""
         T = p.padded
         self.p_toks[:T].copy_(p.tokens)
+        if decode_slots is not None:
+            self.p_toks.index_copy_(0, p.decode_rows, self.tables.last_tokens.index_select(0, decode_slots))
         self.p_pos[:T].copy_(p.positions)
         self.p_smap[:T].copy_(p.slot_mapping)
         self.p_cu.copy_(p.cu_seqlens)

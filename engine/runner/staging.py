@@ -124,6 +124,9 @@ class PrefillInputs:
     grammar: GrammarRows | None = None  # the sampled rows with a structured-output mask
     prompt_rows: plp.PromptRows | None = None  # the prompt rows whose logprobs were asked for
     lora_rows: torch.Tensor | None = None  # int32 [T]: each token's adapter slot (None: no adapter)
+    # one forward a step: the rows of the step's decodes, a one-token sequence each after
+    # the chunks (their tokens come from the device's last sampled ids)
+    decode_rows: torch.Tensor | None = None  # int64 [B]
 
 
 @dataclass

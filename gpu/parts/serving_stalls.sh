@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # bash gpu/serving.sh stalls: the "no stall" figures on the H200 (docs/perf.md, "Step stalls"): the Llama-3-8B shape
 # (dummy bf16 weights), one fresh server per variant, gpu/stalls_probe.py from READY on.
-# Variants: "before" is the tree in .before/ (git archive of the reference commit, carried),
-# "after" this tree; each starts with its own empty Triton cache (cold), then "after" is
-# restarted on its warm cache. ~7 min. Results: $OUT/stalls-*.json, the serve logs, a table.
+# Variants (VARIANTS, default "before after"): "before" is the tree in .before/ (git archive
+# of the reference commit, carried), "after" this tree, "tuned" this tree with
+# ZEROD_TUNING=$TUNED (e.g. TUNED='{"one_forward_mixed_steps": true, "prefill_graph_seqs": 288}');
+# each starts with its own empty Triton cache (cold), then "after" is restarted on its warm
+# cache (RESTART=0 skips it). ~7 min for two variants. Results: $OUT/stalls-*.json, the serve
+# logs, a table.
 set -u
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-python3}
@@ -12,9 +15,10 @@ OUTD=${OUT:-/tmp/zerod-stalls}; mkdir -p "$OUTD"
 M=/tmp/zerod-dummy-8b
 $PY gpu/server_make_model.py "$M" --shape 8b > /dev/null || exit 1
 ROOT=$PWD
-serve() {   # serve DIR NAME CACHE: start, wait for /health, print the seconds to READY
+VARIANTS=${VARIANTS:-before after}
+serve() {   # serve DIR NAME CACHE [TUNING]: start, wait for /health, print the seconds to READY
     local dir=$1 name=$2
-    ( cd "$dir" && TRITON_CACHE_DIR=$3 exec $PY -m zerod serve --model "$M" --load-format dummy --port 8000 \
+    ( cd "$dir" && TRITON_CACHE_DIR=$3 ZEROD_TUNING=${4:-} exec $PY -m zerod serve --model "$M" --load-format dummy --port 8000 \
         --dtype bfloat16 --max-model-len 17408 --max-num-seqs 256 ) > "$OUTD/serve-$name.log" 2>&1 &
     SPID=$!
     local t0=$(date +%s.%N)
@@ -22,23 +26,26 @@ serve() {   # serve DIR NAME CACHE: start, wait for /health, print the seconds t
     echo "$name ready_s $(awk "BEGIN{print $(date +%s.%N) - $t0}")" | tee -a "$OUTD/ready.txt"
 }
 stop() { kill -TERM $SPID; wait $SPID 2>/dev/null; }
-for v in before after; do
+for v in $VARIANTS; do
     dir=$ROOT; [ $v = before ] && dir=$ROOT/.before
-    serve "$dir" $v /tmp/triton-$v || continue
+    tuning=""; [ $v = tuned ] && tuning=${TUNED:?set TUNED to the ZEROD_TUNING JSON of the tuned variant}
+    serve "$dir" $v /tmp/triton-$v "$tuning" || continue
     timeout 300 $PY gpu/stalls_probe.py 8000 "$OUTD/stalls-$v.json" ${PHASES:+--phases $PHASES}
     echo "$v slow-launch log lines: $(grep -c 'to launch' "$OUTD/serve-$v.log")" | tee -a "$OUTD/ready.txt"
     stop
 done
-serve "$ROOT" after-restart /tmp/triton-after && timeout 60 $PY gpu/stalls_probe.py 8000 "$OUTD/stalls-after-restart.json" --phases first16k,hello
-stop
+if [ "${RESTART:-1}" = 1 ] && [[ " $VARIANTS " == *" after "* ]]; then
+    serve "$ROOT" after-restart /tmp/triton-after && timeout 60 $PY gpu/stalls_probe.py 8000 "$OUTD/stalls-after-restart.json" --phases first16k,hello
+    stop
+fi
 gzip -f "$OUTD"/serve-*.log
-$PY - "$OUTD" <<'PYEOF'
+$PY - "$OUTD" $VARIANTS <<'PYEOF'
 import json, sys, os
-d = sys.argv[1]
+d, variants = sys.argv[1], sys.argv[2:]
 def load(v):
     p = os.path.join(d, f"stalls-{v}.json")
     return json.load(open(p)) if os.path.exists(p) else {}
-b, a = load("before"), load("after")
+runs = {v: load(v) for v in variants}
 def g(r, *k):
     for x in k:
         r = (r or {}).get(x) if isinstance(r, dict) else None
@@ -53,10 +60,14 @@ rows = [("first 16K prompts TTFT ms", ("first16k", "ttft_ms")),
         ("mix 10: TTFT p99 ms", ("mix10", "ttft_p99")), ("mix 10: ITL p99 ms", ("mix10", "itl_p99")),
         ("prefix, first run: TTFT p99 ms", ("prefix", "first", "ttft_p99")),
         ("prefix, second run: TTFT p99 ms", ("prefix", "second", "ttft_p99")),
-        ("hello TTFT p50 ms", ("hello", "ttft_p50"))]
-print(f"| figure | before | after |\n|---|---|---|")
+        ("hello TTFT p50 ms", ("hello", "ttft_p50")),
+        ("200 streams, first wave: TTFT p99 ms", ("burst200", "first", "ttft_p99")),
+        ("200 streams, second wave: TTFT p99 ms", ("burst200", "second", "ttft_p99")),
+        ("200 streams, second wave: output tokens/s", ("burst200", "second", "output_tokens_per_s"))]
+print("| figure | " + " | ".join(variants) + " |\n|---|" + "---|" * len(variants))
 for name, k in rows:
-    print(f"| {name} | {f(g(b, *k))} | {f(g(a, *k))} |")
-print("slow steps (after, cumulative at the end of mix25):", g(a, "mix25", "slow_steps_after"))
+    print(f"| {name} | " + " | ".join(f(g(runs[v], *k)) for v in variants) + " |")
+for v in variants:
+    print(f"slow steps ({v}, cumulative at the end of mix25):", g(runs[v], "mix25", "slow_steps_after"))
 print(open(os.path.join(d, "ready.txt")).read())
 PYEOF
