@@ -54,7 +54,8 @@ import torch
 import triton
 import triton.language as tl
 
-FP8 = torch.float8_e4m3fn            # engine/quant/fp8.py's: weights and activations in e4m3
+from ..quant.fp8 import FP8          # weights and activations in e4m3
+
 HALF = (torch.bfloat16, torch.float16)
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 SMS = 132                 # the H200's SMs: default_config's splits (a shape rule, not a query)
