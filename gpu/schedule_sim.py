@@ -14,6 +14,10 @@ graphs' token counts and decode rows to the decode graphs' batch sizes. Steps ru
 after another; a token reaches its client when its step ends (the HTTP path's ~1.4 ms and
 the host's launch overlap are left out). The traffic is `gpu/stalls_probe.py`'s.
 
+`--fit TRACE` replaces the model's device constants by a least-squares fit to a
+`ZEROD_STEP_TRACE` file (engine/core/step_trace.py: every step's shape and device time)
+recorded on the device, e.g. during `gpu/serving.sh stalls`.
+
 `--check` compares the model of the current engine with the H200's recorded figures for
 the same scenarios (gpu/results/serving.md, "No stall from READY on") before the variants
 are read: a model that misses them says nothing about the variants.
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import dataclasses
 import json
 import math
 import random
@@ -81,6 +86,34 @@ class Cost:
         if self.one_forward and chunk_rows and decode_rows:
             return pre + dec - self.weights_s
         return pre + dec
+
+
+def fit_cost(path: str) -> tuple[Cost, float, int]:
+    """Cost's device constants fitted (least squares) to a ZEROD_STEP_TRACE file of the
+    engine as it is (two forwards a mixed step): (the cost, the median relative error of
+    the fit over its steps, the steps)."""
+    import numpy as np
+
+    lines = [json.loads(x) for x in Path(path).read_text().splitlines() if x.strip()]
+    if not lines or lines[0].get("trace") != "zerod-steps":
+        raise ValueError(f"{path}: not a ZEROD_STEP_TRACE file (its first line is the header)")
+    head, steps = lines[0], [x for x in lines[1:] if x.get("device_ms", 0) > 0]
+    if head["tuning"].get("one_forward_mixed_steps"):
+        raise ValueError(f"{path}: a trace of one forward a step; the fit models two")
+    if len(steps) < 10:
+        raise ValueError(f"{path}: {len(steps)} steps, too few to fit five constants")
+    tuning = Tuning(**{k: tuple(v) if isinstance(v, list) else v for k, v in head["tuning"].items()})
+    rows = []
+    for x in steps:
+        chunk_rows = padded_prompt_rows(x["prompt_tokens"], x["chunks"], tuning) if x["chunks"] else 0
+        dec = padded_decode_rows(x["decodes"]) if x["decodes"] else 0
+        rows.append([(x["chunks"] > 0) + (x["decodes"] > 0), chunk_rows + dec, x["decodes"] > 0,
+                     x["context"], x["pairs"]])
+    a, y = np.array(rows, dtype=float), np.array([x["device_ms"] / 1000 for x in steps])
+    coef = np.clip(np.linalg.lstsq(a, y, rcond=None)[0], 0.0, None)
+    err = float(np.median(np.abs(a @ coef - y) / y))
+    return Cost(weights_s=coef[0], per_row_s=coef[1], decode_attn_s=coef[2], per_ctx_token_s=coef[3],
+                per_pair_s=coef[4]), err, len(steps)
 
 
 def padded_prompt_rows(tokens: int, chunks: int, tuning: Tuning) -> int:
@@ -153,7 +186,7 @@ def traffic(name: str, seed: int) -> list[Arrival]:
 @dataclass(frozen=True)
 class Variant:
     cfg: tuple = ()                  # EngineConfig fields changed, as (name, value) pairs
-    cost: Cost = Cost()
+    cost: Cost = Cost()              # --fit replaces its device constants
     slack: float = step_cost.LONG_PROMPT_SLACK
     tuning: Tuning = Tuning()
 
@@ -170,8 +203,8 @@ CHANGES = {
 }
 
 
-def variant(name: str) -> Variant:
-    v = Variant()
+def variant(name: str, cost: Cost | None = None) -> Variant:
+    v = Variant() if cost is None else Variant(cost=cost)
     for part in name.split("+"):
         if part not in CHANGES:
             raise ValueError(f"unknown variant {part!r}; known: {', '.join(CHANGES)} (joined with +)")
@@ -292,11 +325,21 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--check", action="store_true", help="the current engine's model beside the recorded figures")
     ap.add_argument("--json", help="write every run's summary here")
+    ap.add_argument("--fit", metavar="TRACE", help="fit the step costs to a ZEROD_STEP_TRACE file first")
     a = ap.parse_args()
     scenarios = [s for s in a.scenarios.split(",") if s]
     variants = [v for v in a.variants.split(",") if v]
+    cost = None
+    if a.fit:
+        try:
+            cost, err, n = fit_cost(a.fit)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            ap.error(f"--fit: {exc}")
+        print(f"step costs fitted to {n} steps of {a.fit} (median error {err:.1%}): "
+              + ", ".join(f"{f.name} {getattr(cost, f.name) * 1e6:.3g} us" for f in dataclasses.fields(Cost)
+                          if f.name.endswith("_s") and not f.name.startswith("eager")))
     try:
-        made = {name: variant(name) for name in variants}
+        made = {name: variant(name, cost) for name in variants}
     except ValueError as exc:
         ap.error(str(exc))
     doc: dict = {}

@@ -41,3 +41,44 @@ def test_an_unknown_variant_is_refused_in_one_line():
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     assert "unknown variant 'fast'" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_fit_recovers_the_step_costs_of_a_trace(tmp_path):
+    """A trace written from known costs (the header and fields ZEROD_STEP_TRACE writes):
+    the fit gives them back, and the tool says so in one line."""
+    import json
+    import random
+
+    truth = sim.Cost(weights_s=4e-3, per_row_s=20e-6, decode_attn_s=0.3e-3, per_ctx_token_s=0.05e-6,
+                     per_pair_s=1e-9)
+    tuning = sim.Tuning()
+    rng = random.Random(1)
+    lines = [{"trace": "zerod-steps", "model": "m", "page_size": 16,
+              "tuning": {k: list(v) if isinstance(v, tuple) else v for k, v in vars(tuning).items()}}]
+    for i in range(300):
+        chunks = rng.choice([0, 0, 1, 2, 5])
+        tokens = sum(rng.randint(16, 700) for _ in range(chunks))
+        decodes = rng.choice([0, 1, 7, 40, 130]) if chunks else rng.choice([1, 7, 40, 130])
+        context = decodes * rng.randint(50, 3000)
+        pairs = tokens * rng.randint(0, 2000) + tokens * tokens // (2 * max(chunks, 1))
+        rows = sim.padded_prompt_rows(tokens, chunks, tuning) if chunks else 0
+        dec = sim.padded_decode_rows(decodes) if decodes else 0
+        device = truth.step(rows, pairs, dec, context)
+        lines.append({"at": i * 0.02, "chunks": chunks, "prompt_tokens": tokens, "pairs": pairs,
+                      "decodes": decodes, "context": context, "launch_ms": 1.0, "device_ms": device * 1000})
+    path = tmp_path / "steps.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    cost, err, n = sim.fit_cost(str(path))
+    assert n == 300 and err < 0.01
+    for f in ("weights_s", "per_row_s", "decode_attn_s", "per_ctx_token_s", "per_pair_s"):
+        assert abs(getattr(cost, f) - getattr(truth, f)) <= 0.05 * getattr(truth, f), f
+    r = subprocess.run([sys.executable, "gpu/schedule_sim.py", "--fit", str(path), "--scenarios", "mix10",
+                        "--seeds", "1", "--variants", "current"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "step costs fitted to 300 steps" in r.stdout and "mix10" in r.stdout
+    bad = tmp_path / "not.jsonl"
+    bad.write_text('{"at": 1}\n')
+    r = subprocess.run([sys.executable, "gpu/schedule_sim.py", "--fit", str(bad)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "not a ZEROD_STEP_TRACE file" in r.stderr and "Traceback" not in r.stderr

@@ -36,6 +36,7 @@ from ..metrics import SLOW_STEP_S, EngineMetrics
 from ..runner.model_runner import ModelRunner
 from ..tp.parallel import TPGroup, Workers, check_tp
 from .faults import FaultInjector
+from .step_trace import StepTrace, step_shape, trace_header
 from .output import FinishRecord, OutputPoller, StepRecord, set_os_thread_name
 from .request import Request, RequestOutput, SamplingParams
 from ..sampling.sampler import row_class
@@ -242,10 +243,14 @@ class Engine:
         self._running_count = 0
         # vLLM's lora_requests_info (running, waiting, max_loras, when), written by the step thread
         self._lora_info = ("", "", cfg.max_loras, time.time()) if self.loras is not None else None
+        try:   # ZEROD_STEP_TRACE: one line a step (step_trace.py); None unless set
+            self._trace = StepTrace.from_env(trace_header(self.model.tuning, cfg.block_size, self.model_name))
+        except OSError as exc:
+            raise EngineError(str(exc)) from None
         self.poller = OutputPoller(self.tokenizer, self.runner.ring, self.metrics,
                                    notify_stop=lambda r: self._inbox.put(("stopped", r)),
                                    on_stream_error=self._on_stream_error,
-                                   on_step_time=self.scheduler.cost.observe)
+                                   on_step_time=self.scheduler.cost.observe, trace=self._trace)
         t_join = time.monotonic()
         grammars.join()
         self.start_phases["host warm-up wait"] = time.monotonic() - t_join
@@ -485,6 +490,8 @@ class Engine:
             time.sleep(0.005)
         self.poller.stop()
         self.poller.join(timeout=10)
+        if self._trace is not None:
+            self._trace.close()
 
     @property
     def healthy(self) -> bool:
@@ -635,7 +642,8 @@ class Engine:
                 ring.free.put(ring_idx)
             raise
         self._steps += 1
-        if clock.elapsed() > SLOW_STEP_S:  # the host, not the GPU, held this step up
+        launch_s = clock.elapsed()
+        if launch_s > SLOW_STEP_S:  # the host, not the GPU, held this step up
             took = clock.done()   # the breakdown only then: every step pays elapsed() alone
             reason = slow_reason(took, FIRST_USES.kernels_built - built, ahead)
             self.metrics.slow_steps.labels(reason=reason).inc()
@@ -648,7 +656,9 @@ class Engine:
         self.poller.put(StepRecord(ring_idx, rows, start if start is not None else clock.started,
                                    end if end is not None else time.perf_counter(),
                                    prefill_tokens=sum(c.n for c in batch.chunks),
-                                   decodes=len(batch.decodes)))
+                                   decodes=len(batch.decodes),
+                                   shape=step_shape(batch, time.monotonic()) if self._trace is not None else None,
+                                   launch_s=launch_s))
 
     def _fail(self, reqs: list[Request], exc: BaseException, fatal: bool = False) -> None:
         msg = f"{type(exc).__name__}: {exc}"

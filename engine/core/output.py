@@ -98,6 +98,8 @@ class StepRecord:
     end: object              # CUDA event or perf_counter() float
     prefill_tokens: int = 0  # what the step ran, for the step-cost model
     decodes: int = 0
+    shape: dict | None = None  # the step trace's fields (step_trace.py), when tracing
+    launch_s: float = 0.0      # host time of the launch
 
 
 @dataclass
@@ -110,7 +112,8 @@ class FinishRecord:
 class OutputPoller(threading.Thread):
     def __init__(self, tokenizer: Tokenizer, ring: HostRing, metrics, notify_stop: Callable[[Request], None],
                  on_stream_error: Callable[[BaseException], None],
-                 on_step_time: Callable[[int, int, float], None] = lambda p, d, s: None):
+                 on_step_time: Callable[[int, int, float], None] = lambda p, d, s: None,
+                 trace=None):
         super().__init__(name="zerod-poller", daemon=True)
         self.tok = tokenizer
         self.ring = ring
@@ -118,6 +121,7 @@ class OutputPoller(threading.Thread):
         self.notify_stop = notify_stop
         self.on_stream_error = on_stream_error
         self.on_step_time = on_step_time
+        self.trace = trace          # step_trace.StepTrace, or None
         self.q: queue.SimpleQueue = queue.SimpleQueue()
         self.eos = set(tokenizer.eos_token_ids)
         self.inflight = 0           # records queued and not yet handled
@@ -176,6 +180,8 @@ class OutputPoller(threading.Thread):
             log.info("a step took %.0f ms (%d prompt tokens, %d decodes)", step_s * 1000,
                      rec.prefill_tokens, rec.decodes)
         self.on_step_time(rec.prefill_tokens, rec.decodes, step_s)
+        if self.trace is not None and rec.shape is not None:
+            self.trace.step(rec.shape, rec.launch_s, step_s)
         # the last step's shape, in /health: what a stalled engine was doing last
         self.last_step = {"rows": n, "prefill_tokens": rec.prefill_tokens, "decodes": rec.decodes,
                           "seconds": round(step_s, 6), "at": time.time()}

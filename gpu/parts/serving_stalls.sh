@@ -6,7 +6,8 @@
 # ZEROD_TUNING=$TUNED (e.g. TUNED='{"one_forward_mixed_steps": true, "prefill_graph_seqs": 288}');
 # each starts with its own empty Triton cache (cold), then "after" is restarted on its warm
 # cache (RESTART=0 skips it). ~7 min for two variants. Results: $OUT/stalls-*.json, the serve
-# logs, a table.
+# logs, each server's step trace (steps-*.jsonl.gz: `gpu/schedule_sim.py --fit` reads it
+# unpacked; the code in .before/ may not write one), a table.
 set -u
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-python3}
@@ -18,7 +19,7 @@ ROOT=$PWD
 VARIANTS=${VARIANTS:-before after}
 serve() {   # serve DIR NAME CACHE [TUNING]: start, wait for /health, print the seconds to READY
     local dir=$1 name=$2
-    ( cd "$dir" && TRITON_CACHE_DIR=$3 ZEROD_TUNING=${4:-} exec $PY -m zerod serve --model "$M" --load-format dummy --port 8000 \
+    ( cd "$dir" && TRITON_CACHE_DIR=$3 ZEROD_TUNING=${4:-} ZEROD_STEP_TRACE=$OUTD/steps-$name.jsonl exec $PY -m zerod serve --model "$M" --load-format dummy --port 8000 \
         --dtype bfloat16 --max-model-len 17408 --max-num-seqs 256 ) > "$OUTD/serve-$name.log" 2>&1 &
     SPID=$!
     local t0=$(date +%s.%N)
@@ -38,7 +39,7 @@ if [ "${RESTART:-1}" = 1 ] && [[ " $VARIANTS " == *" after "* ]]; then
     serve "$ROOT" after-restart /tmp/triton-after && timeout 60 $PY gpu/stalls_probe.py 8000 "$OUTD/stalls-after-restart.json" --phases first16k,hello
     stop
 fi
-gzip -f "$OUTD"/serve-*.log
+gzip -f "$OUTD"/serve-*.log "$OUTD"/steps-*.jsonl 2>/dev/null
 $PY - "$OUTD" $VARIANTS <<'PYEOF'
 import json, sys, os
 d, variants = sys.argv[1], sys.argv[2:]
