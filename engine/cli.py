@@ -217,9 +217,18 @@ def _warn_exposure(host: str, api_key: str | None) -> None:
 
 
 def _since_process_start() -> float:
-    """Seconds since this process started (the kernel's record), imports included."""
+    """Seconds since this process started (the kernel's record), imports included: its
+    start in clock ticks since boot against CLOCK_BOOTTIME, both exact to a tick.
+    psutil's create_time() adds the boot time, which /proc/stat gives in whole seconds, so
+    the difference would be off by up to a second."""
     import time
 
-    import psutil
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            stat = f.read()
+        ticks = int(stat[stat.rfind(b")") + 2:].split()[19])   # field 22, starttime
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):   # not Linux
+        import psutil
 
-    return time.time() - psutil.Process().create_time()
+        return time.time() - psutil.Process().create_time()

@@ -130,3 +130,19 @@ def test_sigterm_drains_stream_and_exits_zero():
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+def test_the_start_figure_counts_from_the_process_start_not_the_boot_second():
+    """`ready ... Xs after the process started` reads the process's start against the
+    boot clock, tick-exact: a fresh interpreter's figure lies inside the wall time the
+    parent saw (the boot time in whole seconds would add up to a second)."""
+    import subprocess
+    import sys
+    import time
+
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-c", "from zerod.engine.cli import _since_process_start as s; print(s())"],
+                       capture_output=True, text=True, timeout=60)
+    wall = time.monotonic() - t0
+    assert r.returncode == 0, r.stderr
+    assert 0 < float(r.stdout) <= wall
