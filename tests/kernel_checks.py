@@ -289,6 +289,11 @@ def run_all(kernels: dict, device, big: bool = False, ref: dict | None = None, s
     return results
 
 
+def report(res: list[tuple[str, float, float]]) -> str:
+    """(name, error, tolerance) checks, one line each, BAD where the error is over."""
+    return "\n".join(f"{'ok ' if e <= t else 'BAD'} {name}: {e:.2e} (tol {t:.0e})" for name, e, t in res)
+
+
 def run_in_interpreter(script: str, *args: str) -> None:
     """Run `script` (python -c) with Triton's CPU interpreter on, the repository and tests/
     importable and no GPU visible; it must print "RESULT ok" (its own checks decide)."""

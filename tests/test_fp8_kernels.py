@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernel_checks import run_in_interpreter
+from kernel_checks import report, run_in_interpreter
 
 pytest.importorskip("triton")
 
@@ -188,17 +188,13 @@ def run_checks(device: torch.device) -> list[tuple[str, float, float]]:
     return out
 
 
-def _report(res) -> str:
-    return "\n".join(f"{'ok ' if e <= t else 'BAD'} {name}: {e:.2e} (tol {t:.0e})" for name, e, t in res)
-
-
 SCRIPT = r"""
 import torch
-from kernel_checks import patch_triton_interpreter
+from kernel_checks import patch_triton_interpreter, report
 patch_triton_interpreter()
-from test_fp8_kernels import run_checks, _report
+from test_fp8_kernels import run_checks
 res = run_checks(torch.device("cpu"))
-print(_report(res))
+print(report(res))
 print("RESULT", "ok" if all(e <= t for _, e, t in res) else "bad")
 """
 
@@ -210,4 +206,4 @@ def test_fp8_kernels_in_interpreter():
 @pytest.mark.gpu
 def test_fp8_kernels_on_gpu():
     res = run_checks(torch.device("cuda"))
-    assert all(e <= t for _, e, t in res), _report(res)
+    assert all(e <= t for _, e, t in res), report(res)

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernel_checks import run_in_interpreter
+from kernel_checks import report, run_in_interpreter
 
 pytest.importorskip("triton")
 
@@ -133,17 +133,13 @@ def run_checks(device: torch.device) -> list[tuple[str, float, float]]:
     return res
 
 
-def _report(res) -> str:
-    return "\n".join(f"{'ok ' if e <= t else 'BAD'} {name}: {e:.2e} (tol {t:.0e})" for name, e, t in res)
-
-
 SCRIPT = r"""
 import torch
-from kernel_checks import patch_triton_interpreter
+from kernel_checks import patch_triton_interpreter, report
 patch_triton_interpreter()
-from test_skinny_gemm import run_checks, _report
+from test_skinny_gemm import run_checks
 res = run_checks(torch.device("cpu"))
-print(_report(res))
+print(report(res))
 print("cases", len(res))
 print("RESULT", "ok" if res and all(e <= t for _, e, t in res) else "bad")
 """
@@ -430,7 +426,7 @@ def test_every_config_compiles_for_sm90a(tmp_path):
 @pytest.mark.gpu
 def test_skinny_gemm_on_gpu():
     res = run_checks(torch.device("cuda"))
-    assert all(e <= t for _, e, t in res), _report(res)
+    assert all(e <= t for _, e, t in res), report(res)
 
 
 @pytest.mark.gpu
