@@ -113,3 +113,24 @@ def test_one_forward_through_the_captured_graphs_on_a_gpu(ckpt, monkeypatch):
     assert [fused[i][0][0] for i in sorted(plain)] == [plain[i][0][0] for i in sorted(plain)]
     same = sum(a == b for i in plain for a, b in zip(fused[i][0], plain[i][0]))
     assert same >= 0.9 * sum(len(ids) for ids, _ in plain.values()), same
+
+
+def test_a_full_budget_beside_every_decode_has_a_graph(ckpt, monkeypatch):
+    """One forward a step adds the prefill graph a full prompt budget needs beside
+    --max-num-seqs decodes; without it the sizes stop at the budget plus a page."""
+    from zerod.engine.core.scheduler import Chunk
+
+    sizes = {}
+    for on in (False, True):
+        monkeypatch.setenv("ZEROD_TUNING", json.dumps({"one_forward_mixed_steps": on}))
+        e = Engine(EngineConfig(model=str(ckpt), kv_pages=64, max_num_seqs=16, max_num_batched_tokens=32,
+                                max_model_len=128))
+        try:
+            sizes[on] = list(e.runner.pgraph_sizes)
+            e.runner.pad_prefill = True
+            full = [Chunk(type("R", (), {})(), 0, 32)]
+            bucket = e.runner._prefill_bucket(full, decodes=16)
+        finally:
+            e.shutdown(0)
+    assert max(sizes[False]) == 32 + 16 and max(sizes[True]) == 32 + 16 + 16
+    assert bucket == 64

@@ -14,13 +14,17 @@ from ..tuning import Tuning
 log = logging.getLogger("zerod.engine")
 
 
-def prefill_graph_sizes(tuning: Tuning, cap: int, max_model_len: int) -> list[int]:
+def prefill_graph_sizes(tuning: Tuning, cap: int, max_model_len: int, decode_rows: int = 0) -> list[int]:
     """The padded token counts prefill graphs are captured for: Tuning's sizes up to the
     step's prompt budget, and the budget plus one page of padding, so a chunk of the full
-    budget fits beside the dummy sequence that pads the graph."""
+    budget fits beside the dummy sequence that pads the graph. With decode_rows (one
+    forward a step: every decoding request a row of the prefill graph), one more: the full
+    budget beside that many decodes."""
     sizes = [t for t in tuning.prefill_graph_tokens if t <= cap]
     if sizes and cap <= max(tuning.prefill_graph_tokens) and cap + 16 not in sizes:
         sizes.append(cap + 16)
+    if sizes and decode_rows:
+        sizes.append(cap + decode_rows + 16)
     return [t for t in sizes if t < max_model_len]
 
 

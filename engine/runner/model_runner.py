@@ -105,7 +105,8 @@ class ModelRunner:
         # so the shapes are fixed per T and the real rows are exact. The block table has
         # every column of a context: the kernel reads only the pages below each sequence's
         # context length, none for an empty one.
-        self.pgraph_sizes = prefill_graph_sizes(self.tuning, cfg.max_num_batched_tokens, max_model_len)
+        self.pgraph_sizes = prefill_graph_sizes(self.tuning, cfg.max_num_batched_tokens, max_model_len,
+                                                S if self.tuning.one_forward_mixed_steps else 0)
         Tp = max(self.pgraph_sizes, default=0)
         G = self.tuning.prefill_graph_seqs
         self.pgraphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
