@@ -28,6 +28,7 @@ SLOW_MODULES = {
     "test_daemon_fleet.py",  # two daemons' engines started, one killed and restarted alone
     "test_daemon_foreign.py",  # a daemon and a foreign GPU holder, alerted within 2 s
     "test_daemon_lifecycle.py",  # daemons started, crashed, hung and stopped
+    "test_daemon_liveness.py",  # engines that stall and stop, judged over 10-15 s each
     "test_engine_agreement.py",  # transformers as the reference
     "test_engine_tp.py",  # tensor-parallel ranks as processes (gloo), `zerod serve -tp 2`
     "test_families_gpu.py",  # every family against transformers, batched and alone (CPU variants)
