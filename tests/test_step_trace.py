@@ -49,3 +49,27 @@ def test_a_trace_path_that_cannot_be_written_stops_the_start(ckpt, tmp_path, mon
     monkeypatch.setenv("ZEROD_STEP_TRACE", str(tmp_path / "no" / "such" / "dir" / "steps.jsonl"))
     with pytest.raises(EngineError, match="ZEROD_STEP_TRACE=.*cannot open it for writing"):
         Engine(EngineConfig(model=str(ckpt), kv_pages=64))
+
+
+def test_a_trace_that_cannot_be_written_any_more_stops_alone(ckpt, tmp_path, monkeypatch, caplog):
+    """A write that fails mid-run (a full disk) ends the trace with one warning; every
+    request still gets all its tokens."""
+    monkeypatch.setenv("ZEROD_STEP_TRACE", str(tmp_path / "steps.jsonl"))
+    e = Engine(EngineConfig(model=str(ckpt), kv_pages=128))
+
+    class Full:
+        def write(self, _):
+            raise OSError(28, "No space left on device")
+
+        def close(self):
+            pass
+
+    e._trace._f = Full()
+    e.start()
+    try:
+        out = generate(e, [[5, 6, 7], [8, 9]], SamplingParams(max_tokens=5, temperature=0, ignore_eos=True))
+    finally:
+        e.shutdown(0)
+    assert [len(r["token_ids"]) for r in out] == [5, 5]
+    assert [r["finish_reason"] for r in out] == ["length", "length"]
+    assert any("step trace: writing failed" in r.message for r in caplog.records)

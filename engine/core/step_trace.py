@@ -54,10 +54,16 @@ class StepTrace:
         return cls(f, header)
 
     def step(self, shape: dict, launch_s: float, device_s: float) -> None:
-        """One step's line (the poller's thread)."""
+        """One step's line (the poller's thread). A write that fails (a full disk) stops
+        the trace, never the poller: the step's tokens still go out."""
         if self._f is None:
             return
-        self._write({**shape, "launch_ms": round(launch_s * 1000, 3), "device_ms": round(device_s * 1000, 3)})
+        try:
+            self._write({**shape, "launch_ms": round(launch_s * 1000, 3), "device_ms": round(device_s * 1000, 3)})
+        except (OSError, ValueError) as exc:
+            log.warning("step trace: writing failed (%s), tracing stops", exc)
+            self._f = None
+            return
         if self._lines >= MAX_LINES:
             log.warning("step trace: %d steps written, tracing stops", MAX_LINES)
             self.close()
