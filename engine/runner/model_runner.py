@@ -222,8 +222,9 @@ class ModelRunner:
 
     def _stage_prefill(self, pk: Packer, chunks: list[Chunk], pad: bool, u: Uses,
                        decodes: list[Request] | None = None) -> PrefillInputs:
-        """The chunks' rows; with `decodes` (one forward a step) a one-token sequence after
-        each chunk for every decoding request, whose token the launch takes from the device."""
+        """The chunks' rows; with `decodes` (one forward a step), after the chunks, a
+        one-token sequence for every decoding request, whose token the launch takes from
+        the device."""
         ps = self.ps
         # prompt logprobs read the prompt's hidden rows, which the padded graphs do not return
         want_plp = u.prompt_logprobs and any(c.req.params.prompt_logprobs is not None for c in chunks)
@@ -262,7 +263,7 @@ class ModelRunner:
                      if with_lora else None)
         if padded:
             # the graph's shapes: empty sequences up to prefill_graph_seqs, then the dummy
-            # one, T - n_real tokens on the scratch page (adapter slot 0)
+            # one, the T - rows left on the scratch page (adapter slot 0)
             G, pad_n = self.tuning.prefill_graph_seqs, padded - rows
             dummy = np.arange(pad_n, dtype=np.int64)
             toks = np.concatenate([toks, np.zeros(pad_n, dtype=np.int64)])
