@@ -54,6 +54,8 @@ from zerod.engine.config import EngineConfig  # noqa: E402
 from zerod.engine.core import scheduler as scheduler_mod, step_cost  # noqa: E402
 from zerod.engine.core.kv_pool import KVPool  # noqa: E402
 from zerod.engine.core.request import Request, SamplingParams  # noqa: E402
+from zerod.engine.core.step_trace import step_shape  # noqa: E402
+from zerod.engine.runner.graphs import graph_buckets, prefill_graph_sizes  # noqa: E402
 from zerod.engine.spec.hf_config import parse_model_config  # noqa: E402
 from zerod.engine.tuning import Tuning  # noqa: E402
 
@@ -61,7 +63,6 @@ from zerod.engine.tuning import Tuning  # noqa: E402
 _MC = parse_model_config({"architectures": ["LlamaForCausalLM"], "hidden_size": 8, "num_attention_heads": 1,
                           "num_hidden_layers": 1, "intermediate_size": 8, "vocab_size": 32})
 PAGES_8B = 52941              # the stalls run's pool (`--max-model-len 17408 --max-num-seqs 256`)
-DECODE_GRAPH_SIZES = (1, 2, 4, 8, 16, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256)
 
 
 @dataclass(frozen=True)
@@ -103,10 +104,11 @@ def fit_cost(path: str) -> tuple[Cost, float, int]:
     if len(steps) < 10:
         raise ValueError(f"{path}: {len(steps)} steps, too few to fit five constants")
     tuning = Tuning(**{k: tuple(v) if isinstance(v, list) else v for k, v in head["tuning"].items()})
+    graphs = Graphs(tuning, head["max_num_batched_tokens"], head["max_model_len"], head["max_num_seqs"])
     rows = []
     for x in steps:
-        chunk_rows = padded_prompt_rows(x["prompt_tokens"], x["chunks"], tuning) if x["chunks"] else 0
-        dec = padded_decode_rows(x["decodes"]) if x["decodes"] else 0
+        chunk_rows = graphs.prompt_rows(x["prompt_tokens"], x["chunks"]) if x["chunks"] else 0
+        dec = graphs.decode_rows(x["decodes"]) if x["decodes"] else 0
         rows.append([(x["chunks"] > 0) + (x["decodes"] > 0), chunk_rows + dec, x["decodes"] > 0,
                      x["context"], x["pairs"]])
     a, y = np.array(rows, dtype=float), np.array([x["device_ms"] / 1000 for x in steps])
@@ -116,17 +118,25 @@ def fit_cost(path: str) -> tuple[Cost, float, int]:
                 per_pair_s=coef[4]), err, len(steps)
 
 
-def padded_prompt_rows(tokens: int, chunks: int, tuning: Tuning) -> int:
-    """The token count the prefill graph runs for these chunks (eager: the tokens)."""
-    sizes = tuning.prefill_graph_tokens + (tuning.prefill_graph_tokens[-1] + 16,)
-    if chunks > tuning.prefill_graph_seqs or tokens > sizes[-1]:
-        return tokens
-    return sizes[bisect.bisect_left(sizes, tokens)]
+@dataclass(frozen=True)
+class Graphs:
+    """The rows a step's forwards run, padded as the runner pads them (graphs.py's sizes)."""
+    tuning: Tuning
+    budget: int            # --max-num-batched-tokens
+    max_model_len: int
+    max_num_seqs: int
 
+    def prompt_rows(self, tokens: int, chunks: int) -> int:
+        """The prefill graph's token count for these chunks (ModelRunner._prefill_bucket);
+        the tokens themselves where none holds them (eager)."""
+        if chunks > self.tuning.prefill_graph_seqs:
+            return tokens
+        sizes = prefill_graph_sizes(self.tuning, self.budget, self.max_model_len)
+        return next((t for t in sizes if t > tokens), tokens)
 
-def padded_decode_rows(rows: int) -> int:
-    i = bisect.bisect_left(DECODE_GRAPH_SIZES, rows)
-    return DECODE_GRAPH_SIZES[i] if i < len(DECODE_GRAPH_SIZES) else rows
+    def decode_rows(self, rows: int) -> int:
+        buckets = graph_buckets(self.max_num_seqs)
+        return buckets[bisect.bisect_left(buckets, rows)] if rows <= buckets[-1] else rows
 
 
 class _Clock:
@@ -226,7 +236,7 @@ def simulate(arrivals: list[Arrival], v: Variant) -> dict:
 
 def _run(arrivals: list[Arrival], v: Variant, clock: _Clock) -> dict:
     cfg = EngineConfig(block_size=16, max_num_seqs=256, max_model_len=17408, **dict(v.cfg))
-    tuning = v.tuning
+    graphs = Graphs(v.tuning, cfg.max_num_batched_tokens, cfg.max_model_len, cfg.max_num_seqs)
     sched = scheduler_mod.Scheduler(cfg, KVPool(_MC, PAGES_8B, 16, torch.float16, torch.device("cpu")))
     pending = sorted(arrivals, key=lambda a: a.at)
     tags, first, last, gaps, nxt = {}, {}, {}, {}, 0
@@ -246,14 +256,12 @@ def _run(arrivals: list[Arrival], v: Variant, clock: _Clock) -> dict:
                 break
             clock.now = max(clock.now, pending[nxt].at)
             continue
-        tokens = sum(c.n for c in batch.chunks)
-        pairs = sum(c.n * (c.start + c.n / 2) for c in batch.chunks)
-        rows = padded_prompt_rows(tokens, len(batch.chunks), tuning) if batch.chunks else 0
-        context = sum(r.prompt_len + r.num_scheduled for r in batch.decodes)
-        dt = v.cost.step(rows, pairs, padded_decode_rows(len(batch.decodes)), context)
-        if batch.chunks and rows == tokens and (len(batch.chunks) > tuning.prefill_graph_seqs
-                                                 or tokens > tuning.prefill_graph_tokens[-1] + 16):
-            dt = max(dt, v.cost.eager_host_s + v.cost.eager_host_per_chunk_s * len(batch.chunks))
+        x = step_shape(batch, clock.now)   # what ZEROD_STEP_TRACE records of a step
+        tokens = x["prompt_tokens"]
+        rows = graphs.prompt_rows(tokens, x["chunks"]) if x["chunks"] else 0
+        dt = v.cost.step(rows, x["pairs"], graphs.decode_rows(x["decodes"]) if x["decodes"] else 0, x["context"])
+        if x["chunks"] and rows == tokens:   # no graph holds the chunks: an eager launch
+            dt = max(dt, v.cost.eager_host_s + v.cost.eager_host_per_chunk_s * x["chunks"])
         clock.now += dt
         sched.cost.observe(tokens, len(batch.decodes), dt)
         done = [c.req for c in batch.chunks if c.completes] + list(batch.decodes)

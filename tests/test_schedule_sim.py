@@ -53,7 +53,9 @@ def test_fit_recovers_the_step_costs_of_a_trace(tmp_path):
                      per_pair_s=1e-9)
     tuning = sim.Tuning()
     rng = random.Random(1)
-    lines = [{"trace": "zerod-steps", "model": "m", "page_size": 16,
+    graphs = sim.Graphs(tuning, 2048, 17408, 256)
+    lines = [{"trace": "zerod-steps", "model": "m", "page_size": 16, "max_num_batched_tokens": 2048,
+              "max_num_seqs": 256, "max_model_len": 17408,
               "tuning": {k: list(v) if isinstance(v, tuple) else v for k, v in vars(tuning).items()}}]
     for i in range(300):
         chunks = rng.choice([0, 0, 1, 2, 5])
@@ -61,8 +63,8 @@ def test_fit_recovers_the_step_costs_of_a_trace(tmp_path):
         decodes = rng.choice([0, 1, 7, 40, 130]) if chunks else rng.choice([1, 7, 40, 130])
         context = decodes * rng.randint(50, 3000)
         pairs = tokens * rng.randint(0, 2000) + tokens * tokens // (2 * max(chunks, 1))
-        rows = sim.padded_prompt_rows(tokens, chunks, tuning) if chunks else 0
-        dec = sim.padded_decode_rows(decodes) if decodes else 0
+        rows = graphs.prompt_rows(tokens, chunks) if chunks else 0
+        dec = graphs.decode_rows(decodes) if decodes else 0
         device = truth.step(rows, pairs, dec, context)
         lines.append({"at": i * 0.02, "chunks": chunks, "prompt_tokens": tokens, "pairs": pairs,
                       "decodes": decodes, "context": context, "launch_ms": 1.0, "device_ms": device * 1000})

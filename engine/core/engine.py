@@ -244,7 +244,7 @@ class Engine:
         # vLLM's lora_requests_info (running, waiting, max_loras, when), written by the step thread
         self._lora_info = ("", "", cfg.max_loras, time.time()) if self.loras is not None else None
         try:   # ZEROD_STEP_TRACE: one line a step (step_trace.py); None unless set
-            self._trace = StepTrace.from_env(trace_header(self.model.tuning, cfg.block_size, self.model_name))
+            self._trace = StepTrace.from_env(trace_header(self.model.tuning, cfg, self.model_name, self.max_model_len))
         except OSError as exc:
             raise EngineError(str(exc)) from None
         self.poller = OutputPoller(self.tokenizer, self.runner.ring, self.metrics,

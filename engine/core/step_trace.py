@@ -3,7 +3,8 @@
 host time of its launch and the device time of its forward, for diagnosing latency and
 for fitting gpu/schedule_sim.py's step costs to a device.
 
-The first line is a header (`"trace": "zerod-steps"`, the tuning, the page size); then
+The first line is a header (`"trace": "zerod-steps"`, the tuning, the page size and the
+limits that size the graphs); then
 one object a step, written by the output poller once the step's event has fired (never
 by the step thread). Off unless set; the file is appended to, and tracing stops, with one
 log line, after MAX_LINES steps.
@@ -78,5 +79,9 @@ class StepTrace:
             self._f = None
 
 
-def trace_header(tuning, page_size: int, model: str) -> dict:
-    return {"model": model, "page_size": page_size, "tuning": dataclasses.asdict(tuning)}
+def trace_header(tuning, cfg, model: str, max_model_len: int) -> dict:
+    """What reads a trace needs to know of the engine: its tuning and the limits that size
+    its graphs (gpu/schedule_sim.py pads the steps' rows as the runner does)."""
+    return {"model": model, "page_size": cfg.block_size, "max_num_batched_tokens": cfg.max_num_batched_tokens,
+            "max_num_seqs": cfg.max_num_seqs, "max_model_len": max_model_len,
+            "tuning": dataclasses.asdict(tuning)}
