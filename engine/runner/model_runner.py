@@ -22,7 +22,6 @@ raise, so a step that fails can be redone.
 
 from __future__ import annotations
 
-import itertools
 import logging
 from dataclasses import dataclass
 from typing import Callable
@@ -166,11 +165,7 @@ class ModelRunner:
             return False
         if u.prompt_logprobs and any(c.req.params.prompt_logprobs is not None for c in chunks):
             return False
-        if not self.pad_prefill:
-            return True
-        n = sum(c.n for c in chunks) + len(decodes)
-        return (len(chunks) + len(decodes) <= self.tuning.prefill_graph_seqs
-                and any(t > n for t in self.pgraph_sizes))
+        return not self.pad_prefill or self._prefill_bucket(chunks, len(decodes)) > 0
 
     def _stage_upload(self, pk: Packer, reqs: list[Request]) -> SlotUpload:
         A = len(reqs)
@@ -229,7 +224,8 @@ class ModelRunner:
         # prompt logprobs read the prompt's hidden rows, which the padded graphs do not return
         want_plp = u.prompt_logprobs and any(c.req.params.prompt_logprobs is not None for c in chunks)
         decodes = decodes or []
-        with_lora = self.lora is not None and any(r.lora_slot for r in itertools.chain((c.req for c in chunks), decodes))
+        seq_reqs = [c.req for c in chunks] + decodes   # a sequence each, in the forward's order
+        with_lora = self.lora is not None and any(r.lora_slot for r in seq_reqs)
         padded = self._prefill_bucket(chunks, len(decodes)) if pad and not want_plp else 0
         C = len(chunks)
         toks = np.concatenate([np.asarray(c.req.prompt_ids[c.start:c.start + c.n], dtype=np.int64)
@@ -259,8 +255,7 @@ class ModelRunner:
                       key=lambda i: chunks[i].req.sample_class)
         s_idx = cu[1:][done] - 1
         rows = len(toks)
-        lora_rows = (np.repeat([r.lora_slot for r in itertools.chain((c.req for c in chunks), decodes)], lens)
-                     if with_lora else None)
+        lora_rows = np.repeat([r.lora_slot for r in seq_reqs], lens) if with_lora else None
         if padded:
             # the graph's shapes: empty sequences up to prefill_graph_seqs, then the dummy
             # one, the T - rows left on the scratch page (adapter slot 0)
