@@ -206,6 +206,7 @@ class Engine:
         self._stop = threading.Event()
         self._go = threading.Event()
         self._started = False
+        self._trace: StepTrace | None = None   # opened once the device side is built
         built: Future = Future()
         self._loop = threading.Thread(target=self._step_thread, args=(built,), name="zerod-step", daemon=True)
         self._loop.start()
@@ -243,10 +244,8 @@ class Engine:
         self._running_count = 0
         # vLLM's lora_requests_info (running, waiting, max_loras, when), written by the step thread
         self._lora_info = ("", "", cfg.max_loras, time.time()) if self.loras is not None else None
-        try:   # ZEROD_STEP_TRACE: one line a step (step_trace.py); None unless set
-            self._trace = StepTrace.from_env(trace_header(self.model.tuning, cfg, self.model_name, self.max_model_len))
-        except OSError as exc:
-            raise EngineError(str(exc)) from None
+        # ZEROD_STEP_TRACE: one line a step (step_trace.py); None unless set
+        self._trace = StepTrace.from_env(trace_header(self.model.tuning, cfg, self.model_name, self.max_model_len))
         self.poller = OutputPoller(self.tokenizer, self.runner.ring, self.metrics,
                                    notify_stop=lambda r: self._inbox.put(("stopped", r)),
                                    on_stream_error=self._on_stream_error,
@@ -462,6 +461,8 @@ class Engine:
             self._loop.join(timeout=30)
         if self.workers is not None:
             self._stop_group()
+        if self._trace is not None:
+            self._trace.close()
 
     def _stop_group(self) -> None:
         """STOP to the workers (only from a step loop that is no longer running: the
@@ -490,8 +491,6 @@ class Engine:
             time.sleep(0.005)
         self.poller.stop()
         self.poller.join(timeout=10)
-        if self._trace is not None:
-            self._trace.close()
 
     @property
     def healthy(self) -> bool:

@@ -18,6 +18,7 @@ import logging
 import os
 from typing import IO
 
+from ..config import EngineError
 from .scheduler import Batch
 
 log = logging.getLogger("zerod.engine")
@@ -50,7 +51,7 @@ class StepTrace:
         try:
             f = open(path, "a", encoding="utf-8", buffering=1 << 16)
         except OSError as exc:
-            raise OSError(f"{ENV}={path}: cannot open it for writing ({exc.strerror})") from None
+            raise EngineError(f"{ENV}={path}: cannot open it for writing ({exc.strerror})") from None
         log.info("step trace: one line a step to %s", path)
         return cls(f, header)
 
