@@ -40,7 +40,7 @@ def run(tok: Tokenizer, rows: int, steps: int, seed: int) -> float:
     params = SamplingParams(max_tokens=steps + 1, ignore_eos=True)
     kept: list = []
     reqs = [Request(f"r{i}", [1, 2, 3], params, kept.append, steps + 1, seed=i) for i in range(rows)]
-    vocab = tok.vocab_size if hasattr(tok, "vocab_size") else 256
+    vocab = tok.vocab_size
     ids = torch.randint(0, vocab, (steps, rows), generator=torch.Generator().manual_seed(seed))
     t0 = time.perf_counter()
     for s in range(steps):
@@ -59,13 +59,8 @@ def metrics_only(rows: int, steps: int) -> float:
     gaps = [0.012] * rows
     t0 = time.perf_counter()
     for _ in range(steps):
-        if hasattr(metrics.itl, "observe_many"):
-            metrics.itl.observe_many(gaps)
-            metrics.max_itl.observe(max(gaps))
-        else:                                  # one value at a time (prometheus_client's Histogram)
-            for g in gaps:
-                metrics.itl.observe(g)
-                metrics.max_itl.observe(g)
+        metrics.itl.observe_many(gaps)
+        metrics.max_itl.observe(max(gaps))
     return (time.perf_counter() - t0) / (steps * rows)
 
 
@@ -83,7 +78,7 @@ def main() -> None:
     tok = Tokenizer(path)
     per = [run(tok, a.rows, a.steps, seed) for seed in range(5)]
     met = [metrics_only(a.rows, a.steps) for _ in range(5)]
-    print(f"tokenizer {path} ({tok.vocab_size if hasattr(tok, 'vocab_size') else '?'} ids), "
+    print(f"tokenizer {path} ({tok.vocab_size} ids), "
           f"{a.rows} rows x {a.steps} steps, 5 rounds")
     print(f"poller, a token: median {statistics.median(per) * 1e6:.2f} µs "
           f"(rounds {', '.join(f'{p * 1e6:.2f}' for p in per)})")
