@@ -35,6 +35,7 @@ from triton.testing import do_bench  # noqa: E402
 from zerod.engine.kernels import CUDA_KERNELS, IMPORT_ERROR, KERNEL_NAMES  # noqa: E402
 from zerod.engine.kernels import reference as own_ref  # noqa: E402
 from kernel_checks import paged_kv, run_all  # noqa: E402
+from graph_timing import replay_ms  # noqa: E402
 
 OUT = Path(os.environ.get("OUT", "/tmp/kernels_out"))
 OUT.mkdir(parents=True, exist_ok=True)
@@ -65,8 +66,6 @@ def graph_ms(fn, n=20, reps=15):
     """Per-call GPU time inside a CUDA graph (as a captured decode step runs it), with L2
     flushed before each call: [zero 128 MB, fn] x n minus [zero 128 MB] x n, median of
     `reps` replays each. No launch gaps, cold L2."""
-    import statistics
-
     if not _FLUSH:
         _FLUSH.append(torch.empty(32 << 20, dtype=torch.int32, device=DEV))
     buf = _FLUSH[0]
@@ -90,15 +89,7 @@ def graph_ms(fn, n=20, reps=15):
     def timed(g):
         g.replay()
         torch.cuda.synchronize()
-        ts = []
-        for _ in range(reps):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            g.replay()
-            b.record()
-            b.synchronize()
-            ts.append(a.elapsed_time(b))
-        return statistics.median(ts)
+        return replay_ms(torch, g, reps)
 
     t = (timed(g_both) - timed(g_flush)) / n
     del g_flush, g_both

@@ -73,6 +73,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(Path(__file__).resolve().parent)]
 
 from step_breakdown import HBM, PEAK  # noqa: E402  (H200: diag's copy bandwidth, GEMM peaks)
+from graph_timing import replay_ms  # noqa: E402
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
           "lm_head": (128256, 4096)}
@@ -407,7 +408,6 @@ def graph_time_us(torch, fns: list) -> float:
     for f in fns:
         f()   # compiled, and cuBLAS's choice made, outside the capture
     torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
     def capture(rounds: int):
         g = torch.cuda.CUDAGraph()
@@ -418,22 +418,12 @@ def graph_time_us(torch, fns: list) -> float:
         g.replay()   # the first replay uploads the graph
         return g
 
-    def replay_ms(g, n: int) -> float:
-        ts = []
-        for _ in range(n):
-            a.record()
-            g.replay()
-            b.record()
-            b.synchronize()
-            ts.append(a.elapsed_time(b))
-        return statistics.median(ts)
-
     g = capture(1)
-    rounds = max(1, min(20, int(1.0 / max(replay_ms(g, 3), 1e-3))))
+    rounds = max(1, min(20, int(1.0 / max(replay_ms(torch, g, 3), 1e-3))))
     if rounds > 1:
         del g
         g = capture(rounds)
-    us = replay_ms(g, 7) * 1e3 / (rounds * len(fns))
+    us = replay_ms(torch, g, 7) * 1e3 / (rounds * len(fns))
     del g
     return us
 
