@@ -47,9 +47,10 @@ class Client:
         self.rng = rng
         self.session: aiohttp.ClientSession | None = None
         self.model = ""
+        self.vocab = VOCAB
 
     def prompt(self, n: int) -> list[int]:
-        return [self.rng.randrange(min(1000, VOCAB // 2), VOCAB) for _ in range(n)]
+        return [self.rng.randrange(min(1000, self.vocab // 2), self.vocab) for _ in range(n)]
 
     async def stream(self, prompt: list[int], max_tokens: int) -> dict:
         """One streamed completion: arrival times of its tokens (perf_counter)."""
@@ -146,8 +147,10 @@ async def main() -> None:
     ap.add_argument("out")
     ap.add_argument("--phases", default="first16k,streams16k,mix25,mix10,prefix,hello,burst200")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--vocab", type=int, default=VOCAB, help="prompt token ids are drawn below this")
     a = ap.parse_args()
     c = Client(a.port, random.Random(a.seed))
+    c.vocab = a.vocab
     report = {}
     # no cap on connections: aiohttp's default pool of 100 makes the 101st stream of the
     # 25 req/s mix wait in this client, and that wait would count as the server's TTFT

@@ -2,47 +2,67 @@
 # bash gpu/serving.sh stalls: the "no stall" figures on the H200 (docs/perf.md, "Step stalls"): the Llama-3-8B shape
 # (dummy bf16 weights), one fresh server per variant, gpu/stalls_probe.py from READY on.
 # Variants (VARIANTS, default "before after"): "before" is the tree in .before/ (git archive
-# of the reference commit, carried), "after" this tree, "tuned" this tree with
-# ZEROD_TUNING=$TUNED (e.g. TUNED='{"one_forward_mixed_steps": true, "prefill_graph_seqs": 288}');
+# of the reference commit, carried), "after" this tree; any other NAME is this tree with
+# ZEROD_TUNING=$TUNING_NAME and the extra serve flags $ARGS_NAME, e.g.
+#   VARIANTS="after of of40" TUNING_of='{"one_forward_mixed_steps": true, "prefill_graph_seqs": 288}'
+#   TUNING_of40=$TUNING_of ARGS_of40="--target-itl-ms 40"
 # each starts with its own empty Triton cache (cold), then "after" is restarted on its warm
-# cache (RESTART=0 skips it). ~7 min for two variants. Results: $OUT/stalls-*.json, the serve
-# logs, each server's step trace (steps-*.jsonl.gz: `gpu/schedule_sim.py --fit` reads it
-# unpacked; the code in .before/ may not write one), a table.
+# cache (RESTART=0 skips it). ~2.7 min a variant. SMOKE=1: the script on the CPU, a tiny shape. Results: $OUT/NAME.tgz per server (packed as
+# each ends, so a cut-short call keeps them; the device returns at most 8 files): the probe's
+# stalls-NAME.json, the serve log, the step trace (steps-NAME.jsonl: `gpu/schedule_sim.py
+# --fit` reads it; the code in .before/ may not write one), /metrics once a second
+# (scrapes-NAME.jsonl: `gpu/latency_replay.py replay` reads it); ready.txt; table.txt.
 set -u
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-python3}
 OUTD=${OUT:-/tmp/zerod-stalls}; mkdir -p "$OUTD"
+W=/tmp/zerod-stalls-work; rm -rf "$W"; mkdir -p "$W"   # each server's files, packed into $OUTD/NAME.tgz
 . gpu/parts/wheels.sh xgrammar
-M=/tmp/zerod-dummy-8b
-$PY gpu/server_make_model.py "$M" --shape 8b > /dev/null || exit 1
+SHAPE=8b; SERVE_X="--dtype bfloat16 --max-model-len 17408 --max-num-seqs 256"; PROBE_X=""
+if [ "${SMOKE:-0}" = 1 ]; then   # the script on the CPU, a tiny shape: checks it, measures nothing
+    SHAPE=tiny; SERVE_X="--dtype float32 --device cpu --max-model-len 1024 --max-num-seqs 32 --kv-cache-memory-bytes 64MiB"
+    PHASES=${PHASES:-hello,burst200}; PROBE_X="--vocab 1000"
+fi
+M=/tmp/zerod-dummy-$SHAPE
+$PY gpu/server_make_model.py "$M" --shape $SHAPE > /dev/null || exit 1
 ROOT=$PWD
 VARIANTS=${VARIANTS:-before after}
-serve() {   # serve DIR NAME CACHE [TUNING]: start, wait for /health, print the seconds to READY
+serve() {   # serve DIR NAME CACHE [TUNING [ARGS]]: start, wait for /health, print the seconds to READY
     local dir=$1 name=$2
-    ( cd "$dir" && TRITON_CACHE_DIR=$3 ZEROD_TUNING=${4:-} ZEROD_STEP_TRACE=$OUTD/steps-$name.jsonl exec $PY -m zerod serve --model "$M" --load-format dummy --port 8000 \
-        --dtype bfloat16 --max-model-len 17408 --max-num-seqs 256 ) > "$OUTD/serve-$name.log" 2>&1 &
+    ( cd "$dir" && TRITON_CACHE_DIR=$3 ZEROD_TUNING=${4:-} ZEROD_STEP_TRACE=$W/steps-$name.jsonl exec $PY -m zerod serve --model "$M" --load-format dummy --port 8000 \
+        $SERVE_X ${5:-} ) > "$W/serve-$name.log" 2>&1 &
     SPID=$!
     local t0=$(date +%s.%N)
-    [ "$($PY gpu/wait_health.py 8000 240 $SPID)" = ok ] || { tail -20 "$OUTD/serve-$name.log"; kill $SPID; return 1; }
+    [ "$($PY gpu/wait_health.py 8000 240 $SPID)" = ok ] || { tail -20 "$W/serve-$name.log"; kill $SPID; pack $name; return 1; }
     echo "$name ready_s $(awk "BEGIN{print $(date +%s.%N) - $t0}")" | tee -a "$OUTD/ready.txt"
 }
 stop() { kill -TERM $SPID; wait $SPID 2>/dev/null; }
+pack() { (cd "$W" && tar czf "$OUTD/$1.tgz" $(ls | grep -E -- "-$1\.(json|log|jsonl)$")); }
 for v in $VARIANTS; do
     dir=$ROOT; [ $v = before ] && dir=$ROOT/.before
-    tuning=""; [ $v = tuned ] && tuning=${TUNED:?set TUNED to the ZEROD_TUNING JSON of the tuned variant}
-    serve "$dir" $v /tmp/triton-$v "$tuning" || continue
-    timeout 300 $PY gpu/stalls_probe.py 8000 "$OUTD/stalls-$v.json" ${PHASES:+--phases $PHASES}
-    echo "$v slow-launch log lines: $(grep -c 'to launch' "$OUTD/serve-$v.log")" | tee -a "$OUTD/ready.txt"
-    stop
+    tuning=""; args=""
+    if [ $v != before ] && [ $v != after ]; then
+        tv=TUNING_$v; av=ARGS_$v
+        tuning=${!tv:-}; args=${!av:-}
+        [ -n "$tuning$args" ] || { echo "variant $v: set TUNING_$v and/or ARGS_$v" >&2; continue; }
+    fi
+    serve "$dir" $v /tmp/triton-$v "$tuning" "$args" || continue
+    # /metrics once a second: `gpu/latency_replay.py replay` reads which LatencyRegression
+    # the daemon's default rules would raise over this traffic
+    $PY gpu/latency_replay.py record http://127.0.0.1:8000/metrics "$W/scrapes-$v.jsonl" &
+    RECPID=$!
+    timeout 300 $PY gpu/stalls_probe.py 8000 "$W/stalls-$v.json" ${PHASES:+--phases $PHASES} $PROBE_X
+    kill $RECPID
+    echo "$v slow-launch log lines: $(grep -c 'to launch' "$W/serve-$v.log")" | tee -a "$OUTD/ready.txt"
+    stop; pack $v
 done
 if [ "${RESTART:-1}" = 1 ] && [[ " $VARIANTS " == *" after "* ]]; then
-    serve "$ROOT" after-restart /tmp/triton-after && timeout 60 $PY gpu/stalls_probe.py 8000 "$OUTD/stalls-after-restart.json" --phases first16k,hello
-    stop
+    serve "$ROOT" after-restart /tmp/triton-after && timeout 60 $PY gpu/stalls_probe.py 8000 "$W/stalls-after-restart.json" --phases ${PHASES:-first16k,hello} $PROBE_X
+    stop; pack after-restart
 fi
-gzip -f "$OUTD"/serve-*.log "$OUTD"/steps-*.jsonl 2>/dev/null
-$PY - "$OUTD" $VARIANTS <<'PYEOF'
+$PY - "$W" "$OUTD" $VARIANTS > "$OUTD/table.txt" <<'PYEOF'
 import json, sys, os
-d, variants = sys.argv[1], sys.argv[2:]
+d, outd, variants = sys.argv[1], sys.argv[2], sys.argv[3:]
 def load(v):
     p = os.path.join(d, f"stalls-{v}.json")
     return json.load(open(p)) if os.path.exists(p) else {}
@@ -70,5 +90,6 @@ for name, k in rows:
     print(f"| {name} | " + " | ".join(f(g(runs[v], *k)) for v in variants) + " |")
 for v in variants:
     print(f"slow steps ({v}, cumulative at the end of mix25):", g(runs[v], "mix25", "slow_steps_after"))
-print(open(os.path.join(d, "ready.txt")).read())
+print(open(os.path.join(outd, "ready.txt")).read())
 PYEOF
+cat "$OUTD/table.txt"
