@@ -34,6 +34,7 @@ from ..model.loader import build_model
 from ..lora import LoraAdapter, LoraError, LoraManager
 from ..metrics import SLOW_STEP_S, EngineMetrics
 from ..runner.model_runner import ModelRunner
+from ..runner.warmup import key_triton_cache
 from ..tp.parallel import TPGroup, Workers, check_tp
 from .faults import FaultInjector
 from .step_trace import StepTrace, step_shape, trace_header
@@ -111,6 +112,7 @@ def build_rank(cfg: EngineConfig, model_dir: Path, dev: torch.device, tp: TPGrou
         tuning = Tuning.from_env()
     except ValueError as exc:
         raise EngineError(str(exc)) from None
+    keying = key_triton_cache() if dev.type == "cuda" else None
     model = build_model(mc, model_dir, "dummy" if cfg.load_format == "dummy" else "safetensors",
                         dtype, dev, seed=cfg.seed, quant=quant, tp=tp)
     model.tuning = tuning
@@ -129,6 +131,8 @@ def build_rank(cfg: EngineConfig, model_dir: Path, dev: torch.device, tp: TPGrou
     runner = ModelRunner(cfg, mc, model, pool, dev, plan.max_model_len, list(eos_ids),
                          lora=loras.batch if loras is not None else None)
     mark("KV pool")
+    if keying is not None:
+        keying.join()
     runner.capture_graphs()
     mark("graphs")
     if dev.type == "cuda" and model.tuning.warmup:

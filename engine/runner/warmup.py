@@ -18,6 +18,7 @@ Everything reads and writes the KV pool's scratch page 0 only.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 import torch
@@ -28,6 +29,21 @@ from ..sampling.logprobs import logprobs_of
 from ..sampling.sampler import sample
 
 log = logging.getLogger("zerod.engine")
+
+
+def key_triton_cache() -> threading.Thread | None:
+    """Triton keys its on-disk kernel cache by a hash of its own sources and of its ~400 MB
+    compiler library, computed once a process, at its first kernel launch: 0.7 s of a
+    warm restart's step thread on the H200 host (docs/perf.md "Step stalls"). hashlib
+    releases the GIL, so a thread computes it while the step thread builds the weights and
+    the KV pool; join it before the first launch. None where Triton is absent."""
+    try:
+        from triton.runtime.cache import triton_key
+    except ImportError:
+        return None
+    t = threading.Thread(target=triton_key, name="zerod-triton-key", daemon=True)
+    t.start()
+    return t
 
 
 # The kernels' token-count thresholds all lie at or below this (LoRA's 256-row decode
