@@ -51,6 +51,10 @@ class Tuning:
     # the device; gpu/schedule_sim.py predicts the largest gain of the mixed scenarios
     # from it (docs/perf.md "A model of the scheduler").
     one_forward_mixed_steps: bool = False
+    # Products whose shape and row count the device's skinny GEMM table lists
+    # (engine/kernels/gemm_table.py: measured by gpu/skinny_gemm_bench.py) take that Triton
+    # kernel in place of cuBLAS's.
+    skinny_gemm_table: bool = True
 
     @classmethod
     def from_env(cls, environ=None) -> "Tuning":

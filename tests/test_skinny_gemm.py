@@ -388,12 +388,16 @@ def test_bench_dry_run_through_the_interpreter(tmp_path):
                 cells += 1
     assert cells == len(cublas_rows)
     assert "speedup" in p.stdout
-    # what an engine start would read back: every cell at min_speedup 0, typed configs
-    from zerod.engine.kernels.skinny_gemm import SkinnyConfig, load_table
-    picked = load_table(t, min_speedup=0.0)
-    assert len(picked) == cells and all(isinstance(c, SkinnyConfig) for c in picked.values())
-    assert {(d, n, k, m) for d, n, k, m in picked} == {(r["dtype"], r["N"], r["K"], r["M"]) for r in cublas_rows}
-    assert len(load_table(t, min_speedup=float("inf"))) == 0
+    # what an engine start reads back (engine/kernels/gemm_table.py): at min_speedup 0
+    # every row count up to the largest measured one takes a typed config
+    from zerod.engine.kernels.gemm_table import expand
+    from zerod.engine.kernels.skinny_gemm import SkinnyConfig
+    picked = expand(t, min_speedup=0.0)
+    assert all(isinstance(c, SkinnyConfig) for c in picked.values())
+    measured = {(r["dtype"], r["N"], r["K"]): max(x["M"] for x in cublas_rows if x["N"] == r["N"]
+                                                   and x["dtype"] == r["dtype"]) for r in cublas_rows}
+    assert len(picked) == sum(measured.values())
+    assert len(expand(t, min_speedup=float("inf"))) == 0
 
 
 @pytest.mark.slow   # seconds: Triton's interpreter or compiler (tests/conftest.py's SLOW_MODULES kind)

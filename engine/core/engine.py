@@ -30,6 +30,7 @@ from ..interface import EngineStats
 from .kv_pool import KVPool, kv_torch_dtype
 from .first_use import FIRST_USES
 from .launch_clock import LaunchClock, LaunchTimes
+from ..kernels import gemm_table
 from ..model.loader import build_model
 from ..lora import LoraAdapter, LoraError, LoraManager
 from ..metrics import SLOW_STEP_S, EngineMetrics
@@ -116,6 +117,9 @@ def build_rank(cfg: EngineConfig, model_dir: Path, dev: torch.device, tp: TPGrou
     model = build_model(mc, model_dir, "dummy" if cfg.load_format == "dummy" else "safetensors",
                         dtype, dev, seed=cfg.seed, quant=quant, tp=tp)
     model.tuning = tuning
+    if gemm_table.activate(dev, tuning.skinny_gemm_table):
+        log.info("skinny GEMMs: the device's measured Triton tiles where they beat cuBLAS (%s)",
+                 gemm_table.device_table_path(gemm_table.TABLE_DIR, dev))
     mark("weights")
     loras = build_loras(cfg, model, mc, dev) if cfg.enable_lora else None   # slabs before the KV pool
     if dev.type == "cuda" and not model.ops.head_dim_kernels:

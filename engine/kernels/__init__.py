@@ -12,6 +12,7 @@ workspaces sized from shapes only, grids fixed by shapes.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 KERNEL_NAMES = (
     "rms_norm",
@@ -50,6 +51,12 @@ def load_kernels() -> dict:
     }
 
 
+def device_file(folder: Path, device_name: str) -> Path:
+    """A tuned table of one device model in folder (moe_configs/, skinny_configs/): the
+    CUDA device's name, spaces as underscores ("NVIDIA H200" -> NVIDIA_H200.json)."""
+    return folder / f"{device_name.replace(' ', '_')}.json"
+
+
 def _build() -> dict:
     global IMPORT_ERROR
     if os.environ.get("ZEROD_DISABLE_TRITON", "") not in ("", "0"):
@@ -69,4 +76,4 @@ def _build() -> dict:
 
 CUDA_KERNELS: dict = _build()
 
-__all__ = ["CUDA_KERNELS", "KERNEL_NAMES", "IMPORT_ERROR", "load_kernels"]
+__all__ = ["CUDA_KERNELS", "KERNEL_NAMES", "IMPORT_ERROR", "device_file", "load_kernels"]

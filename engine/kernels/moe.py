@@ -33,6 +33,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import device_file
+
 log = logging.getLogger("zerod.engine")
 
 CHUNK = 128     # (token, expert) pairs per program of the count and scatter launches
@@ -249,7 +251,7 @@ def load_table(path: Path) -> Table:
 
 
 def table_path(device_name: str) -> Path:
-    return CONFIG_DIR / f"{device_name.replace(' ', '_')}.json"
+    return device_file(CONFIG_DIR, device_name)
 
 
 _TABLES: dict = {}   # (device type, index) -> Table, once a process

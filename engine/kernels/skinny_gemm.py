@@ -5,13 +5,13 @@ FP8 (e4m3, per-token activation scales × per-channel weight scales).
 Why: at 200 decode streams on the H200 the Llama-3-8B GEMMs run at about 56 % of their
 roofline bound through cuBLAS (F.linear) and at about 46 % on the FP8 row-wise path
 (torch._scaled_mm): docs/perf.md "A decode step against its bounds" (and docs/perf.md
-"FP8"). These kernels are candidates to beat them; nothing in the model calls them until
-the device has measured them:
+"FP8"). These kernels are candidates to beat them, taken only where the device measured
+one faster:
 
     python3 gpu/skinny_gemm_bench.py --out $OUT/skinny.json
 
 times every `CONFIGS` entry at the 8B shapes against cuBLAS and writes the best
-configuration per shape and M.
+configuration per shape and M, the table gemm_table.py loads at engine start.
 
 How: one program computes a tile of BLOCK_M tokens × BLOCK_N output channels over a K
 slice, accumulating in float32 on the tensor cores. Two layouts (`SkinnyConfig.swap_ab`):
@@ -458,16 +458,3 @@ def skinny_matmul_fp8(xq: torch.Tensor, x_scale: torch.Tensor, wq: torch.Tensor,
     _launch(xq, wq, y, xs, ws, bias, cfg or default_config(M, N, K, FP8), M, N, K)
     return y
 
-
-def load_table(table: dict, min_speedup: float = 1.0) -> dict[tuple[str, int, int, int], SkinnyConfig]:
-    """gpu/skinny_gemm_bench.py's --table-out JSON (parsed) -> {(dtype, N, K, M): config}
-    for the cells where the best config beat cuBLAS by at least min_speedup; a later
-    change can pick a projection's launch from it at engine start."""
-    out = {}
-    for dtype, shapes in table["best"].items():
-        for nk, per_m in shapes.items():
-            n, k = (int(v) for v in nk.split("x"))
-            for m, cell in per_m.items():
-                if cell.get("speedup") is not None and cell["speedup"] >= min_speedup:
-                    out[dtype, n, k, int(m)] = SkinnyConfig.from_dict(cell["config"])
-    return out

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..tuning import Tuning
+from ..kernels import gemm_table
 from ..config import EngineError
 from ..model.linear import Linear, param
 from . import fp8
@@ -158,19 +159,23 @@ class Fp8Linear(Linear):
         (cuBLASLt, or Triton for blocks)."""
         from . import triton_fp8
 
-        if isinstance(x, fp8.Fp8Acts):
-            y = torch._scaled_mm(x.q, self.weight.t(), scale_a=x.scale, scale_b=self.weight_scale.view(1, -1),
-                                 out_dtype=self.act_dtype)
-        elif self.scheme.weights == "block":
+        if self.scheme.weights == "block" and not isinstance(x, fp8.Fp8Acts):
             bk = self.scheme.block[1]
             xq, xs = triton_fp8.quantize_token_groups(x, bk)
             y = triton_fp8.block_fp8_matmul(xq, xs, self.weight, self.weight_scale, self.scheme.block, x.dtype)
+            return y if self.bias is None else y + self.bias
+        if isinstance(x, fp8.Fp8Acts):
+            xq, xs = x.q, x.scale
         else:
             xq, xs = triton_fp8.quantize_tokens(x, self.input_scale)
             if self.input_scale is not None:
                 xs = xs.contiguous()   # rowwise scaling wants a real [T, 1] tensor
-            y = torch._scaled_mm(xq, self.weight.t(), scale_a=xs, scale_b=self.weight_scale.view(1, -1),
-                                 out_dtype=x.dtype)
+        cfg = gemm_table.choice(fp8.FP8, self.weight.shape[0], self.weight.shape[1], xq.shape[0])
+        if cfg is not None:   # the device measured a skinny Triton tile faster here
+            return gemm_table.kernels().skinny_matmul_fp8(xq, xs, self.weight, self.weight_scale, bias=self.bias,
+                                                          out_dtype=self.act_dtype, cfg=cfg)
+        y = torch._scaled_mm(xq, self.weight.t(), scale_a=xs, scale_b=self.weight_scale.view(1, -1),
+                             out_dtype=self.act_dtype)
         return y if self.bias is None else y + self.bias
 
     def w8a8_tensorwise(self, x: torch.Tensor | fp8.Fp8Acts) -> torch.Tensor:
