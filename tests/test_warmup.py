@@ -120,6 +120,24 @@ def test_the_warmup_ladder_crosses_every_power_of_two_and_every_sdpa_bucket():
     assert len(buckets) <= 33
 
 
+def test_every_range_of_a_tuned_table_gets_a_warm_count():
+    """A tuned table's config serves the counts up to its measured one (the skinny GEMMs',
+    the MoE tiles'): the warm-up adds the top of each range the ladder does not reach, so
+    no count a step can have selects a config nobody compiled."""
+    from zerod.engine.runner.warmup import token_ladder, unreached
+
+    ladder = token_ladder(2048)
+    tops = {1, 8, 16, 64, 96, 112, 128, 200, 224, 256, 2048}
+    extra = unreached(ladder, tops)
+    assert extra == [112, 224]
+    warm = set(ladder) | set(extra)
+    prev = 0
+    for t in sorted(tops):
+        assert any(prev < n <= t for n in warm), t
+        prev = t
+    assert unreached(ladder, set()) == []
+
+
 def test_tuning_comes_from_zerod_tuning_and_refuses_unknown_fields():
     from zerod.engine.tuning import Tuning
 

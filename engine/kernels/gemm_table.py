@@ -61,6 +61,20 @@ def activate(device: torch.device, enabled: bool = True, folder: Path = TABLE_DI
     return len(_cells)
 
 
+def row_counts() -> set[int]:
+    """The active table's measured row counts (each the top of the range of M its cells
+    serve): the warm-up runs a count of every range (engine/runner/warmup.py)."""
+    if not _cells:
+        return set()
+    tops, last = set(), {}
+    for d, n, k, m in _cells:
+        last[d, n, k] = max(m, last.get((d, n, k), 0))
+    for (d, n, k, m), cfg in _cells.items():
+        if m == last[d, n, k] or _cells.get((d, n, k, m + 1)) != cfg:
+            tops.add(m)
+    return tops
+
+
 def expand(table: dict, min_speedup: float = MIN_SPEEDUP) -> dict:
     """The bench's table -> {(dtype, N, K, M): config} for every M from 1 to the largest
     measured, each M taking the measured cell at or above it when that cell won."""

@@ -23,6 +23,7 @@ import time
 
 import torch
 
+from ..kernels import gemm_table
 from ..model.decoder import AttnMeta, sdpa_length
 from ..sampling.grammar_mask import apply_bitmask
 from ..sampling.logprobs import logprobs_of
@@ -77,6 +78,16 @@ def sdpa_buckets(flash_max: int, cap: int) -> list[int]:
     return out
 
 
+def unreached(ladder: list[int], tops: set[int]) -> list[int]:
+    """The tops t of the ranges (previous top, t] that hold no count of the ladder."""
+    out, prev = [], 0
+    for t in sorted(tops):
+        if not any(prev < n <= t for n in ladder):
+            out.append(t)
+        prev = t
+    return out
+
+
 class Warmup:
     """Runs the warm-up of one ModelRunner (CUDA only; the CPU has nothing to compile)."""
 
@@ -102,7 +113,11 @@ class Warmup:
         cap, limit = r.cfg.prefill_token_cap, r.max_model_len
         # the whole budget once, as a fresh prompt: the allocator's peak
         shapes = [(1, cap, 0)] if cap < limit else []
-        for T in token_ladder(min(cap, LADDER_TOP)):
+        ladder = token_ladder(min(cap, LADDER_TOP))
+        # a tuned table's config serves the counts up to its measured one: one forward in
+        # every such range the ladder misses compiles that config too
+        shapes += [(1, T, 0) for T in unreached(ladder, self._tuned_counts()) if T < limit and T <= cap]
+        for T in ladder:
             for n_seqs in (1, 3, 16, 17):   # Triton specialises the sequence count too
                 if T % n_seqs or T // n_seqs < 1:
                     continue
@@ -110,6 +125,17 @@ class Warmup:
                     if prefix + T // n_seqs < limit:
                         shapes.append((n_seqs, T // n_seqs, prefix))
         return shapes
+
+    def _tuned_counts(self) -> set[int]:
+        """The measured token counts of the device's tuned tables in use: the skinny GEMMs'
+        (kernels/gemm_table.py) and, for a mixture of experts, the MoE tiles'."""
+        counts = gemm_table.row_counts()
+        if any(getattr(L, "moe", None) is not None for L in self.r.model.layers):
+            from ..kernels import moe
+
+            for ts, _ in moe.device_table(self.dev).shapes.values():
+                counts.update(ts)
+        return counts
 
     @torch.inference_mode()
     def run(self) -> dict:
