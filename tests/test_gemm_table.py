@@ -43,7 +43,7 @@ def test_each_row_count_takes_the_measured_cell_at_or_above_it():
     gemm_table._cells.update(cells)   # the warm-up runs the top of each range a config serves
     assert gemm_table.row_counts() == {1, 16, 200}
     # a cell a few per cent faster is within the timings' noise: cuBLAS keeps it
-    assert gemm_table.expand(table({("bf16", 64, 32, 8): (FAST, 1.03)})) == {}
+    assert gemm_table.expand(table({("bf16", 64, 32, 8): (FAST, 1.08)})) == {}
 
 
 def test_no_table_on_the_cpu_or_when_tuned_off(tmp_path):

@@ -52,7 +52,7 @@ def run_checks(device: torch.device) -> list[tuple[str, float, float]]:
 
     gpu = device.type == "cuda"
     half = torch.bfloat16 if gpu else torch.float16
-    tol = dict(TOL, **({torch.bfloat16: 5e-3, torch.float32: 1e-3} if gpu else {}))
+    tol = {**TOL, **({torch.bfloat16: 5e-3, torch.float32: 1e-3} if gpu else {})}
     g = torch.Generator().manual_seed(7)
     rnd = lambda *s: torch.randn(*s, generator=g).to(device)  # noqa: E731
     nan = lambda M, N, dt: torch.full((M, N), float("nan"), dtype=dt, device=device)  # noqa: E731
