@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The device's tuned kernel tables (engine/kernels/skinny_configs/, moe_configs/) against the
-# engine without them, in one device call (~7 min):
+# engine without them, in one device call (~8 min):
+#   0. the skinny, table and FP8 GPU tests;
 #   1. cuBLAS and the first skinny config at every row count 128..256 in steps of 8 (the
 #      decode graph buckets' neighbourhood; gpu/skinny_gemm_bench.py);
 #   2. the 8B shape, --quantization fp8, servers alternated without the skinny table
@@ -18,6 +19,9 @@ W=/tmp/zerod-tables-work; rm -rf "$W"; mkdir -p "$W"
 export PYTHONUNBUFFERED=1
 pack() { tar czf "$OUTD/tables.tgz" -C "$W" .; }
 git log --oneline -1 > "$W/commit.txt" 2>/dev/null
+# the kernels' GPU tests, the FP8 ones with the H200 table in force
+timeout 150 $PY -m pytest -m gpu -q -p no:cacheprovider -p no:randomly tests/test_skinny_gemm.py tests/test_gemm_table.py \
+    tests/test_fp8_kernels.py > "$W/gpu_tests.txt" 2>&1; tail -3 "$W/gpu_tests.txt"
 timeout 100 $PY gpu/skinny_gemm_bench.py --max-configs 1 --ms "$(seq -s, 128 8 256)" \
     --out "$W/msweep.json" > "$W/msweep.txt" 2>&1
 pack
