@@ -55,6 +55,16 @@ class Tuning:
     # (engine/kernels/gemm_table.py: measured by gpu/skinny_gemm_bench.py) take that Triton
     # kernel in place of cuBLAS's.
     skinny_gemm_table: bool = True
+    # Steps launched and not yet read back, at most (the ring slots in use, up to
+    # EngineConfig.ring_depth). A new prompt's first step runs after every step
+    # already in flight, so each one more adds a step's time to its TTFT; the device stays
+    # busy with two as long as a launch takes less host time than a step takes device time
+    # (docs/perf.md "Steps in flight").
+    steps_in_flight: int = 2
+
+    def __post_init__(self) -> None:
+        if type(self.steps_in_flight) is not int or self.steps_in_flight < 1:
+            raise ValueError(f"{ENV}: steps_in_flight must be an integer >= 1, not {self.steps_in_flight!r}")
 
     @classmethod
     def from_env(cls, environ=None) -> "Tuning":

@@ -9,6 +9,7 @@
 #      200-request wave (kernels by name, per step);
 #   4. cuBLAS and the first skinny config at every row count 128..256 in steps of 8 (the
 #      decode graph buckets' neighbourhood; gpu/skinny_gemm_bench.py).
+# PARTS (default "tests fp8 mixtral msweep fp8-2") picks some of them.
 # Results: $OUT/tables.tgz (every log and JSON), a table last.
 set -u
 cd "$(dirname "$0")/.."
@@ -20,8 +21,9 @@ export PYTHONUNBUFFERED=1
 pack() { tar czf "$OUTD/tables.tgz" -C "$W" .; }
 git log --oneline -1 > "$W/commit.txt" 2>/dev/null
 # the kernels' GPU tests, the FP8 ones with the H200 table in force
-timeout 100 $PY -m pytest -m gpu -q -p no:cacheprovider -p no:randomly tests/test_skinny_gemm.py tests/test_gemm_table.py \
-    tests/test_fp8_kernels.py > "$W/gpu_tests.txt" 2>&1; tail -3 "$W/gpu_tests.txt"
+want() { [[ " ${PARTS:-tests fp8 mixtral msweep fp8-2} " == *" $1 "* ]]; }
+want tests && timeout 100 $PY -m pytest -m gpu -q -p no:cacheprovider -p no:randomly tests/test_skinny_gemm.py tests/test_gemm_table.py \
+    tests/test_fp8_kernels.py > "$W/gpu_tests.txt" 2>&1; tail -3 "$W/gpu_tests.txt" 2>/dev/null
 pack
 M=/tmp/zerod-dummy-8b
 $PY gpu/server_make_model.py "$M" --shape 8b > /dev/null || exit 1
@@ -41,16 +43,15 @@ fp8_round() {   # fp8_round N: a server without the skinny table, then one with 
         pack
     done
 }
-fp8_round 1
+want fp8 && fp8_round 1
 MX=/tmp/zerod-dummy-mixtral
-$PY gpu/families_model.py "$MX" --shape mixtral-8x7b > /dev/null || exit 1
-timeout 200 $PY gpu/decode_profile.py "$MX" "$W/mixtral-profile.json" --max-model-len 4096 --windows wave \
+want mixtral && $PY gpu/families_model.py "$MX" --shape mixtral-8x7b > /dev/null && timeout 200 $PY gpu/decode_profile.py "$MX" "$W/mixtral-profile.json" --max-model-len 4096 --windows wave \
     > "$W/mixtral-profile.txt" 2>&1
 pack
-timeout 100 $PY gpu/skinny_gemm_bench.py --max-configs 1 --ms "$(seq -s, 128 8 256)" \
+want msweep && timeout 100 $PY gpu/skinny_gemm_bench.py --max-configs 1 --ms "$(seq -s, 128 8 256)" \
     --out "$W/msweep.json" > "$W/msweep.txt" 2>&1
 pack
-fp8_round 2
+want fp8-2 && fp8_round 2
 echo "== row counts 128..256: cuBLAS us per shape"; grep -E "^(bf16|fp8) +(qkv|o|gate_up|down) " "$W/msweep.txt" | awk '{print $1, $2, $4, $5}' | sort -k1,1 -k2,2 -k3n | paste -sd' ' | fold -w 200
 echo "== FP8 8B, skinny table off / on"; grep -h -E "decode-b1|streams-200" "$W"/bench-fp8-*.txt | head -20
 for f in "$W"/bench-fp8-*.txt; do echo "$(basename $f): $(grep -E 'decode-b1|streams-200' $f | head -1)"; done

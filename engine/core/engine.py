@@ -543,11 +543,17 @@ class Engine:
     def _loop_body(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
+        free = self.runner.ring.free
         idle = False
         while True:
             self._take_messages(wait=idle or not self.scheduler.has_work, poll=idle)
             if self._stop.is_set():
                 return
+            # The step's ring slot first, then its batch: a slot frees when the poller is done
+            # with an earlier step, so a prompt that arrived meanwhile joins this step rather
+            # than waiting behind it (docs/perf.md "Steps in flight").
+            ring_idx = free.get()
+            self._take_messages(wait=False, poll=False)
             batch = self.scheduler.schedule()
             while self.scheduler.failed:   # refused at admission (an adapter's files went bad)
                 r, msg = self.scheduler.failed.pop()
@@ -555,7 +561,9 @@ class Engine:
             self._running_count = self.scheduler.num_running
             idle = not batch
             if batch:
-                self._run_batch(batch)
+                self._run_batch(batch, ring_idx)
+            else:
+                free.put(ring_idx)
             self._publish_counts()
             if self._faults is not None:
                 self._faults.after_step(self)
@@ -598,14 +606,14 @@ class Engine:
             for r in list(sched.by_id.values()):
                 self._handle(("abort", r.id))
 
-    def _run_batch(self, batch: Batch) -> None:
+    def _run_batch(self, batch: Batch, ring_idx: int) -> None:
         """Run one step and count it. If it raises, redo it in halves: the rows that run
         alone fine carry on, the one that fails alone ends with the error. A redo is safe:
         a step's KV writes and sampled tokens depend on its own rows only (each written
         again by the redo), sampling noise is a function of (seed, output index), and the
         only state a step carries over, last_tokens, is written by its final op."""
         try:
-            self._launch(batch)
+            self._launch(batch, ring_idx)   # gives the slot back if it raises
         except Exception as exc:  # noqa: BLE001 - isolate the culprit, keep serving
             if self.tp is not None:   # the other ranks may be inside this step's collectives
                 self._fail(batch.requests(), exc, fatal=True)
@@ -618,16 +626,15 @@ class Engine:
                 log.warning("a step of %d rows failed (%s: %s); redoing it in halves",
                             len(batch), type(exc).__name__, exc)
                 for half in batch.halves():
-                    self._run_batch(half)
+                    self._run_batch(half, self.runner.ring.free.get())
             return
         self.scheduler.update(batch)
         if self.runner.masks.broken:   # a token its grammar refused (a bug: the mask allowed it)
             broken, self.runner.masks.broken = self.runner.masks.broken, []
             self._fail(broken, RuntimeError("a sampled token breaks the structured output's grammar"))
 
-    def _launch(self, batch: Batch) -> None:
+    def _launch(self, batch: Batch, ring_idx: int) -> None:
         ring = self.runner.ring
-        ring_idx = ring.free.get()
         # steps launched before this one whose slots the poller has not given back: the
         # device is still on them, and a launch that outruns the device's queue of
         # kernels blocks in the driver (spinning: it shows as CPU time)

@@ -78,9 +78,11 @@ class ModelRunner:
         model.cos_sin = cos_sin_cache(mc, max_model_len + 1, model.dtype, dev)
         # per-slot device tables (written in a request's first step)
         self.tables = SlotTables(S, self.W, max_model_len, eos_ids, dev)
-        # host ring of sampled ids + pinned input staging, one per ring slot
-        self.ring = HostRing(cfg.ring_depth, S, device, prompt_rows=cfg.prefill_token_cap)
-        self.masks = MaskStaging(cfg.ring_depth, S, device)
+        # host ring of sampled ids + pinned input staging, one per ring slot: a step launches
+        # only into a free slot, so the slots bound the steps in flight
+        depth = min(cfg.ring_depth, self.tuning.steps_in_flight)
+        self.ring = HostRing(depth, S, device, prompt_rows=cfg.prefill_token_cap)
+        self.masks = MaskStaging(depth, S, device)
         T = cfg.prefill_token_cap
         # words: uploads 2.5 per page + 8.5 per request + 451 per logit_bias; prefill 4 per
         # token + 4 per chunk (chunks <= tokens) + 2 per prompt-logprob row (rows <= tokens);
@@ -91,7 +93,7 @@ class ModelRunner:
         # + alignment of each field
         self.staging = Staging(3 * pool.num_pages + (15 + 2 + 2 + 1 + 451 + 1 + 8) * S + 11 * T
                                + 2 * self.tuning.prefill_graph_seqs + 128,
-                               cfg.ring_depth, dev, self.cuda)
+                               depth, dev, self.cuda)
         # decode graph buffers
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.lora_graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
