@@ -62,6 +62,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(Path(__file__).resolve().par
 
 from step_breakdown import HBM, PEAK  # noqa: E402  (H200: diag's copy bandwidth, GEMM peaks)
 from graph_timing import replay_ms  # noqa: E402
+from sweep_device import sweep_device  # noqa: E402
 from skinny_gemm_bench import COLD_BYTES, MAX_COPIES, TOL, measure  # noqa: E402
 
 MODELS = {"mixtral": dict(E=8, top_k=2, H=4096, I=14336), "qwen3_moe": dict(E=128, top_k=8, H=2048, I=768)}
@@ -213,23 +214,15 @@ def table_lines(cells: list[dict]) -> list[str]:
 # --------------------------------------------------------------------------- the device part
 
 def run(a: argparse.Namespace) -> int:
-    if a.interpret:
-        os.environ["TRITON_INTERPRET"] = "1"   # before triton defines any kernel
-    import torch
+    found = sweep_device(a.interpret)
+    if found is None:
+        return 2
+    torch, dev, half = found
     import triton
 
-    if a.interpret:
-        from kernel_checks import patch_triton_interpreter
-        patch_triton_interpreter()
     from zerod.engine.kernels import moe
     from zerod.engine.model import ops
 
-    dev = torch.device("cpu" if a.interpret else "cuda")
-    if not a.interpret and not torch.cuda.is_available():
-        print("no CUDA device: run on a GPU, or pass --interpret for the CPU dry run", file=sys.stderr)
-        return 2
-    half = torch.float16 if a.interpret else torch.bfloat16
-    torch.backends.cuda.matmul.allow_tf32 = False   # the float32 references stay float32
     models = {n: (INTERPRET_MODELS if a.interpret else MODELS)[n] for n in a.models}
     grid = INTERPRET_GRID if a.interpret else GRID
     cands = candidates(grid, prune=not a.interpret)

@@ -74,6 +74,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(Path(__file__).resolve().par
 
 from step_breakdown import HBM, PEAK  # noqa: E402  (H200: diag's copy bandwidth, GEMM peaks)
 from graph_timing import replay_ms  # noqa: E402
+from sweep_device import sweep_device  # noqa: E402
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
           "lm_head": (128256, 4096)}
@@ -205,24 +206,16 @@ def step_lines(rows: list[dict], best: dict) -> list[str]:
 # --------------------------------------------------------------------------- the device part
 
 def run(a: argparse.Namespace) -> int:
-    if a.interpret:
-        os.environ["TRITON_INTERPRET"] = "1"   # before triton defines any kernel
-    import torch
+    found = sweep_device(a.interpret)
+    if found is None:
+        return 2
+    torch, dev, half = found
     import torch.nn.functional as F
     import triton
 
-    if a.interpret:
-        from kernel_checks import patch_triton_interpreter
-        patch_triton_interpreter()
     from zerod.engine.kernels import skinny_gemm as sg
     from zerod.engine.quant import fp8
 
-    dev = torch.device("cpu" if a.interpret else "cuda")
-    if not a.interpret and not torch.cuda.is_available():
-        print("no CUDA device: run on a GPU, or pass --interpret for the CPU dry run", file=sys.stderr)
-        return 2
-    half = torch.float16 if a.interpret else torch.bfloat16
-    torch.backends.cuda.matmul.allow_tf32 = False   # the float32 references stay float32
     shapes = {s: (INTERPRET_SHAPES if a.interpret else SHAPES)[s] for s in a.shapes}
     info = {"device": "cpu (Triton interpreter)" if a.interpret else torch.cuda.get_device_name(dev),
             "torch": torch.__version__, "triton": triton.__version__, "interpret": a.interpret,
