@@ -2,9 +2,9 @@
 # The device's tuned kernel tables (engine/kernels/skinny_configs/, moe_configs/) against the
 # engine without them, in one device call (~8 min; the most wanted first, packed as it goes):
 #   1. the skinny, table and FP8 GPU tests;
-#   2. the 8B shape, --quantization fp8, a server without the skinny table
-#      (ZEROD_TUNING={"skinny_gemm_table": false}) and one with it: `zerod bench` decode-b1
-#      and streams-200 through HTTP (a second round of both last);
+#   2. the 8B shape, --quantization fp8, a server without the skinny table and one with it
+#      (ZEROD_TUNING={"skinny_gemm_table": true}): `zerod bench` decode-b1 and streams-200
+#      through HTTP (a second round of both last);
 #   3. the Mixtral-8x7B shape in-process with the MoE table: gpu/decode_profile.py's
 #      200-request wave (kernels by name, per step);
 #   4. cuBLAS and the first skinny config at every row count 128..256 in steps of 8 (the
@@ -29,7 +29,7 @@ M=/tmp/zerod-dummy-8b
 $PY gpu/server_make_model.py "$M" --shape 8b > /dev/null || exit 1
 fp8_round() {   # fp8_round N: a server without the skinny table, then one with it
     for v in off on; do
-        tuning='{"skinny_gemm_table": false}'; [ $v = on ] && tuning=''
+        tuning='{"skinny_gemm_table": false}'; [ $v = on ] && tuning='{"skinny_gemm_table": true}'
         ZEROD_TUNING=$tuning TRITON_CACHE_DIR=/tmp/triton-fp8 $PY -m zerod serve --model "$M" --load-format dummy \
             --port 8000 --dtype bfloat16 --quantization fp8 --max-model-len 4096 --max-num-seqs 256 \
             > "$W/serve-fp8-$v-$1.log" 2>&1 &

@@ -7,8 +7,8 @@ cuBLAS at the model's shapes and row counts on one GPU; its table, kept as
 (`activate`), and `choice` answers per product from shapes only: a captured decode graph
 keeps the launch it was captured with. A row count between two measured ones takes the
 cell at or above it (the kernels' launches do not depend on M beyond the tile count).
-Without a table for the device, or with `Tuning.skinny_gemm_table` off, every product is
-cuBLAS's.
+Without a table for the device, or with `Tuning.skinny_gemm_table` off (its default, and
+why: engine/tuning.py), every product is cuBLAS's.
 """
 
 from __future__ import annotations
