@@ -47,9 +47,10 @@ class Tuning:
 
     # A step with prompt chunks and decodes runs them in one forward, each decode a
     # one-token sequence of the prefill graph (the weights read once, not twice), when
-    # the rows fit one (`prefill_graph_seqs` counts the decodes too). Off until measured on
-    # the device; gpu/schedule_sim.py predicts the largest gain of the mixed scenarios
-    # from it (docs/perf.md "A model of the scheduler").
+    # the rows fit one (`prefill_graph_seqs` counts the decodes too). Off: on the H200 the
+    # decodes' attention in the prefill kernel made a mixed step of 100-150 decodes cost
+    # 53 ms against 29 as two forwards, and mixed 25 req/s TTFT p99 went 510 -> 3,981 ms
+    # (docs/perf.md "A model of the scheduler").
     one_forward_mixed_steps: bool = False
     # Products whose shape and row count the device's skinny GEMM table lists
     # (engine/kernels/gemm_table.py: measured by gpu/skinny_gemm_bench.py) take that Triton
