@@ -54,9 +54,10 @@ class Tuning:
     one_forward_mixed_steps: bool = False
     # Products whose shape and row count the device's skinny GEMM table lists
     # (engine/kernels/gemm_table.py: measured by gpu/skinny_gemm_bench.py) take that Triton
-    # kernel in place of cuBLAS's. Off: the H200's FP8 cells win 1.25-2.35x per projection
-    # in the sweep, yet FP8 batch-1 and 200 streams served alike with them (293.4 against
-    # 292.9 tokens/s; docs/perf.md "FP8"), a gap not yet explained.
+    # kernel in place of cuBLAS's. Off until a server measures it where its cells win: the
+    # H200's FP8 cells beat cuBLAS's row-wise GEMM 1.25-2.35x per projection at 2-64 rows
+    # in the sweep, and servers with and without them served batch-1 and 200 streams alike,
+    # steps the table does not change (docs/perf.md "FP8").
     skinny_gemm_table: bool = False
     # Steps launched and not yet read back, at most (the ring slots in use, up to
     # EngineConfig.ring_depth). A new prompt's first step runs after every step

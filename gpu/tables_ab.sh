@@ -3,8 +3,8 @@
 # engine without them, in one device call (~8 min; the most wanted first, packed as it goes):
 #   1. the skinny, table and FP8 GPU tests;
 #   2. the 8B shape, --quantization fp8, a server without the skinny table and one with it
-#      (ZEROD_TUNING={"skinny_gemm_table": true}): `zerod bench` decode-b1 and streams-200
-#      through HTTP (a second round of both last);
+#      (ZEROD_TUNING={"skinny_gemm_table": true}): `zerod bench` decode-b1, streams-200 and
+#      8, 32 and 64 concurrent streams through HTTP (a second round of both last);
 #   3. the Mixtral-8x7B shape in-process with the MoE table: gpu/decode_profile.py's
 #      200-request wave (kernels by name, per step);
 #   4. cuBLAS and the first skinny config at every row count 128..256 in steps of 8 (the
@@ -39,6 +39,11 @@ fp8_round() {   # fp8_round N: a server without the skinny table, then one with 
             timeout 120 $PY -m zerod bench --port 8000 --scenario $sc --no-progress \
                 --out "$W/bench-fp8-$v-$1-$sc.json" > "$W/bench-fp8-$v-$1-$sc.txt" 2>&1
         done
+        for n in 8 32 64; do   # decode steps of 8-64 rows: the table's W8A16 and row-wise cells
+            timeout 120 $PY -m zerod bench --port 8000 --scenario streams-200 --max-concurrency $n \
+                --num-prompts $((4 * n)) --warmup $n --no-progress \
+                --out "$W/bench-fp8-$v-$1-streams-$n.json" > "$W/bench-fp8-$v-$1-streams-$n.txt" 2>&1
+        done
         kill -TERM $SPID; wait $SPID 2>/dev/null
         pack
     done
@@ -54,5 +59,5 @@ pack
 want fp8-2 && fp8_round 2
 echo "== row counts 128..256: cuBLAS us per shape"; grep -E "^(bf16|fp8) +(qkv|o|gate_up|down) " "$W/msweep.txt" | awk '{print $1, $2, $4, $5}' | sort -k1,1 -k2,2 -k3n | paste -sd' ' | fold -w 200
 echo "== FP8 8B, skinny table off / on"; grep -h -E "decode-b1|streams-200" "$W"/bench-fp8-*.txt | head -20
-for f in "$W"/bench-fp8-*.txt; do echo "$(basename $f): $(grep -E 'decode-b1|streams-200' $f | head -1)"; done
+for f in "$W"/bench-fp8-*.txt; do echo "$(basename $f): $(grep -E '^(decode-b1|streams-200) ' $f | head -1)"; done
 echo "== Mixtral wave"; tail -30 "$W/mixtral-profile.txt"
