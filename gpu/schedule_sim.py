@@ -30,6 +30,9 @@ Variants (each changes one thing against `current`; `a+b` applies both):
   budget4k       --max-num-batched-tokens 4096
   ttft-slack0    a long prompt's deadline is target_ttft alone, not plus its own prefill
   graph-seqs-256 prefill graphs that hold 256 chunks (a burst's step stays in a graph)
+  batch-before-slot  each batch formed before its ring slot, 4 slots (the code before
+                 Tuning.steps_in_flight: a batch sees arrivals up to 5 steps before it runs)
+  no-lag         each batch formed as the step before it ends (the device never queued)
 """
 
 from __future__ import annotations
@@ -199,6 +202,10 @@ class Variant:
     cost: Cost = Cost()              # --fit replaces its device constants
     slack: float = step_cost.LONG_PROMPT_SLACK
     tuning: Tuning = Tuning()
+    # steps between a batch's forming and its start on the device: the engine forms step k
+    # when step k - lag has ended (a ring slot frees), Tuning.steps_in_flight of them; the
+    # code before formed it before waiting for its slot, at the end of step k - 5 (4 slots)
+    lag: int | None = None
 
 
 # What each variant name changes; "a+b" applies both.
@@ -210,6 +217,8 @@ CHANGES = {
     "budget4k": lambda v: replace(v, cfg=v.cfg + (("max_num_batched_tokens", 4096),)),
     "ttft-slack0": lambda v: replace(v, slack=0.0),
     "graph-seqs-256": lambda v: replace(v, tuning=replace(v.tuning, prefill_graph_seqs=256)),
+    "batch-before-slot": lambda v: replace(v, lag=5),
+    "no-lag": lambda v: replace(v, lag=1),
 }
 
 
@@ -241,8 +250,13 @@ def _run(arrivals: list[Arrival], v: Variant, clock: _Clock) -> dict:
     pending = sorted(arrivals, key=lambda a: a.at)
     tags, first, last, gaps, nxt = {}, {}, {}, {}, 0
     params = SamplingParams(max_tokens=1, ignore_eos=True)
+    lag = v.lag or v.tuning.steps_in_flight
+    ends: list[float] = []   # the device's step end times
     while nxt < len(pending) or sched.has_work:
-        while nxt < len(pending) and pending[nxt].at <= clock.now:
+        # what the step loop had seen when it formed this batch: arrivals up to the end of the
+        # step `lag` back (an idle device forms it as a request arrives)
+        seen = ends[-lag] if sched.has_work and len(ends) >= lag and ends[-1] >= clock.now else clock.now
+        while nxt < len(pending) and pending[nxt].at <= seen:
             a = pending[nxt]
             r = Request(f"r{nxt}", a.prompt, replace(params, max_tokens=a.max_tokens), lambda o: None,
                         a.max_tokens, seed=nxt, arrival=a.at)
@@ -263,6 +277,7 @@ def _run(arrivals: list[Arrival], v: Variant, clock: _Clock) -> dict:
         if x["chunks"] and rows == tokens:   # no graph holds the chunks: an eager launch
             dt = max(dt, v.cost.eager_host_s + v.cost.eager_host_per_chunk_s * x["chunks"])
         clock.now += dt
+        ends.append(clock.now)
         sched.cost.observe(tokens, len(batch.decodes), dt)
         done = [c.req for c in batch.chunks if c.completes] + list(batch.decodes)
         sched.update(batch)
