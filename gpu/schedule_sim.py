@@ -316,9 +316,10 @@ def summary(name: str, run: dict) -> dict:
             "itl_p50": pct(all_gaps, 50), "itl_p99": pct(all_gaps, 99), "itl_max": max(all_gaps, default=None)}
 
 
-# The H200's figures for the same scenarios and the current code (gpu/results/serving.md,
-# "No stall from READY on": raw/stalls.tar.xz, stalls/stalls-after.json and the server's
-# access log beside it). TTFT is the server's (the access log's, from the handler to the
+# The H200's figures for the same scenarios, recorded with four ring slots, each batch formed
+# before its slot: the `batch-before-slot` variant's code (gpu/results/serving.md, "No stall
+# from READY on": raw/stalls.tar.xz, stalls/stalls-after.json and the server's access log
+# beside it). TTFT is the server's (the access log's, from the handler to the
 # first token: the model leaves the HTTP path out); for mix25 the probe's own figure also
 # counts waiting for one of its 100 pooled connections (the server saw at most 101 at once).
 RECORDED = {
