@@ -12,6 +12,9 @@ activations (fused parts: the largest, as vLLM).
 
 The product on CUDA (compute capability >= 8.9), chosen by M (the step's tokens: a host
 decision on the shape, so each captured decode graph keeps its path; `Fp8Linear.way`):
+- where the device's skinny GEMM table lists this shape and M (Tuning.skinny_gemm_table,
+  off by default; kernels/gemm_table.py), per-row weights and per-token activations: the
+  activations quantized per token, the skinny Triton FP8 GEMM, scales in its epilogue.
 - M = 1 (batch-1 decode), per-row weights and per-token activations: the token quantized,
   cuBLASLt's tensorwise FP8 GEMM, the weights' row scales on the output (Tuning.fp8_one_token_tensorwise).
 - M <= W8A16_MAX_M (decode), bf16 / fp16: triton_w8a16, the activations as they are times the e4m3
@@ -137,7 +140,7 @@ class Fp8Linear(Linear):
             return "reference"
         if (self.scheme.weights != "block" and self.scheme.activations == "token"
                 and gemm_table.choice(fp8.FP8, self.weight.shape[0], self.weight.shape[1], m) is not None):
-            return "w8a8"   # the device measured a skinny Triton tile faster than every cuBLAS way here
+            return "w8a8"   # the device table lists a skinny Triton tile here (gemm_table.py)
         if (self.tuning.fp8_one_token_tensorwise and m == 1 and self.cublas_ok and self.scheme.weights != "block"
                 and self.scheme.activations == "token"):
             return "tensorwise"
