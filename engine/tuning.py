@@ -12,6 +12,8 @@ import os
 from dataclasses import dataclass, fields, replace
 
 ENV = "ZEROD_TUNING"
+# the least value of each integer field
+MINIMUM = {"prefill_graph_seqs": 1, "sdpa_flash_max_len": 0, "steps_in_flight": 1}
 
 
 @dataclass(frozen=True)
@@ -67,8 +69,20 @@ class Tuning:
     steps_in_flight: int = 2
 
     def __post_init__(self) -> None:
-        if type(self.steps_in_flight) is not int or self.steps_in_flight < 1:
-            raise ValueError(f"{ENV}: steps_in_flight must be an integer >= 1, not {self.steps_in_flight!r}")
+        """Every field of its default's type (a count at least MINIMUM's): a value the engine
+        could not honour as given is refused, never coerced."""
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if type(f.default) is bool:
+                ok, want = type(v) is bool, "true or false"
+            elif type(f.default) is int:
+                lo = MINIMUM[f.name]
+                ok, want = type(v) is int and v >= lo, f"an integer >= {lo}"
+            else:   # token counts
+                ok = type(v) is tuple and bool(v) and all(type(t) is int and t >= 1 for t in v)
+                want = "a non-empty list of integers >= 1"
+            if not ok:
+                raise ValueError(f"{ENV}: {f.name} must be {want}, not {v!r}")
 
     @classmethod
     def from_env(cls, environ=None) -> "Tuning":
@@ -85,6 +99,6 @@ class Tuning:
         unknown = sorted(set(given) - set(known))
         if unknown:
             raise ValueError(f"{ENV}: unknown field(s) {', '.join(unknown)}; known: {', '.join(known)}")
-        if "prefill_graph_tokens" in given:
-            given["prefill_graph_tokens"] = tuple(int(t) for t in given["prefill_graph_tokens"])
+        if isinstance(given.get("prefill_graph_tokens"), list):
+            given["prefill_graph_tokens"] = tuple(given["prefill_graph_tokens"])
         return replace(cls(), **given)

@@ -150,6 +150,18 @@ def test_tuning_comes_from_zerod_tuning_and_refuses_unknown_fields():
         Tuning.from_env({"ZEROD_TUNING": "{oops"})
 
 
+@pytest.mark.parametrize("given, field", [('{"prefill_graph_tokens": [16, 1.5]}', "prefill_graph_tokens"),
+                                          ('{"prefill_graph_tokens": "16"}', "prefill_graph_tokens"),
+                                          ('{"one_forward_mixed_steps": "yes"}', "one_forward_mixed_steps"),
+                                          ('{"prefill_graph_seqs": 0}', "prefill_graph_seqs"),
+                                          ('{"sdpa_flash_max_len": true}', "sdpa_flash_max_len")])
+def test_a_tuning_value_of_the_wrong_type_is_refused_not_coerced(given, field):
+    from zerod.engine.tuning import Tuning
+
+    with pytest.raises(ValueError, match=f"ZEROD_TUNING: {field} must be"):
+        Tuning.from_env({"ZEROD_TUNING": given})
+
+
 def test_the_device_side_is_built_on_the_thread_that_runs_the_steps(tmp_path, monkeypatch):
     """cuDNN keeps attention plans and cuBLAS its handles per thread: a warm-up on any other
     thread than the step thread would leave the first request to build them again."""
