@@ -29,7 +29,7 @@ def table(cells: dict) -> dict:
 @pytest.fixture(autouse=True)
 def clean():
     yield
-    gemm_table._cells.clear()
+    gemm_table.cells.clear()
 
 
 def test_each_row_count_takes_the_measured_cell_at_or_above_it():
@@ -40,7 +40,7 @@ def test_each_row_count_takes_the_measured_cell_at_or_above_it():
     assert set(bf16) == set(range(1, 17)) | set(range(65, 201))   # 17..64: cuBLAS won at 64
     assert bf16[16] == FAST and bf16[65] == WIDE and bf16[200] == WIDE
     assert cells[torch.float8_e4m3fn, 64, 32, 1] == FAST and (torch.float8_e4m3fn, 64, 32, 2) not in cells
-    gemm_table._cells.update(cells)   # the warm-up runs the top of each range a config serves
+    gemm_table.cells.update(cells)   # the warm-up runs the top of each range a config serves
     assert gemm_table.row_counts() == {1, 16, 200}
     # a cell a few per cent faster is within the timings' noise: cuBLAS keeps it
     assert gemm_table.expand(table({("bf16", 64, 32, 8): (FAST, 1.08)})) == {}
@@ -76,7 +76,7 @@ def test_a_projection_takes_the_tables_kernel_for_its_shape_only(monkeypatch):
             calls.append((tuple(x.shape), cfg))
             return F.linear(x, w)
 
-    gemm_table._cells[torch.float32, 64, 32, 4] = FAST
+    gemm_table.cells[torch.float32, 64, 32, 4] = FAST
     monkeypatch.setattr(gemm_table, "_module", Kernels)
     lin = Linear(64, 32, bias=False, dtype=torch.float32, device="cpu")
     torch.nn.init.normal_(lin.weight)

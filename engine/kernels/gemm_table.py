@@ -30,7 +30,9 @@ TABLE_DIR = Path(__file__).with_name("skinny_configs")
 MIN_SPEEDUP = 1.10
 _DTYPES = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}
 
-_cells: dict[tuple[torch.dtype, int, int, int], object] = {}
+# the active table, (dtype, N, K, M) -> SkinnyConfig; empty (cuBLAS everywhere) unless
+# activated: the projections test it before anything else, one dict's truth per call
+cells: dict[tuple[torch.dtype, int, int, int], object] = {}
 _module = None   # skinny_gemm, imported (Triton with it) only where a table is active
 
 
@@ -42,14 +44,14 @@ def activate(device: torch.device, enabled: bool = True, folder: Path = TABLE_DI
     """Load the device's table (none on the CPU, or when not enabled); returns how many
     (dtype, N, K, M) cells take a Triton kernel. A table that does not parse is logged and
     ignored: cuBLAS serves."""
-    _cells.clear()
+    cells.clear()
     if not enabled or device.type != "cuda":
         return 0
     path = device_table_path(folder, device)
     if not path.exists():
         return 0
     try:
-        cells = expand(json.loads(path.read_text()))
+        measured = expand(json.loads(path.read_text()))
     except (ValueError, KeyError, TypeError) as exc:
         log.warning("skinny GEMM table %s is unreadable (%s): cuBLAS serves every product", path, exc)
         return 0
@@ -57,20 +59,20 @@ def activate(device: torch.device, enabled: bool = True, folder: Path = TABLE_DI
     from . import skinny_gemm
 
     _module = skinny_gemm
-    _cells.update(cells)
-    return len(_cells)
+    cells.update(measured)
+    return len(cells)
 
 
 def row_counts() -> set[int]:
     """The active table's measured row counts (each the top of the range of M its cells
     serve): the warm-up runs a count of every range (engine/runner/warmup.py)."""
-    if not _cells:
+    if not cells:
         return set()
     tops, last = set(), {}
-    for d, n, k, m in _cells:
+    for d, n, k, m in cells:
         last[d, n, k] = max(m, last.get((d, n, k), 0))
-    for (d, n, k, m), cfg in _cells.items():
-        if m == last[d, n, k] or _cells.get((d, n, k, m + 1)) != cfg:
+    for (d, n, k, m), cfg in cells.items():
+        if m == last[d, n, k] or cells.get((d, n, k, m + 1)) != cfg:
             tops.add(m)
     return tops
 
@@ -96,7 +98,7 @@ def expand(table: dict, min_speedup: float = MIN_SPEEDUP) -> dict:
 
 def choice(dtype: torch.dtype, n: int, k: int, m: int):
     """The SkinnyConfig for x [m, k] (of dtype) times W [n, k], or None: cuBLAS."""
-    return _cells.get((dtype, n, k, m)) if _cells else None
+    return cells.get((dtype, n, k, m))
 
 
 def kernels():

@@ -138,7 +138,7 @@ class Fp8Linear(Linear):
         m = x.shape[0]
         if not x.is_cuda:
             return "reference"
-        if (self.scheme.weights != "block" and self.scheme.activations == "token"
+        if (gemm_table.cells and self.scheme.weights != "block" and self.scheme.activations == "token"
                 and gemm_table.choice(fp8.FP8, self.weight.shape[0], self.weight.shape[1], m) is not None):
             return "w8a8"   # the device table lists a skinny Triton tile here (gemm_table.py)
         if (self.tuning.fp8_one_token_tensorwise and m == 1 and self.cublas_ok and self.scheme.weights != "block"
@@ -176,7 +176,8 @@ class Fp8Linear(Linear):
             xq, xs = triton_fp8.quantize_tokens(x, self.input_scale)
             if self.input_scale is not None:
                 xs = xs.contiguous()   # rowwise scaling wants a real [T, 1] tensor
-        cfg = gemm_table.choice(fp8.FP8, self.weight.shape[0], self.weight.shape[1], xq.shape[0])
+        cfg = gemm_table.choice(fp8.FP8, self.weight.shape[0], self.weight.shape[1], xq.shape[0]) \
+            if gemm_table.cells else None
         if cfg is not None:   # the device measured a skinny Triton tile faster here
             return gemm_table.kernels().skinny_matmul_fp8(xq, xs, self.weight, self.weight_scale, bias=self.bias,
                                                           out_dtype=self.act_dtype, cfg=cfg)
