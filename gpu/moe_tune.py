@@ -62,7 +62,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(Path(__file__).resolve().par
 
 from step_breakdown import HBM, PEAK  # noqa: E402  (H200: diag's copy bandwidth, GEMM peaks)
 from graph_timing import replay_ms  # noqa: E402
-from sweep_device import sweep_device  # noqa: E402
+from sweep_device import machine, sweep_device  # noqa: E402
 from skinny_gemm_bench import COLD_BYTES, MAX_COPIES, TOL, measure  # noqa: E402
 
 MODELS = {"mixtral": dict(E=8, top_k=2, H=4096, I=14336), "qwen3_moe": dict(E=128, top_k=8, H=2048, I=768)}
@@ -228,9 +228,7 @@ def run(a: argparse.Namespace) -> int:
     cands = candidates(grid, prune=not a.interpret)
     ts = token_counts(a)
     tol = TOL["bf16"]
-    info = {"device": "cpu (Triton interpreter)" if a.interpret else torch.cuda.get_device_name(dev),
-            "torch": torch.__version__, "triton": triton.__version__, "interpret": a.interpret,
-            "hbm_Bps": HBM, "peak_flops": PEAK["bf16"], "tol": tol, "models": models, "ts": ts,
+    info = {**machine(torch, dev, a.interpret), "hbm_Bps": HBM, "peak_flops": PEAK["bf16"], "tol": tol, "models": models, "ts": ts,
             "candidates": len(cands), "splits": SPLITS, "dtype": str(half).removeprefix("torch."),
             "timing": "interpreter wall-clock, one call" if a.interpret else
                       f"CUDA graph over cold weight copies, median of {REPS} replays of ~{TARGET_MS} ms, per call"}

@@ -74,7 +74,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(Path(__file__).resolve().par
 
 from step_breakdown import HBM, PEAK  # noqa: E402  (H200: diag's copy bandwidth, GEMM peaks)
 from graph_timing import replay_ms  # noqa: E402
-from sweep_device import sweep_device  # noqa: E402
+from sweep_device import machine, sweep_device  # noqa: E402
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
           "lm_head": (128256, 4096)}
@@ -211,15 +211,13 @@ def run(a: argparse.Namespace) -> int:
         return 2
     torch, dev, half = found
     import torch.nn.functional as F
-    import triton
 
     from zerod.engine.kernels import skinny_gemm as sg
     from zerod.engine.quant import fp8
 
     shapes = {s: (INTERPRET_SHAPES if a.interpret else SHAPES)[s] for s in a.shapes}
-    info = {"device": "cpu (Triton interpreter)" if a.interpret else torch.cuda.get_device_name(dev),
-            "torch": torch.__version__, "triton": triton.__version__, "interpret": a.interpret,
-            "hbm_Bps": HBM, "peak_flops": PEAK, "tol": TOL, "shapes": shapes, "ms": a.ms,
+    info = {**machine(torch, dev, a.interpret), "hbm_Bps": HBM, "peak_flops": PEAK, "tol": TOL,
+            "shapes": shapes, "ms": a.ms,
             "timing": "interpreter wall-clock, median of 3 calls" if a.interpret else
                       "CUDA graph over cold weight copies, median of 7 replays, per call"}
     if not a.interpret:

@@ -22,3 +22,11 @@ def sweep_device(interpret: bool):
         return None
     torch.backends.cuda.matmul.allow_tf32 = False   # the float32 references stay float32
     return torch, torch.device("cpu" if interpret else "cuda"), torch.float16 if interpret else torch.bfloat16
+
+
+def machine(torch, dev, interpret: bool) -> dict:
+    """What a sweep's results record of where they ran."""
+    import triton
+
+    return {"device": "cpu (Triton interpreter)" if interpret else torch.cuda.get_device_name(dev),
+            "torch": torch.__version__, "triton": triton.__version__, "interpret": interpret}
