@@ -30,8 +30,8 @@ Variants (each changes one thing against `current`; `a+b` applies both):
   budget4k       --max-num-batched-tokens 4096
   ttft-slack0    a long prompt's deadline is target_ttft alone, not plus its own prefill
   graph-seqs-256 prefill graphs that hold 256 chunks (a burst's step stays in a graph)
-  batch-before-slot  each batch formed before its ring slot, 4 slots (the code before
-                 Tuning.steps_in_flight: a batch sees arrivals up to 5 steps before it runs)
+  batch-before-slot  each batch formed before waiting for its ring slot, 4 slots (the loop
+                 the four-slot recordings ran: a batch sees arrivals up to 5 steps before it runs)
   no-lag         each batch formed as the step before it ends (the device never queued)
 """
 
@@ -203,8 +203,8 @@ class Variant:
     slack: float = step_cost.LONG_PROMPT_SLACK
     tuning: Tuning = Tuning()
     # steps between a batch's forming and its start on the device: the engine forms step k
-    # when step k - lag has ended (a ring slot frees), Tuning.steps_in_flight of them; the
-    # code before formed it before waiting for its slot, at the end of step k - 5 (4 slots)
+    # when step k - lag has ended (a ring slot frees), lag = Tuning.steps_in_flight (None);
+    # a loop with 4 slots that forms each batch before waiting for its slot has lag 5
     lag: int | None = None
 
 
