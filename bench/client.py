@@ -393,8 +393,11 @@ def auto_workers(load: Load) -> int:
 
 def _worker(i, url, headers, payloads, concurrency, rate, seed, start, q, done, failed,
             tokens) -> None:
-    asyncio.run(_worker_main(i, url, headers, payloads, concurrency, rate, seed, start, q,
-                             done, failed, tokens))
+    try:
+        asyncio.run(_worker_main(i, url, headers, payloads, concurrency, rate, seed, start, q,
+                                 done, failed, tokens))
+    except KeyboardInterrupt:
+        pass   # Ctrl-C (or a timeout's SIGINT) reaches the whole process group: the parent reports it
 
 
 async def _worker_main(i, url, headers, payloads, concurrency, rate, seed, start, q, done,

@@ -104,6 +104,29 @@ def test_bench_worker_processes(fake_server, tmp_path):
     assert s["total_output_tokens"] == 60 and s["itl_ms"]["n"] == 50
 
 
+def test_bench_interrupted_ends_without_a_traceback(fake_server):
+    """Ctrl-C (or `timeout -s INT`) signals the whole process group, the worker processes
+    too: the run ends with one line, no worker's traceback."""
+    import signal
+    import time
+
+    eng, srv = fake_server
+    sent = len(eng.submitted)
+    p = subprocess.Popen([sys.executable, "-m", "zerod", "bench", "--base-url", srv.url,
+                          "--scenario", "mix", "--request-rate", "2", "--num-prompts", "200",
+                          "--workers", "2", "--input-len", "8", "--output-len", "6",
+                          "--warmup", "0", "--no-progress"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    deadline = time.monotonic() + 60
+    while len(eng.submitted) < sent + 2 and time.monotonic() < deadline:   # the workers are sending
+        time.sleep(0.1)
+    os.killpg(p.pid, signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode != 0
+    assert "Traceback" not in out + err and "Aborted" in out + err
+
+
 def test_bench_imports_nothing_of_the_engine_nor_torch():
     code = ("import sys, zerod.bench.cli, zerod.bench.client\n"
             "print(sorted(m for m in sys.modules if m.startswith(('zerod.engine', 'torch'))))")

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# The learned latency normal under a load ramp on the H200: no LatencyRegression while load ramps 8 -> 200 -> 8 streams
-# and back, with the default config (no SLO: the learned normal). `zerod run`, a dummy 8B
-# engine, then nine stages of STAGE_S seconds each (8, 32, 64, 128, 200, 128, 64, 32, 8
-# streams of 128 in / 256 out), the control API's alerts polled every 2 s throughout.
+# The learned latency normal under changing load on the H200: no LatencyRegression while
+# load ramps 8 -> 200 -> 8 streams and back, or while mixed traffic changes rate, with the
+# default config (no SLO: the learned normal). `zerod run`, a dummy 8B engine, then STAGES
+# of STAGE_S seconds each, the control API's alerts polled every 2 s throughout. A stage is
+# a number of closed-loop streams of 128 in / 256 out (default: 8 32 64 128 200 128 64 32 8)
+# or mixR: `zerod bench --scenario mix` at R requests a second (Poisson; prompts 32-4,096,
+# outputs 16-512). Ten minutes of mixed 10 and 25 req/s:
+#   STAGES="mix10 mix25 mix10 mix25" STAGE_S=150 (detached as below)
 # STAGE_S=67 gives the 10-minute ramp; with its setup that outlasts one device call (10
 # minutes), so start it detached and collect it in a second call right after the first:
 #   call 1: setsid nohup env OUT=/tmp/rampout STAGE_S=67 bash gpu/daemon.sh ramp > /tmp/rampout/ramp.log 2>&1 < /dev/null & sleep 580
@@ -18,8 +22,8 @@ FINAL=${OUT:-/tmp/zerod-ramp}; mkdir -p "$FINAL"
 W=/tmp/ramp; rm -rf "$W"; mkdir -p "$W/run"
 stamp() { echo "== $(date -u +%T) $*" | tee -a "$W/timeline.txt"; }
 . gpu/parts/wheels.sh xgrammar   # packages the device image lacks (xgrammar, psutil), carried in .whl
-SHAPE=8b; DEV=cuda; DT=bfloat16; STAGE_S=${STAGE_S:-60}; STAGES="8 32 64 128 200 128 64 32 8"
-if [ "${SMOKE:-0}" = 1 ]; then SHAPE=tiny; DEV=cpu; DT=float32; STAGE_S=${STAGE_S:-8}; STAGES="2 80 2"; fi   # 80 streams: two client processes
+SHAPE=8b; DEV=cuda; DT=bfloat16; STAGE_S=${STAGE_S:-60}; STAGES=${STAGES:-8 32 64 128 200 128 64 32 8}
+if [ "${SMOKE:-0}" = 1 ]; then SHAPE=tiny; DEV=cpu; DT=float32; STAGE_S=${STAGE_S:-8}; STAGES=${STAGES:-2 80 2}; fi   # 80 streams: two client processes
 M=/tmp/zerod-dummy-$SHAPE
 $PY gpu/server_make_model.py "$M" --shape $SHAPE > /dev/null || exit 1
 . gpu/parts/daemon_up.sh   # zerod run, default config + this dummy engine; DPID
@@ -48,16 +52,20 @@ $PY gpu/latency_replay.py record http://127.0.0.1:8000/metrics "$W/scrapes.jsonl
 RPID=$!
 SEED=0
 for C in $STAGES; do
-    stamp "stage: $C streams for ${STAGE_S}s"
     # new prompts every stage: with one seed each stage replayed the stage before's prompts
     # (prefix-cache hits) until it ran past them — a change of work the detector rightly saw
-    # (enough requests to outlast the stage: a request takes > 1 s; not 100,000 made up front)
     SEED=$((SEED + 1))
-    timeout -k 10 -s INT "$STAGE_S" $PY -m zerod bench --port 8000 --no-progress --input-len 128 --output-len 256 \
-        --max-concurrency "$C" --num-prompts $((4 * C * STAGE_S)) --warmup 0 --seed "$SEED" \
-        >> "$W/load.txt" 2>&1
+    if [[ $C == mix* ]]; then   # Poisson arrivals; twice the stage's requests, so it never runs dry
+        R=${C#mix}; stamp "stage: mixed traffic at $R req/s for ${STAGE_S}s"
+        LOAD="--scenario mix --request-rate $R --num-prompts $((2 * R * STAGE_S))"
+    else            # closed loop: enough requests to outlast the stage (a request takes > 1 s)
+        stamp "stage: $C streams for ${STAGE_S}s"
+        LOAD="--input-len 128 --output-len 256 --max-concurrency $C --num-prompts $((4 * C * STAGE_S))"
+    fi
+    timeout -k 10 -s INT "$STAGE_S" $PY -m zerod bench --port 8000 --no-progress $LOAD --warmup 0 \
+        --seed "$SEED" >> "$W/load.txt" 2>&1
 done
-stamp "ramp done"
+stamp "load done"
 sleep 3
 kill $APID $RPID 2>/dev/null
 kill -TERM $DPID; wait $DPID; echo "daemon exit $?" | tee -a "$W/timeline.txt"
@@ -69,8 +77,8 @@ for line in open(sys.argv[1]):
     for a in json.loads(line)["alerts"]:
         seen.setdefault((a["alertname"], a["state"]), a)
 reg = [a for (name, _), a in seen.items() if name == "LatencyRegression"]
-print("alerts seen during the ramp:", sorted({k[0] for k in seen}) or "none")
-print("LatencyRegression during the ramp:", "YES" if reg else "none", "(target: none)")
+print("alerts seen under load:", sorted({k[0] for k in seen}) or "none")
+print("LatencyRegression under load:", "YES" if reg else "none", "(target: none)")
 for a in reg:
     print("  ", a.get("summary"), "|", (a.get("description") or "")[:300])
 PYEOF
