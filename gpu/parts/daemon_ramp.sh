@@ -8,8 +8,10 @@
 # outputs 16-512). Ten minutes of mixed 10 and 25 req/s:
 #   STAGES="mix10 mix25 mix10 mix25" STAGE_S=150 (detached as below)
 # STAGE_S=67 gives the 10-minute ramp; with its setup that outlasts one device call (10
-# minutes), so start it detached and collect it in a second call right after the first:
-#   call 1: setsid nohup env OUT=/tmp/rampout STAGE_S=67 bash gpu/daemon.sh ramp > /tmp/rampout/ramp.log 2>&1 < /dev/null & sleep 580
+# minutes), so start it detached and collect it in a second call right after the first;
+# the first brings back what it has so far (a machine can be taken back between the calls):
+#   call 1: mkdir -p /tmp/rampout; setsid nohup env OUT=/tmp/rampout STAGE_S=67 bash gpu/daemon.sh ramp \
+#           > /tmp/rampout/ramp.log 2>&1 < /dev/null & sleep 570; cat /tmp/ramp/timeline.txt; tar czf $OUT/ramp-part.tgz -C /tmp/ramp .
 #   call 2: while [ ! -f /tmp/rampout/ramp.tgz ]; do sleep 5; done; cp /tmp/rampout/* $OUT/
 # Results: $OUT/ramp.tgz (timeline, every alert seen, the engine's p99s and their learned
 # normals every 2 s in engine.jsonl, the engine's scrapes at 1 Hz in scrapes.jsonl for
@@ -27,17 +29,30 @@ if [ "${SMOKE:-0}" = 1 ]; then SHAPE=tiny; DEV=cpu; DT=float32; STAGE_S=${STAGE_
 M=/tmp/zerod-dummy-$SHAPE
 $PY gpu/server_make_model.py "$M" --shape $SHAPE > /dev/null || exit 1
 . gpu/parts/daemon_up.sh   # zerod run, default config + this dummy engine; DPID
-# every alert the daemon shows while the ramp runs (one JSON line per poll that sees any)
-$PY - "$W/run/control.sock" > "$W/alerts.jsonl" 2> "$W/engine.jsonl" <<'PYEOF' &
+# every alert the daemon shows under load: one JSON line per poll that sees any, and each
+# alert's start and end in the timeline as they happen (a run whose files never come back
+# still names them in the console)
+$PY - "$W/run/control.sock" "$W/timeline.txt" > "$W/alerts.jsonl" 2> "$W/engine.jsonl" <<'PYEOF' &
 import json, sys, time
 sys.path.insert(0, "gpu")
 from control_wait import get
+active = {}
 while True:
     try:
         alerts = get(sys.argv[1], "/v1/alerts")["alerts"]
         eng = get(sys.argv[1], "/v1/engine")
     except OSError:
         break
+    now = {a["id"]: a for a in alerts}
+    changes = [f"alert firing: {a['id']} ({a.get('severity')}): {a.get('summary')}"
+               for i, a in now.items() if i not in active]
+    changes += [f"alert ended: {i}" for i in active if i not in now]
+    active = now
+    if changes:
+        with open(sys.argv[2], "a") as tl:
+            for c in changes:
+                line = f"== {time.strftime('%H:%M:%S', time.gmtime())} {c}"
+                print(line, file=tl)
     if alerts:
         print(json.dumps({"t": time.time(), "alerts": alerts}), flush=True)
     print(json.dumps({"t": time.time(), "running": eng.get("running"),
