@@ -362,6 +362,10 @@ class Client:
             duration = time.perf_counter() - t0
             prog.stop()
             cpu_info = cpu.stop()
+        except BaseException:
+            for p in procs:   # interrupted or failed: nothing more to wait for from the workers
+                p.kill()
+            raise
         finally:
             for p in procs:
                 p.join(timeout=10)

@@ -113,13 +113,13 @@ def test_bench_interrupted_ends_without_a_traceback(fake_server):
     eng, srv = fake_server
     sent = len(eng.submitted)
     p = subprocess.Popen([sys.executable, "-m", "zerod", "bench", "--base-url", srv.url,
-                          "--scenario", "mix", "--request-rate", "2", "--num-prompts", "200",
+                          "--request-rate", "20", "--num-prompts", "400",
                           "--workers", "2", "--input-len", "8", "--output-len", "6",
                           "--warmup", "0", "--no-progress"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          start_new_session=True)
     deadline = time.monotonic() + 60
-    while len(eng.submitted) < sent + 2 and time.monotonic() < deadline:   # the workers are sending
+    while len(eng.submitted) < sent + 4 and time.monotonic() < deadline:   # the workers are sending
         time.sleep(0.1)
     os.killpg(p.pid, signal.SIGINT)
     out, err = p.communicate(timeout=60)
