@@ -173,11 +173,11 @@ def breakdown(w: dict, fp8: bool, ctx: int, shape: Shape = LLAMA3_8B) -> list[tu
     rest = sum(us for n, us, _ in kernels
                if not (is_gemm(n) or "splitKreduce" in n or is_attention(n) or is_routing(n)))
     touched = shape.experts_touched(rows_per_step)
-    # FP8 experts at 1 byte a weight, as the layer GEMMs: the bound an FP8 expert kernel
-    # would have (engine/kernels/moe.py's reads the bf16 w13 / w2 today)
+    # the experts' own bound: bf16 bytes and peak, --quantization fp8 too, since the fused
+    # MoE kernel (engine/kernels/moe.py) reads the bf16 w13 / w2 either way
     return [(f"experts (fused MoE GEMMs): {touched:.1f} of {shape.experts} experts a layer x "
              f"{shape.layers} layers, {rows_per_step} rows x top-{shape.top_k}",
-             experts, experts_bound_us(shape, rows_per_step, wb, peak)),
+             experts, experts_bound_us(shape, rows_per_step, 2.0, PEAK["bf16"])),
             ("routing (count, offsets, scatter)", routing, None),
             (f"GEMMs: attention projections + router x {shape.layers} layers + the LM head "
              f"({n_gemm} kernels, split-K reduce included)", gemm, layers + head),
