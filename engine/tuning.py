@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields, replace
 
 ENV = "ZEROD_TUNING"
 # the least value of each integer field
-MINIMUM = {"prefill_graph_seqs": 1, "sdpa_flash_max_len": 0, "steps_in_flight": 1}
+MINIMUM = {"prefill_graph_seqs": 1, "sdpa_flash_max_len": 0, "steps_in_flight": 1, "gil_switch_interval_us": 50}
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,13 @@ class Tuning:
     # busy with two as long as a launch takes less host time than a step takes device time
     # (docs/perf.md "Steps in flight").
     steps_in_flight: int = 2
+    # The engine process's GIL switch interval (sys.setswitchinterval), in microseconds,
+    # while the engine runs. Every torch call of a launch gives up the GIL; when the HTTP
+    # loop (a burst's requests arriving) or the output poller is busy in Python, the step
+    # thread may wait that long to take it back, call after call. Python's 5,000 us let a
+    # 30-call step take up to 65-103 ms beside a busy thread on the CPU, 500 us 5-9 ms
+    # (gpu/gil_convoy.py; docs/perf.md "The GIL and the step thread").
+    gil_switch_interval_us: int = 500
 
     def __post_init__(self) -> None:
         """Every field of its default's type (a count at least MINIMUM's): a value the engine

@@ -16,6 +16,7 @@ import logging
 import os
 import queue
 import random
+import sys
 import threading
 import time
 from concurrent.futures import Future
@@ -214,6 +215,7 @@ class Engine:
         self._stop = threading.Event()
         self._go = threading.Event()
         self._started = False
+        self._switch_interval: float | None = None   # the process's, while the engine runs
         self._trace: StepTrace | None = None   # opened once the device side is built
         built: Future = Future()
         self._loop = threading.Thread(target=self._step_thread, args=(built,), name="zerod-step", daemon=True)
@@ -344,6 +346,10 @@ class Engine:
         # every thread (vLLM does the same).
         gc.collect()
         gc.freeze()
+        # the step thread's torch calls each give up the GIL: bound how long one waits to
+        # take it back from the HTTP loop or the poller (Tuning.gil_switch_interval_us)
+        self._switch_interval = sys.getswitchinterval()
+        sys.setswitchinterval(self.runner.tuning.gil_switch_interval_us / 1e6)
         self.poller.start()
         self._go.set()
 
@@ -471,6 +477,9 @@ class Engine:
             self._stop_group()
         if self._trace is not None:
             self._trace.close()
+        if self._switch_interval is not None:   # the process's own again
+            sys.setswitchinterval(self._switch_interval)
+            self._switch_interval = None
 
     def _stop_group(self) -> None:
         """STOP to the workers (only from a step loop that is no longer running: the
