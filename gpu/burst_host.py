@@ -1,0 +1,123 @@
+"""200 streams arriving at once, through the real HTTP server, engine and output poller on
+the CPU, with the device modelled: `python3 gpu/burst_host.py`.
+
+It stands with the device tools because it replaces the model. The forward becomes the
+host side of a launch, GRAPH_CALLS small torch calls (EAGER_CALLS for a prefill of more
+chunks than a prefill graph holds), each giving up the GIL as a CUDA launch does. Then
+the device's time passes as a sleep, with the GIL free: the H200's fitted step costs,
+3.5 ms + 22 us a prompt token for a prefill and 4.8 ms + 15 us a row for a decode
+(docs/perf.md "Step stalls"). The client is `zerod bench --scenario streams-200` (24
+prompt, OUTPUT_LEN output tokens) in its own process. Each round runs a fresh engine per
+GIL switch interval (Tuning.gil_switch_interval_us), two waves each; medians last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # zerod from the checkout
+
+GRAPH_CALLS = 30      # a graph step's host calls: input copies, the replay, sampling
+EAGER_CALLS = 600     # an eager prefill forward's launches
+GRAPH_SEQS = 32       # Tuning.prefill_graph_seqs
+OUTPUT_LEN = 32
+
+
+class ModelledDevice:
+    """The runner's model: the launch's host calls, then the device's time, asleep."""
+
+    def __init__(self, model, vocab: int):
+        self.ops, self.dtype, self.cos_sin = model.ops, model.dtype, model.cos_sin
+        self._hidden = torch.zeros(16384, 8)
+        self._logits = torch.randn(1024, vocab)
+        self._x = torch.zeros(4096)
+        self.host_s: list[float] = []   # each forward's host calls, timed
+
+    def __call__(self, tokens, positions, kv, meta):
+        rows = tokens.shape[0]
+        if meta.cu_seqlens_q is not None:
+            seqs = meta.cu_seqlens_q.numel() - 1
+            calls = EAGER_CALLS if seqs > GRAPH_SEQS else GRAPH_CALLS
+            device_s = 3.5e-3 + 22e-6 * rows
+        else:
+            calls, device_s = GRAPH_CALLS, 4.8e-3 + 15e-6 * rows
+        t = time.perf_counter()
+        for _ in range(calls):
+            self._x.add_(1)
+        self.host_s.append(time.perf_counter() - t)
+        time.sleep(device_s)
+        return self._hidden[:rows]
+
+    def logits(self, hidden):
+        return self._logits[:hidden.shape[0]]
+
+
+def wave_ttfts(interval_us: int, waves: int) -> list[dict]:
+    os.environ["ZEROD_TUNING"] = json.dumps({"gil_switch_interval_us": interval_us})
+    from zerod.engine.api.server import ServerThread
+    from zerod.engine.core.engine import Engine, EngineConfig
+
+    eng = Engine(EngineConfig(model="demo", device="cpu", max_model_len=512, kv_pages=4096,
+                              max_num_seqs=256, seed=0))
+    eng.runner.model = dev = ModelledDevice(eng.runner.model, eng.vocab_size)
+    eng.start()
+    srv = ServerThread(eng).start()
+    out = []
+    try:
+        for _ in range(waves):
+            with tempfile.NamedTemporaryFile(suffix=".json") as f:
+                subprocess.run([sys.executable, "-m", "zerod", "bench", "--base-url", srv.url,
+                                "--scenario", "streams-200", "--output-len", str(OUTPUT_LEN), "--warmup", "0",
+                                "--workers", "1", "--no-progress", "--out", f.name],
+                               check=True, capture_output=True, timeout=300)
+                s = json.load(open(f.name))["scenarios"]["streams-200"]
+            host = sorted(dev.host_s)
+            dev.host_s.clear()
+            out.append({"ttft_p50": s["ttft_ms"]["p50"], "ttft_p99": s["ttft_ms"]["p99"],
+                        "tokens_per_s": s["output_throughput"],
+                        "host_p99_ms": 1e3 * host[int(0.99 * (len(host) - 1))], "host_max_ms": 1e3 * host[-1]})
+    finally:
+        srv.stop()
+        eng.shutdown(0)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--intervals-us", default="5000,500")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--waves", type=int, default=2)
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    intervals = [int(u) for u in a.intervals_us.split(",")]
+    runs: dict[int, list[dict]] = {u: [] for u in intervals}
+    for r in range(a.rounds):
+        for u in intervals:   # alternated: the machine's drift falls on both
+            got = wave_ttfts(u, a.waves)
+            runs[u] += got
+            print(f"round {r + 1}, {u} us: " + "; ".join(
+                f"TTFT p50 {w['ttft_p50']:.0f} / p99 {w['ttft_p99']:.0f} ms, {w['tokens_per_s']:.0f} tokens/s, "
+                f"host calls p99 {w['host_p99_ms']:.1f} / max {w['host_max_ms']:.1f} ms"
+                for w in got), flush=True)
+    print(f"\n| GIL switch interval | 200-stream waves: TTFT p50 / p99 (median of {a.rounds * a.waves}) "
+          f"| output tokens/s | a forward's host calls: p99 / worst |")
+    print("|---|---|---|---|")
+    for u in intervals:
+        w = runs[u]
+        med = {k: statistics.median(x[k] for x in w) for k in w[0]}
+        print(f"| {u} us | {med['ttft_p50']:.0f} / {med['ttft_p99']:.0f} ms | {med['tokens_per_s']:.0f} "
+              f"| {med['host_p99_ms']:.1f} / {max(x['host_max_ms'] for x in w):.1f} ms |")
+
+
+if __name__ == "__main__":
+    main()
