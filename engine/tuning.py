@@ -67,14 +67,14 @@ class Tuning:
     # busy with two as long as a launch takes less host time than a step takes device time
     # (docs/perf.md "Steps in flight").
     steps_in_flight: int = 2
-    # The engine process's GIL switch interval (sys.setswitchinterval), in microseconds,
-    # while the engine runs. Every torch call of a launch gives up the GIL; when the HTTP
-    # loop (a burst's requests arriving) or the output poller is busy in Python, the step
-    # thread may wait up to that long to take it back, call after call: on the CPU a
-    # 30-call step took up to 65-103 ms beside a busy thread at Python's 5,000 us, 5-9 ms
-    # at 500 (gpu/gil_convoy.py). Python's own until a GPU shows a shorter one helps: a
-    # CPU model of a 200-stream wave through the server did not (docs/perf.md "The GIL and
-    # the step thread").
+    # The process's GIL switch interval (sys.setswitchinterval), in microseconds, for the
+    # engine's life, its build included. Every torch call of a launch gives up the GIL;
+    # when the HTTP loop (a burst's requests arriving) or the output poller is busy in
+    # Python, the step thread may wait up to that long to take it back, call after call:
+    # on the CPU a 30-call step took up to 65-103 ms beside a busy thread at Python's
+    # 5,000 us, 5-9 ms at 500 (gpu/gil_convoy.py). Python's own until a GPU shows a shorter
+    # one helps: a CPU model of a 200-stream wave through the server did not (docs/perf.md
+    # "The GIL and the step thread").
     gil_switch_interval_us: int = 5000
 
     def __post_init__(self) -> None:

@@ -41,7 +41,7 @@ def test_the_interval_holds_while_the_engine_runs_and_is_given_back(ckpt, monkey
                                                                     tuning, seconds):
     before = sys.getswitchinterval()
     e = _engine(ckpt, monkeypatch, tuning)
-    assert sys.getswitchinterval() == before   # built, not started: the process's own
+    assert sys.getswitchinterval() == pytest.approx(seconds)   # the build ran under it too
     done = threading.Event()
     tokens: list[int] = []
 
@@ -61,6 +61,14 @@ def test_the_interval_holds_while_the_engine_runs_and_is_given_back(ckpt, monkey
 
 
 @pytest.mark.parametrize("bad", [10, 0, 500.0, "500", True])
-def test_a_bad_interval_is_refused_at_start(ckpt, monkeypatch, bad):
+def test_a_bad_interval_is_refused_at_start(ckpt, monkeypatch, process_interval, bad):
     with pytest.raises(EngineError, match="gil_switch_interval_us must be an integer >= 50"):
         _engine(ckpt, monkeypatch, {"gil_switch_interval_us": bad})
+    assert sys.getswitchinterval() == process_interval
+
+
+def test_an_engine_refused_in_its_build_gives_the_interval_back(ckpt, monkeypatch, process_interval):
+    monkeypatch.setenv("ZEROD_TUNING", json.dumps({"gil_switch_interval_us": 500}))
+    with pytest.raises(EngineError, match="KV pages"):   # refused by the build, on the step thread
+        Engine(EngineConfig(model=str(ckpt), kv_pages=2, max_model_len=4096, max_num_seqs=4, seed=0))
+    assert sys.getswitchinterval() == process_interval

@@ -205,6 +205,15 @@ class Engine:
         self.vocab_size = mc.vocab_size
         self._grammars: GrammarCompiler | None = None
         self._grammars_lock = threading.Lock()
+        try:
+            tuning = Tuning.from_env()
+        except ValueError as exc:
+            raise EngineError(str(exc)) from None
+        # the GIL switch interval for the engine's life, its build included: the step thread's
+        # torch calls each give up the GIL, and the interval bounds how long one waits to take
+        # it back from a thread busy in Python (Tuning.gil_switch_interval_us)
+        self._switch_interval: float | None = sys.getswitchinterval()
+        sys.setswitchinterval(tuning.gil_switch_interval_us / 1e6)
         # structured outputs' machinery (xgrammar's import, the tokenizer's vocabulary, its
         # thread pool) warms beside the device side and is ready before READY
         grammars = threading.Thread(target=self._warm_host_side, name="zerod-warmup", daemon=True)
@@ -215,7 +224,6 @@ class Engine:
         self._stop = threading.Event()
         self._go = threading.Event()
         self._started = False
-        self._switch_interval: float | None = None   # the process's, while the engine runs
         self._trace: StepTrace | None = None   # opened once the device side is built
         built: Future = Future()
         self._loop = threading.Thread(target=self._step_thread, args=(built,), name="zerod-step", daemon=True)
@@ -224,6 +232,7 @@ class Engine:
             built.result()   # the build's own exception, re-raised here
         except BaseException:
             grammars.join()   # a refused engine leaves no warm-up behind (several at once abort xgrammar)
+            self._give_back_switch_interval()
             raise
         try:
             self._after_build(cfg, mc, t0, grammars)
@@ -346,10 +355,6 @@ class Engine:
         # every thread (vLLM does the same).
         gc.collect()
         gc.freeze()
-        # the step thread's torch calls each give up the GIL: bound how long one waits to
-        # take it back from the HTTP loop or the poller (Tuning.gil_switch_interval_us)
-        self._switch_interval = sys.getswitchinterval()
-        sys.setswitchinterval(self.runner.tuning.gil_switch_interval_us / 1e6)
         self.poller.start()
         self._go.set()
 
@@ -477,7 +482,11 @@ class Engine:
             self._stop_group()
         if self._trace is not None:
             self._trace.close()
-        if self._switch_interval is not None:   # the process's own again
+        self._give_back_switch_interval()
+
+    def _give_back_switch_interval(self) -> None:
+        """The process's own GIL switch interval again (once)."""
+        if self._switch_interval is not None:
             sys.setswitchinterval(self._switch_interval)
             self._switch_interval = None
 
