@@ -364,6 +364,30 @@ def test_padded_prefill_takes_a_wave_of_prompts_beside_decodes(ckpt):
     assert all(len(t) == 16 for t in out[True][:-1]) and len(out[True][-1]) == 60
 
 
+def test_padded_prefill_of_more_chunks_than_the_default_graph_holds(ckpt, monkeypatch):
+    """A wave's step of more new prompts than 32 (Tuning.prefill_graph_seqs): with graphs of
+    64 chunks it runs padded (the code a CUDA graph captures; eager on the CPU) with exactly
+    the tokens of the plain path."""
+    monkeypatch.setenv("ZEROD_TUNING", json.dumps({"prefill_graph_seqs": 64}))
+    wave = [_prompt(2 + n % 5, seed=n) for n in range(48)]
+    out = {}
+    for pad in (False, True):
+        e = Engine(EngineConfig(model=str(ckpt), block_size=4, kv_pages=600, max_model_len=256,
+                                max_num_batched_tokens=256, max_prefill_tokens_idle=256, max_num_seqs=64))
+        e.runner.pad_prefill = pad
+        chunks = []   # the chunk count of each padded prefill
+        run = e.runner._prefill_padded
+        e.runner._prefill_padded = lambda p, *a: (chunks.append(len(p.seqlens)), run(p, *a))[1]
+        e.start()
+        try:
+            out[pad] = [r["token_ids"] for r in generate(e, wave, GREEDY)]
+        finally:
+            e.shutdown(0)
+        assert (max(chunks) > 32) if pad else chunks == [], chunks
+    assert out[True] == out[False]
+    assert all(len(t) == 16 for t in out[True])
+
+
 def test_long_prompt_goes_in_whole_only_while_nothing_decodes(ckpt):
     """Chunked prefill exists so a long prompt cannot stall running streams; with nothing
     decoding there is nothing to stall, and the prompt goes in one step."""
