@@ -140,7 +140,9 @@ def main() -> int:
         windows.append(wave("200 x (24 in, 128 out) at once", 200, 24, 128))
     if "16k" in a.windows and a.max_model_len > 16384:
         windows.append(wave("one 16K prompt to its first token", 1, 16384, 1))
-    res = {"config": vars(a), "windows": windows}
+    # the model's config.json with it: gpu/step_breakdown.py reads the shape from there
+    res = {"config": vars(a), "model_config": json.loads((Path(a.model) / "config.json").read_text()),
+           "windows": windows}
     Path(a.out).write_text(json.dumps(res, indent=1))
     eng.shutdown()
     return 0

@@ -7,8 +7,8 @@ and peaks `zerod diag --level full` measured on the same GPU model (docs/perf.md
     python3 gpu/step_breakdown.py PROFILE.json [--window "200 x"] [--ctx 88] [--model-config PATH]
 
 The model's shape comes from a Hugging Face config.json: --model-config (the file or its
-directory), else the profiled model directory's (the profile's config["model"]), else the
-Llama-3-8B shape built in. Dense GEMMs are judged together (cuBLASLt's kernel names do not
+directory), else the one the profile recorded, else the profiled model directory's (the
+profile's config["model"]), else the Llama-3-8B shape built in. Dense GEMMs are judged together (cuBLASLt's kernel names do not
 say which projection they serve, and one kernel may serve several): the four projections
 of every layer at the window's rows (FP8 weights where quantized) and the bf16 LM head.
 A mixture of experts splits them: the fused expert GEMMs against the weights of the
@@ -104,14 +104,17 @@ def shape_from_config(raw: dict) -> Shape:
                  experts=experts if moe else 0, top_k=int(raw["num_experts_per_tok"]) if moe else 0)
 
 
-def load_shape(model_config: str | None, profiled_model: str | None) -> tuple[Shape, str]:
-    """(shape, where it came from): --model-config, else the profiled model directory's
-    config.json, else the built-in Llama-3-8B (a profile taken on another machine names a
-    directory absent here)."""
+def load_shape(model_config: str | None, profiled_model: str | None,
+               recorded: dict | None = None) -> tuple[Shape, str]:
+    """(shape, where it came from): --model-config, else the config.json the profile
+    recorded, else the profiled model directory's, else the built-in Llama-3-8B (a
+    profile taken on another machine names a directory absent here)."""
     if model_config:
         p = Path(model_config)
         p = p / "config.json" if p.is_dir() else p
         return shape_from_config(json.loads(p.read_text())), str(p)
+    if recorded:
+        return shape_from_config(recorded), "the profile's config.json"
     if profiled_model and (p := Path(profiled_model) / "config.json").is_file():
         return shape_from_config(json.loads(p.read_text())), str(p)
     return LLAMA3_8B, f"no config.json at {profiled_model}" if profiled_model else "no model named"
@@ -196,7 +199,7 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     d = json.loads(Path(a.profile).read_text())
     fp8 = d["config"].get("quantization") == "fp8"
-    shape, source = load_shape(a.model_config, d["config"].get("model"))
+    shape, source = load_shape(a.model_config, d["config"].get("model"), d.get("model_config"))
     for w in d["windows"]:
         if not w["window"].startswith(a.window):
             continue

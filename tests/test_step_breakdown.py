@@ -159,3 +159,9 @@ def test_main_prints_the_experts_row(sb, mixtral_dir, tmp_path, capsys):
     sb.main([str(profile(tmp_path, tmp_path / "gone"))])
     out = capsys.readouterr().out
     assert "Llama-3-8B (built in): 32 layers" in out and "| experts" not in out
+    # a profile that recorded its model's config.json (gpu/decode_profile.py does) needs neither
+    p = profile(tmp_path, tmp_path / "gone")
+    p.write_text(json.dumps(dict(json.loads(p.read_text()), model_config=MIXTRAL)))
+    sb.main([str(p)])
+    out = capsys.readouterr().out
+    assert "Mixtral-like: 16 layers, 8 experts top-2 (the profile's config.json)" in out
