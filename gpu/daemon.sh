@@ -16,7 +16,8 @@
 #   latency   32 streams, the normal learned for 90 s, then a rogue job: how long until a
 #             LatencyRegression fires, and whether it names the job
 #   ramp      8 -> 200 -> 8 streams in nine stages (STAGE_S each; 67 gives ten minutes and
-#             outlasts one call: see the part's header): no LatencyRegression may fire
+#             outlasts one call: see the part's header), or STAGES of mixed traffic
+#             ("mix10 mix25 ..."): no LatencyRegression may fire
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
