@@ -11,7 +11,6 @@ dry run writes a table the loader accepts.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import os
@@ -23,6 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import gpu_scripts
 from kernel_checks import run_in_interpreter
 
 pytest.importorskip("triton")
@@ -158,10 +158,7 @@ def test_fused_experts_with_table_configs_in_interpreter():
 
 @pytest.fixture(scope="module")
 def tune():
-    spec = importlib.util.spec_from_file_location("moe_tune", ROOT / "gpu" / "moe_tune.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return gpu_scripts.load("moe_tune")
 
 
 def test_sweep_candidates_fit_and_include_the_defaults(tune, moe):

@@ -17,7 +17,6 @@ CUDA graph, and the same bits on every run (split-K and stream-K included).
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import os
 import subprocess
@@ -27,6 +26,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import gpu_scripts
 from kernel_checks import report, run_in_interpreter
 
 pytest.importorskip("triton")
@@ -262,10 +262,7 @@ def test_launches_at_the_8b_shapes_fit_cuda_limits(sg, monkeypatch):
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("skinny_gemm_bench", ROOT / "gpu" / "skinny_gemm_bench.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return gpu_scripts.load("skinny_gemm_bench")
 
 
 def test_bench_roofline(bench):

@@ -5,14 +5,14 @@ built-in Llama-3-8B numbers."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+import gpu_scripts
+
 HBM, BF16 = 4.245e12, 808.4e12   # the script's constants, restated
 
 MIXTRAL = {"model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "hidden_size": 4096,
@@ -33,12 +33,8 @@ KERNELS = [
 
 @pytest.fixture(scope="module")
 def sb():
-    spec = importlib.util.spec_from_file_location("step_breakdown", ROOT / "gpu" / "step_breakdown.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod   # its dataclass resolves its annotations through sys.modules
-    spec.loader.exec_module(mod)
-    yield mod
-    sys.modules.pop(spec.name, None)
+    yield gpu_scripts.load("step_breakdown")
+    sys.modules.pop("step_breakdown", None)
 
 
 def window(streams: int = 200, kernels=KERNELS) -> dict:
