@@ -62,7 +62,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(Path(__file__).resolve().par
 
 from step_breakdown import HBM, PEAK  # noqa: E402  (H200: diag's copy bandwidth, GEMM peaks)
 from graph_timing import replay_ms  # noqa: E402
-from sweep_device import machine, sweep_device  # noqa: E402
+from sweep_device import SweepResult, machine, sweep_device  # noqa: E402
 from skinny_gemm_bench import COLD_BYTES, MAX_COPIES, TOL, measure  # noqa: E402
 
 MODELS = {"mixtral": dict(E=8, top_k=2, H=4096, I=14336), "qwen3_moe": dict(E=128, top_k=8, H=2048, I=768)}
@@ -234,16 +234,13 @@ def run(a: argparse.Namespace) -> int:
                       f"CUDA graph over cold weight copies, median of {REPS} replays of ~{TARGET_MS} ms, per call"}
     print(json.dumps(info), flush=True)
 
-    rows: list[dict] = []
     cells: list[dict] = []
-    result = {"info": info, "rows": rows, "cells": cells, "stopped_early": False}
-    t0 = time.perf_counter()
+    result = SweepResult(a.out, info, a.budget_s, cells=cells)
+    rows = result.rows
     g = torch.Generator(device=dev).manual_seed(SEED)
 
     def save() -> None:
-        result["elapsed_s"] = time.perf_counter() - t0
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps(result, indent=1))
+        result.save()
         Path(a.table_out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.table_out).write_text(json.dumps(table_doc(info, cells, info["dtype"]), indent=1))
 
@@ -280,10 +277,7 @@ def run(a: argparse.Namespace) -> int:
         copies = {"w13": [w13], "w2": [w2]}
         keys = {"w13": moe.shape_key(*w13.shape), "w2": moe.shape_key(*w2.shape)}
         for t in ts:
-            if time.perf_counter() - t0 > a.budget_s:
-                result["stopped_early"] = True
-                break
-            if fatal:
+            if fatal or result.over_budget():
                 break
             cell, fatal = measure_cell(torch, moe, ops, a, name, m, t, copies, keys, cands, g, half, tol,
                                        timed, compile_ahead, rows)
@@ -294,15 +288,11 @@ def run(a: argparse.Namespace) -> int:
                                        f"{cell['best_us']:.1f} us ({100 * cell['of_bound']:.0f} % of bound), "
                                        f"layer {cell.get('layer_current_us') or float('nan'):.1f} -> "
                                        f"{cell.get('layer_tuned_us') or float('nan'):.1f} us" if b
-                                       else "none correct") + f", {time.perf_counter() - t0:.0f} s", flush=True)
+                                       else "none correct") + f", {result.elapsed():.0f} s", flush=True)
         del w13, w2, copies
-        if result["stopped_early"] or fatal:
+        if result.doc["stopped_early"] or fatal:
             break
-    if result["stopped_early"]:
-        print(f"stopped early: past --budget-s {a.budget_s:.0f} s, the rest not measured", flush=True)
-    if fatal:
-        result["fatal"] = fatal
-        print(f"stopped: the CUDA context failed ({fatal}); rows before it are kept", flush=True)
+    result.finish(fatal)
     save()
     # the table as the engine will read it
     table = moe.load_table(Path(a.table_out))
@@ -311,7 +301,7 @@ def run(a: argparse.Namespace) -> int:
     bad = [r for r in rows if not r.get("ok")]
     target = moe.table_path(info["device"]) if not a.interpret else "-"
     print(f"\n{len(rows)} rows, {len(bad)} excluded (wrong or failed); {len(table.shapes)} GEMM shapes in "
-          f"{a.table_out} (install as {target}); {a.out}; {time.perf_counter() - t0:.0f} s", flush=True)
+          f"{a.table_out} (install as {target}); {a.out}; {result.elapsed():.0f} s", flush=True)
     return 1 if fatal else 0
 
 

@@ -74,7 +74,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(Path(__file__).resolve().par
 
 from step_breakdown import HBM, PEAK  # noqa: E402  (H200: diag's copy bandwidth, GEMM peaks)
 from graph_timing import replay_ms  # noqa: E402
-from sweep_device import machine, sweep_device  # noqa: E402
+from sweep_device import SweepResult, machine, sweep_device  # noqa: E402
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336),
           "lm_head": (128256, 4096)}
@@ -237,15 +237,9 @@ def run(a: argparse.Namespace) -> int:
     info["configs"] = {d: [c.name for c in cs] for d, cs in configs.items()}
     print(json.dumps(info), flush=True)
 
-    rows: list[dict] = []
-    result = {"info": info, "rows": rows, "stopped_early": False}
-    t0 = time.perf_counter()
+    result = SweepResult(a.out, info, a.budget_s)
+    rows = result.rows
     g = torch.Generator(device=dev).manual_seed(11)
-
-    def save() -> None:
-        result["elapsed_s"] = time.perf_counter() - t0
-        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.out).write_text(json.dumps(result, indent=1))
 
     def timed(fns: list) -> float:
         if a.interpret:
@@ -275,8 +269,7 @@ def run(a: argparse.Namespace) -> int:
 
     fatal = None
     for m, shape, dtype in cells(list(shapes), dtypes, a.ms):
-        if time.perf_counter() - t0 > a.budget_s:
-            result["stopped_early"] = True
+        if result.over_budget():
             break
         n, k = shapes[shape]
         ws_, wref = weights_of(shape, dtype)
@@ -313,21 +306,15 @@ def run(a: argparse.Namespace) -> int:
         if good:
             b = min(good, key=lambda r: r["us"])
             line += f", best Triton {b['us']:.1f} us ({b['name']})"
-        print(f"{line}, {len(good)}/{len(configs[dtype])} configs right, {time.perf_counter() - t0:.0f} s",
+        print(f"{line}, {len(good)}/{len(configs[dtype])} configs right, {result.elapsed():.0f} s",
               flush=True)
-        save()
+        result.save()
         if fatal:
             break
     weights.clear()
-    if result["stopped_early"]:
-        print(f"stopped early: past --budget-s {a.budget_s:.0f} s, the rest not measured", flush=True)
-    if fatal:
-        result["fatal"] = fatal
-        print(f"stopped: the CUDA context failed ({fatal}); rows before it are kept", flush=True)
-
     best = best_per_cell(rows)
-    result["best"] = best
-    save()
+    result.doc["best"] = best
+    result.finish(fatal)
     Path(a.table_out).write_text(json.dumps({"info": info, "best": best}, indent=1))
     print("\n" + ("times: the interpreter's wall-clock, not a GPU's\n" if a.interpret else "") +
           "\n".join(table_lines(rows, best)))
@@ -342,7 +329,7 @@ def run(a: argparse.Namespace) -> int:
     print(f"\nfirst calls of the {len(firsts)} Triton configs (their compiles): {sum(firsts.values()):.0f} s")
     bad = [r for r in rows if not r.get("ok")]
     print(f"{len(rows)} rows, {len(bad)} excluded (wrong or failed); {a.out}, {a.table_out}; "
-          f"{time.perf_counter() - t0:.0f} s", flush=True)
+          f"{result.elapsed():.0f} s", flush=True)
     return 1 if fatal else 0
 
 

@@ -1,11 +1,14 @@
 """The device side of a kernel sweep (gpu/skinny_gemm_bench.py, gpu/moe_tune.py): the GPU,
 or with `interpret` the CPU through Triton's interpreter (fp16 there: its tl.dot on bf16
-is wrong), float32 references kept float32."""
+is wrong), float32 references kept float32; and the sweep's JSON as it goes."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
+import time
+from pathlib import Path
 
 
 def sweep_device(interpret: bool):
@@ -30,3 +33,39 @@ def machine(torch, dev, interpret: bool) -> dict:
 
     return {"device": "cpu (Triton interpreter)" if interpret else torch.cuda.get_device_name(dev),
             "torch": torch.__version__, "triton": triton.__version__, "interpret": interpret}
+
+
+class SweepResult:
+    """A sweep's JSON ({"info", "rows", "stopped_early", ...}), written after every cell so a
+    call cut short keeps what it measured, with its --budget-s and a failed CUDA context
+    each ending it early and saying so."""
+
+    def __init__(self, path: str, info: dict, budget_s: float, **more):
+        self.path = Path(path)
+        self.budget_s = budget_s
+        self.t0 = time.perf_counter()
+        self.rows: list[dict] = []
+        self.doc = {"info": info, "rows": self.rows, "stopped_early": False, **more}
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def over_budget(self) -> bool:
+        """Past --budget-s: no new cell is started (recorded as stopped_early)."""
+        if self.elapsed() > self.budget_s:
+            self.doc["stopped_early"] = True
+        return self.doc["stopped_early"]
+
+    def save(self) -> None:
+        self.doc["elapsed_s"] = self.elapsed()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps(self.doc, indent=1))
+
+    def finish(self, fatal: str | None) -> None:
+        """Why it stopped early, if it did, in the console and the JSON; saved."""
+        if self.doc["stopped_early"]:
+            print(f"stopped early: past --budget-s {self.budget_s:.0f} s, the rest not measured", flush=True)
+        if fatal:
+            self.doc["fatal"] = fatal
+            print(f"stopped: the CUDA context failed ({fatal}); rows before it are kept", flush=True)
+        self.save()
