@@ -92,14 +92,23 @@ def _cuda_free_total(dev: torch.device) -> tuple[int, int]:
     return torch.cuda.mem_get_info(dev)
 
 
+def tuning_from_env() -> Tuning:
+    """ZEROD_TUNING's Tuning; a bad value is the engine's refusal to start."""
+    try:
+        return Tuning.from_env()
+    except ValueError as exc:
+        raise EngineError(str(exc)) from None
+
+
 def build_rank(cfg: EngineConfig, model_dir: Path, dev: torch.device, tp: TPGroup | None,
-               eos_ids: list[int] = (), phases: dict[str, float] | None = None
-               ) -> tuple[ModelRunner, LoraManager | None]:
+               eos_ids: list[int] = (), phases: dict[str, float] | None = None,
+               tuning: Tuning | None = None) -> tuple[ModelRunner, LoraManager | None]:
     """One rank's device side: weights (its shard under tensor parallelism), the LoRA slabs
     (--enable-lora; one GPU only), the KV pool sized from what they leave (the least any
     rank has left, so every rank gets the same pages), the runner, graphs, warm-up. Every
     rank runs it in the same order: each step of it that communicates does so collectively.
-    phases: filled with the seconds each part took (the start log's breakdown)."""
+    phases: filled with the seconds each part took (the start log's breakdown). tuning:
+    the caller's (a tensor-parallel worker reads ZEROD_TUNING itself)."""
     phases = {} if phases is None else phases
     mark = _PhaseClock(phases)
     mc = load_model_config(model_dir)
@@ -110,10 +119,7 @@ def build_rank(cfg: EngineConfig, model_dir: Path, dev: torch.device, tp: TPGrou
     refuse_unservable(mc, quant)   # the split was checked by check_tp
     if quant is not None or kv_dtype == FP8_KV:
         check_fp8_device(dev)
-    try:
-        tuning = Tuning.from_env()
-    except ValueError as exc:
-        raise EngineError(str(exc)) from None
+    tuning = tuning_from_env() if tuning is None else tuning
     keying = key_triton_cache() if dev.type == "cuda" else None
     model = build_model(mc, model_dir, "dummy" if cfg.load_format == "dummy" else "safetensors",
                         dtype, dev, seed=cfg.seed, quant=quant, tp=tp)
@@ -205,10 +211,7 @@ class Engine:
         self.vocab_size = mc.vocab_size
         self._grammars: GrammarCompiler | None = None
         self._grammars_lock = threading.Lock()
-        try:
-            tuning = Tuning.from_env()
-        except ValueError as exc:
-            raise EngineError(str(exc)) from None
+        self._tuning = tuning = tuning_from_env()
         # the GIL switch interval for the engine's life, its build included: the step thread's
         # torch calls each give up the GIL, and the interval bounds how long one waits to take
         # it back from a thread busy in Python (Tuning.gil_switch_interval_us)
@@ -308,7 +311,7 @@ class Engine:
             try:
                 self.tp = TPGroup(0, cfg.tensor_parallel_size, self.device, self.workers.init_method)
                 self.runner, self.loras = build_rank(cfg, self.model_dir, self.device, self.tp,
-                                                     self.tokenizer.eos_token_ids, self.start_phases)
+                                                     self.tokenizer.eos_token_ids, self.start_phases, self._tuning)
             except BaseException:
                 self.workers.kill()
                 if self.tp is not None:
@@ -317,7 +320,7 @@ class Engine:
             self.runner.channel = StepChannel(self.tp, self.runner.staging, cfg.max_num_seqs)
         else:
             self.runner, self.loras = build_rank(cfg, self.model_dir, self.device, None,
-                                                 self.tokenizer.eos_token_ids, self.start_phases)
+                                                 self.tokenizer.eos_token_ids, self.start_phases, self._tuning)
         self.model, self.pool = self.runner.model, self.runner.pool
         self.dtype, self.max_model_len = self.model.dtype, self.runner.max_model_len
 
