@@ -13,7 +13,8 @@ from dataclasses import dataclass, fields, replace
 
 ENV = "ZEROD_TUNING"
 # the least value of each integer field
-MINIMUM = {"prefill_graph_seqs": 1, "sdpa_flash_max_len": 0, "steps_in_flight": 1, "gil_switch_interval_us": 50}
+MINIMUM = {"prefill_graph_seqs": 1, "sdpa_flash_max_len": 0, "steps_in_flight": 1, "gil_switch_interval_us": 50,
+           "decode_graphs_by_cost": 0}
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,12 @@ class Tuning:
     # one helps: a CPU model of a 200-stream wave through the server did not (docs/perf.md
     # "The GIL and the step thread").
     gil_switch_interval_us: int = 5000
+    # Decode CUDA graphs: 0 captures the fixed ladder of batch sizes (1, 2, 4, 8, then 16
+    # to 128 by 16, then by 32); N captures N graphs at the sizes where the model's
+    # projections, timed at start at every multiple of 8, cost least (runner/decode_sizes.py:
+    # cuBLAS's GEMM time is not monotone in the rows, and the ladder pads 200 streams to
+    # 224 rows, dearer than 200 or 256 in bf16). 0 until a device run measures it.
+    decode_graphs_by_cost: int = 0
 
     def __post_init__(self) -> None:
         """Every field of its default's type (a count at least MINIMUM's): a value the engine

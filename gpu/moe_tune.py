@@ -10,7 +10,7 @@ then, from the returned files: cp moe_table.json engine/kernels/moe_configs/NVID
 
 Shapes (`--models`): Mixtral-8x7B (E 8, top-2, H 4096, I 14336: w13 [8, 28672, 4096],
 w2 [8, 4096, 14336]) and a Qwen3-30B-A3B-like one (E 128, top-8, H 2048, I 768), bf16.
-T: the engine's decode graph buckets up to 256 (engine/runner/graphs.py graph_buckets) and
+T: the engine's decode graph buckets up to 256 (engine/runner/decode_sizes.py graph_buckets) and
 a prefill of 2048; tokens routed to k distinct uniformly random experts, from a fixed seed.
 Each GEMM is measured as fused_experts runs it: w13 on the aligned pairs, w2 with the
 routing weights and the sum over each token's k pairs (and split-K's partials).
@@ -141,7 +141,7 @@ def split_ok(k_dim: int, block_k: int, split: int, min_steps: int) -> bool:
 def token_counts(a: argparse.Namespace) -> list[int]:
     """The T measured, in order: the 200-stream range (PRIORITY_FROM..DECODE_MAX) first,
     the smaller decode buckets next, largest first, the prefill last."""
-    from zerod.engine.runner.graphs import graph_buckets
+    from zerod.engine.runner.decode_sizes import graph_buckets
 
     ts = a.ts or (list(INTERPRET_TS) if a.interpret else graph_buckets(DECODE_MAX) + [PREFILL_T])
     return sorted(ts, key=lambda t: (t > DECODE_MAX, t < PRIORITY_FROM, -t))

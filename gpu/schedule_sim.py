@@ -58,7 +58,8 @@ from zerod.engine.core import scheduler as scheduler_mod, step_cost  # noqa: E40
 from zerod.engine.core.kv_pool import KVPool  # noqa: E402
 from zerod.engine.core.request import Request, SamplingParams  # noqa: E402
 from zerod.engine.core.step_trace import step_shape  # noqa: E402
-from zerod.engine.runner.graphs import graph_buckets, prefill_graph_sizes  # noqa: E402
+from zerod.engine.runner.decode_sizes import graph_buckets  # noqa: E402
+from zerod.engine.runner.graphs import prefill_graph_sizes  # noqa: E402
 from zerod.engine.spec.hf_config import parse_model_config  # noqa: E402
 from zerod.engine.tuning import Tuning  # noqa: E402
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
 from zerod.engine.model import ops
 from zerod.engine.demo import generate, make_checkpoint
 from zerod.engine.core.engine import Engine, EngineConfig, SamplingParams
+from zerod.engine.runner import decode_sizes
 
 pytestmark = pytest.mark.gpu
 
@@ -50,6 +53,30 @@ def test_decode_step_has_no_host_sync(ckpt):
         assert [x["finish_reason"] for x in r] == ["length", "length"]
     finally:
         e.shutdown(0)
+
+
+def test_decode_graphs_placed_by_cost_serve_every_batch_as_the_ladder(ckpt, monkeypatch):
+    """Tuning.decode_graphs_by_cost: graphs at the measured sizes, and each batch size
+    decodes the tokens the fixed ladder's graphs give."""
+    prompts = [[5 + i] * (3 + 5 * i) for i in range(27)]
+    sp = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    out = {}
+    for count in (0, 7):
+        monkeypatch.setenv("ZEROD_TUNING", json.dumps({"decode_graphs_by_cost": count}))
+        # float32: the two sets of graphs pad a batch to different row counts, whose GEMMs
+        # may sum in another order; in bf16 that alone can flip a greedy token
+        e = Engine(EngineConfig(model=str(ckpt), device="cuda", dtype="float32", kv_pages=512,
+                                max_model_len=256, max_num_seqs=40))
+        sizes = e.runner.buckets
+        e.start()
+        try:
+            out[count] = [r["token_ids"] for r in generate(e, prompts, sp)]
+        finally:
+            e.shutdown(0)
+        if count:
+            assert len(sizes) <= count and sizes[:4] == [1, 2, 4, 8] and sizes[-1] == 40
+            assert set(sizes) <= set(decode_sizes.candidates(40))
+    assert out[7] == out[0]
 
 
 @pytest.mark.parametrize("name", ["rms_norm", "silu_and_mul", "decode_attention"])

@@ -6,10 +6,12 @@ with and without the LoRA path when adapters are on. The runner replays them
 from __future__ import annotations
 
 import logging
+import time
 
 import torch
 
 from ..tuning import Tuning
+from .decode_sizes import decode_sizes
 
 log = logging.getLogger("zerod.engine")
 
@@ -28,17 +30,6 @@ def prefill_graph_sizes(tuning: Tuning, cap: int, max_model_len: int, decode_row
     return [t for t in sizes if t < max_model_len]
 
 
-def graph_buckets(max_bs: int) -> list[int]:
-    out = [b for b in (1, 2, 4, 8) if b <= max_bs]
-    b = 16
-    while b <= max_bs:
-        out.append(b)
-        b += 16 if b < 128 else 32
-    if out[-1] != max_bs:
-        out.append(max_bs)
-    return out
-
-
 def graph_sets(r, plain: dict, with_lora: dict) -> tuple[tuple[bool, dict], ...]:
     """(LoRA path, where its graphs go) for each set a capture makes: the LoRA one only
     with --enable-lora."""
@@ -53,9 +44,13 @@ def capture(r) -> None:
         log.warning("no paged decode kernel and max_model_len %d > 8192: decode runs eager",
                     r.max_model_len)
         return
-    buckets = graph_buckets(min(r.cfg.cuda_graph_max_bs, r.cfg.max_num_seqs))
     pool = None
     try:
+        t0 = time.perf_counter()
+        buckets, costs = decode_sizes(r, min(r.cfg.cuda_graph_max_bs, r.cfg.max_num_seqs))
+        if costs is not None:
+            log.info("decode graph sizes by cost (%.2fs): the projections' ms at each size %s",
+                     time.perf_counter() - t0, {m: round(c * 1e3, 3) for m, c in costs.items()})
         r.g_slots.fill_(r.pad_slot)
         r.g_pos.zero_()
         ways = graph_sets(r, r.graphs, r.lora_graphs)

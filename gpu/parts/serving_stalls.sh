@@ -84,6 +84,7 @@ rows = [("first 16K prompts TTFT ms", ("first16k", "ttft_ms")),
         ("hello TTFT p50 ms", ("hello", "ttft_p50")),
         ("200 streams, first wave: TTFT p99 ms", ("burst200", "first", "ttft_p99")),
         ("200 streams, second wave: TTFT p99 ms", ("burst200", "second", "ttft_p99")),
+        ("200 streams, first wave: output tokens/s", ("burst200", "first", "output_tokens_per_s")),
         ("200 streams, second wave: output tokens/s", ("burst200", "second", "output_tokens_per_s"))]
 print("| figure | " + " | ".join(variants) + " |\n|---|" + "---|" * len(variants))
 for name, k in rows:
