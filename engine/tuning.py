@@ -48,12 +48,13 @@ class Tuning:
     # at batch 1 those launches take 195 of a step's 3,474 us of kernels (docs/perf.md "FP8").
     fp8_fused_act_quant: bool = True
 
-    # A step with prompt chunks and decodes runs them in one forward, each decode a
-    # one-token sequence of the prefill graph (the weights read once, not twice), when
-    # the rows fit one (`prefill_graph_seqs` counts the decodes too). Off: on the H200 the
-    # decodes' attention in the prefill kernel made a mixed step of 100-150 decodes cost
-    # 53 ms against 29 as two forwards, and mixed 25 req/s TTFT p99 went 510 -> 3,981 ms
-    # (docs/perf.md "A model of the scheduler").
+    # A step with prompt chunks and decodes runs them in one forward (the weights read
+    # once, not twice) when the rows fit a prefill graph: the decodes are its last rows,
+    # and their attention is the decode kernel's, the chunks' the prefill kernel's. Off
+    # until the H200 measures this form: when the decodes' attention ran in the prefill
+    # kernel (a one-row query tile, the whole context in one program), a mixed step of
+    # 100-150 decodes cost 53 ms against 29 as two forwards (docs/perf.md "A model of the
+    # scheduler").
     one_forward_mixed_steps: bool = False
     # Products whose shape and row count the device's skinny GEMM table lists
     # (engine/kernels/gemm_table.py: measured by gpu/skinny_gemm_bench.py) take that Triton

@@ -1,8 +1,8 @@
 """One forward a step (`Tuning.one_forward_mixed_steps`): a step with prompt chunks and
-decodes runs them in one forward, each decode a one-token sequence after the chunks. A
-request's tokens and logprobs are those of the two-forward engine, whatever it shared a
-step with: greedy, seeded sampling, penalties, a logit_bias, logprobs, chunked prompts, a
-sliding window."""
+decodes runs them in one forward, the decodes its last rows, their attention through the
+decode kernel. A request's tokens and logprobs are those of the two-forward engine,
+whatever it shared a step with: greedy, seeded sampling, penalties, a logit_bias,
+logprobs, chunked prompts, a sliding window."""
 
 from __future__ import annotations
 
@@ -91,8 +91,26 @@ def _serve(ckpt, monkeypatch, one_forward: bool, padded: bool | None, **cfg):
 
 @pytest.mark.parametrize("padded", [False, True], ids=["eager", "graph-layout"])
 def test_one_forward_gives_every_request_the_two_forward_answer(ckpt, monkeypatch, padded):
+    from zerod.engine.model import decoder
+
     plain, none = _serve(ckpt, monkeypatch, one_forward=False, padded=padded)
+    seen = []
+    attention = decoder.LlamaModel._attention
+
+    def spy(self, L, x, positions, kv, meta):
+        if meta.decode_tail:
+            live = int((meta.decode_context_lens > 0).sum())
+            seen.append((positions.shape[0], meta.decode_tail, live, int(meta.cu_seqlens_q[-1])))
+        return attention(self, L, x, positions, kv, meta)
+
+    monkeypatch.setattr(decoder.LlamaModel, "_attention", spy)
     fused, n = _serve(ckpt, monkeypatch, one_forward=True, padded=padded)
+    # the decodes' rows close the forward, outside every prefill sequence, and the decode
+    # kernel reads them
+    mixed = [x for x in seen if x[2]]
+    assert mixed and all(last <= T - live for T, _, live, last in mixed)
+    if padded:   # a graph's tail is fixed: min(max_num_seqs, T) rows, the decodes the last
+        assert all(tail == min(16, T) for T, tail, _, _ in seen)
     assert none == 0 and n > 0, n            # the second run had mixed steps, as one forward
     assert fused == plain
     assert all(len(ids) == (24 if i < len(LONG) else 8) for i, (ids, _) in plain.items())
@@ -101,8 +119,9 @@ def test_one_forward_gives_every_request_the_two_forward_answer(ckpt, monkeypatc
 @pytest.mark.gpu
 def test_one_forward_through_the_captured_graphs_on_a_gpu(ckpt, monkeypatch):
     """The same on a GPU, bf16: the mixed steps replay the captured prefill graphs with
-    the decodes as their sequences. bf16 rounds differently in the prefill and the decode
-    attention kernels, so a greedy token may flip where two candidates tie to bf16's
+    the decodes as their last rows. The decode rows' products share the chunks' GEMMs
+    (another row count, so another cuBLAS kernel and summing order), and bf16 rounds the
+    two differently, so a greedy token may flip where two candidates tie to bf16's
     precision and the stream goes its own way after it: the first token of every request
     must agree, and nearly all of the rest (the exact proof is the float32 test above)."""
     plain, _ = _serve(ckpt, monkeypatch, one_forward=False, padded=None, device="cuda", dtype="bfloat16")

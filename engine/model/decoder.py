@@ -43,6 +43,12 @@ class AttnMeta:
     cu_seqlens_q: torch.Tensor | None     # int32 [B+1]; None = decode (one token per row)
     no_prefix: bool = False               # prefill: every chunk starts at position 0
     seqlens_q: list[int] | None = None    # prefill: host copy of the chunk lengths
+    # One forward a step: the last decode_tail rows of a prefill forward hold the step's
+    # decodes, one query each, outside every prefill sequence; their attention is the
+    # decode kernel's (a row with context length 0 is a chunk's or padding: left as is).
+    decode_tail: int = 0
+    decode_block_tables: torch.Tensor | None = None   # int32 [decode_tail, W]
+    decode_context_lens: torch.Tensor | None = None   # int32 [decode_tail]
 
 
 class Layer(nn.Module):
@@ -170,6 +176,15 @@ class LlamaModel(nn.Module):
         else:
             o = mops.prefill_attention(q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q,
                                       meta.context_lens, self.scale, **extra, **kv_scales)
+            if meta.decode_tail:
+                # the decodes' one-query rows through the decode kernel, which splits each
+                # context over the GPU (the prefill kernel's 64-row query tiles would hold
+                # one row and walk the whole context in one program)
+                n = meta.decode_tail
+                od = mops.decode_attention(q[t - n:], k_cache, v_cache, meta.decode_block_tables,
+                                           meta.decode_context_lens, self.scale, **extra, **kv_scales)
+                live = (meta.decode_context_lens > 0).view(n, 1, 1)
+                o[t - n:] = torch.where(live, od, o[t - n:])
         return L.o(o.reshape(t, mc.q_size))
 
     # ------------------------------------------------------------------ forward

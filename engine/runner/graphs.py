@@ -110,6 +110,7 @@ def capture_prefill(r) -> None:
         r.p_cu.copy_(torch.tensor([0] + [1] * G + [T], dtype=torch.int32))
         r.p_ctx.copy_(torch.tensor([1] + [0] * (G - 1) + [T - 1], dtype=torch.int32))
         r.p_bt.zero_()
+        r.p_dctx.zero_()    # one forward a step: the decode kernel's tail, no decode in it
         for lora, graphs in ways:
             for _ in range(2):  # Triton compiles / autotunes outside the capture
                 r._prefill_padded_forward(T, lora)

@@ -89,9 +89,10 @@ class ModelRunner:
         # decode 2 per request; penalty / bias rows
         # 2 per sampled row; logprob rows 2 per sampled row; grammar rows 1 per sampled
         # row; LoRA: 1 per request + 1 per token; a padded prefill's sequence fields 2 per
-        # graph sequence; a decode's row in a prefill forward (one forward a step) 8;
+        # graph sequence; a decode's row in a prefill forward (one forward a step) 8, and
+        # 2 per row of the decode kernel's tail (at most max_num_seqs);
         # + alignment of each field
-        self.staging = Staging(3 * pool.num_pages + (15 + 2 + 2 + 1 + 451 + 1 + 8) * S + 11 * T
+        self.staging = Staging(3 * pool.num_pages + (15 + 2 + 2 + 1 + 451 + 1 + 8 + 2) * S + 11 * T
                                + 2 * self.tuning.prefill_graph_seqs + 128,
                                depth, dev, self.cuda)
         # decode graph buffers
@@ -120,6 +121,9 @@ class ModelRunner:
         self.p_cu = torch.zeros(G + 2, dtype=torch.int32, device=dev)
         self.p_ctx = torch.zeros(G + 1, dtype=torch.int32, device=dev)
         self.p_bt = torch.zeros(G + 1, self.W, dtype=torch.int32, device=dev)
+        # one forward a step: the decode kernel's tail of each graph (_decode_tail rows)
+        self.p_dctx = torch.zeros(S, dtype=torch.int32, device=dev)
+        self.p_dbt = torch.zeros(S, self.W, dtype=torch.int32, device=dev)
 
     # ------------------------------------------------------------------ one step
     @torch.inference_mode()
@@ -219,16 +223,17 @@ class ModelRunner:
 
     def _stage_prefill(self, pk: Packer, chunks: list[Chunk], pad: bool, u: Uses,
                        decodes: list[Request] | None = None) -> PrefillInputs:
-        """The chunks' rows; with `decodes` (one forward a step), after the chunks, a
-        one-token sequence for every decoding request, whose token the launch takes from
-        the device."""
+        """The chunks' rows; with `decodes` (one forward a step), a row for every decoding
+        request at the end of the forward, whose token the launch takes from the device.
+        The rows: the chunks', then (a graph) the padding, then the decodes'."""
         ps = self.ps
         # prompt logprobs read the prompt's hidden rows, which the padded graphs do not return
         want_plp = u.prompt_logprobs and any(c.req.params.prompt_logprobs is not None for c in chunks)
         decodes = decodes or []
-        seq_reqs = [c.req for c in chunks] + decodes   # a sequence each, in the forward's order
+        B = len(decodes)
+        seq_reqs = [c.req for c in chunks] + decodes
         with_lora = self.lora is not None and any(r.lora_slot for r in seq_reqs)
-        padded = self._prefill_bucket(chunks, len(decodes)) if pad and not want_plp else 0
+        padded = self._prefill_bucket(chunks, B) if pad and not want_plp else 0
         C = len(chunks)
         toks = np.concatenate([np.asarray(c.req.prompt_ids[c.start:c.start + c.n], dtype=np.int64)
                                for c in chunks])
@@ -238,50 +243,56 @@ class ModelRunner:
         lens = np.fromiter((c.n for c in chunks), dtype=np.int64, count=C)
         ctx = np.fromiter((c.start + c.n for c in chunks), dtype=np.int64, count=C)
         n_real = len(toks)   # the prompts' tokens (the penalties' history)
-        decode_rows = None
-        if decodes:
-            B = len(decodes)
-            d_pos = np.fromiter((r.prompt_len + r.num_scheduled - 1 for r in decodes), dtype=np.int64, count=B)
-            d_pages = np.fromiter((r.pages[p // ps] for r, p in zip(decodes, d_pos.tolist())),
-                                  dtype=np.int64, count=B)
-            decode_rows = pk.int64(np.arange(n_real, n_real + B, dtype=np.int64))
-            toks = np.concatenate([toks, np.zeros(B, dtype=np.int64)])
-            pos, pages = np.concatenate([pos, d_pos]), np.concatenate([pages, d_pages])
-            lens = np.concatenate([lens, np.ones(B, dtype=np.int64)])
-            ctx = np.concatenate([ctx, d_pos + 1])
         smap = pages * ps + pos % ps
-        seqs = len(lens)
-        cu = np.zeros(seqs + 1, dtype=np.int64)
+        cu = np.zeros(C + 1, dtype=np.int64)
         np.cumsum(lens, out=cu[1:])
         done = sorted((i for i, c in enumerate(chunks) if c.completes),
                       key=lambda i: chunks[i].req.sample_class)
         s_idx = cu[1:][done] - 1
-        rows = len(toks)
-        lora_rows = np.repeat([r.lora_slot for r in seq_reqs], lens) if with_lora else None
+        lora_rows = np.repeat([c.req.lora_slot for c in chunks], lens) if with_lora else None
         if padded:
             # the graph's shapes: empty sequences up to prefill_graph_seqs, then the dummy
-            # one, the T - rows left on the scratch page (adapter slot 0)
-            G, pad_n = self.tuning.prefill_graph_seqs, padded - rows
+            # one over the rows left before the decodes', on the scratch page (adapter slot 0)
+            G, pad_n = self.tuning.prefill_graph_seqs, padded - n_real - B
             dummy = np.arange(pad_n, dtype=np.int64)
             toks = np.concatenate([toks, np.zeros(pad_n, dtype=np.int64)])
             pos = np.concatenate([pos, dummy])
             smap = np.concatenate([smap, dummy % ps])
-            cu = np.concatenate([cu, np.full(G - seqs, rows, dtype=np.int64), [padded]])
-            ctx = np.concatenate([ctx, np.zeros(G - seqs, dtype=np.int64), [pad_n]])
+            cu = np.concatenate([cu, np.full(G - C, n_real, dtype=np.int64), [n_real + pad_n]])
+            ctx = np.concatenate([ctx, np.zeros(G - C, dtype=np.int64), [pad_n]])
             if with_lora:
                 lora_rows = np.concatenate([lora_rows, np.zeros(pad_n, dtype=np.int64)])
+        decode_rows = decode_ctx = tail_slots = None
+        width = int(max(ctx[:C] + ps - 1) // ps)
+        if decodes:
+            d_pos = np.fromiter((r.prompt_len + r.num_scheduled - 1 for r in decodes), dtype=np.int64, count=B)
+            d_pages = np.fromiter((r.pages[p // ps] for r, p in zip(decodes, d_pos.tolist())),
+                                  dtype=np.int64, count=B)
+            T = len(toks) + B
+            decode_rows = pk.int64(np.arange(T - B, T, dtype=np.int64))
+            toks = np.concatenate([toks, np.zeros(B, dtype=np.int64)])
+            pos = np.concatenate([pos, d_pos])
+            smap = np.concatenate([smap, d_pages * ps + d_pos % ps])
+            if with_lora:
+                lora_rows = np.concatenate([lora_rows, [r.lora_slot for r in decodes]])
+            # the decode kernel's rows: a graph's fixed tail (chunk or padding rows first,
+            # context 0), else exactly the decodes
+            tail = self._decode_tail(padded) if padded else B
+            d_ctx = np.zeros(tail, dtype=np.int64)
+            d_ctx[tail - B:] = d_pos + 1
+            d_slots = np.full(tail, self.pad_slot, dtype=np.int64)
+            d_slots[tail - B:] = [r.slot for r in decodes]
+            decode_ctx, tail_slots = pk.int32(d_ctx), pk.int64(d_slots)
+            width = max(width, int(d_pos.max()) // ps + 1)
         prompt_rows = plp.stage(chunks, cu[:-1], pk.int64) if want_plp else None
         slots_host = np.fromiter((c.req.slot for c in chunks), dtype=np.int64, count=len(chunks))
-        # the block-table rows of every sequence: the chunks', then the decodes'
-        slots = pk.int64(np.concatenate([slots_host, np.fromiter((r.slot for r in decodes), dtype=np.int64,
-                                                                 count=len(decodes))]) if decodes else slots_host)
         # the token history only matters to requests with penalties: record none otherwise
         tok_slots = (pk.int64(np.repeat(slots_host, [c.n for c in chunks]))
                      if u.penalty and any(uses_penalty(c.req.params) for c in chunks) else None)
         sample_reqs = [chunks[i].req for i in done]
         return PrefillInputs(
             tokens=pk.int64(toks), positions=pk.int64(pos), slot_mapping=pk.int64(smap),
-            cu_seqlens=pk.int32(cu), context_lens=pk.int32(ctx), slots=slots,
+            cu_seqlens=pk.int32(cu), context_lens=pk.int32(ctx), slots=pk.int64(slots_host),
             sample_idx=pk.int64(s_idx),
             sample_slots=pk.int64(slots_host[done]),
             sample_reqs=sample_reqs,
@@ -289,11 +300,11 @@ class ModelRunner:
             logprob_rows=self._stage_logprob_rows(pk, sample_reqs, u),
             tok_slots=tok_slots, n_real=n_real,
             seqlens=lens.tolist(),
-            width=int(max(ctx[:seqs] + ps - 1) // ps),
+            width=width,
             no_prefix=not decodes and all(c.start == 0 for c in chunks),
             padded=padded, prompt_rows=prompt_rows,
             lora_rows=pk.int32(lora_rows) if with_lora else None,
-            decode_rows=decode_rows)
+            decode_rows=decode_rows, decode_ctx=decode_ctx, decode_tail_slots=tail_slots)
 
     def _stage_decode(self, pk: Packer, decodes: list[Request], u: Uses) -> DecodeInputs:
         B = len(decodes)
@@ -429,6 +440,10 @@ class ModelRunner:
             meta = AttnMeta(slot_mapping=p.slot_mapping, block_tables=self.tables.block_table[p.slots, :p.width],
                             context_lens=p.context_lens, cu_seqlens_q=p.cu_seqlens,
                             no_prefix=p.no_prefix, seqlens_q=p.seqlens)
+            if p.decode_ctx is not None:
+                meta.decode_tail = p.decode_ctx.numel()
+                meta.decode_block_tables = self.tables.block_table[p.decode_tail_slots, :p.width]
+                meta.decode_context_lens = p.decode_ctx
             hidden = self._forward(tokens, p.positions, meta, p.lora_rows)
         if p.prompt_rows is not None:
             self.ring.prompt[ring_idx] = p.prompt_rows
@@ -462,11 +477,17 @@ class ModelRunner:
     # ------------------------------------------------------------------ padded prefill
     def _prefill_bucket(self, chunks: list[Chunk], decodes: int = 0) -> int:
         """The padded token count of a step's chunks (after their cached prefixes, if any)
-        and of its decodes' rows when they share the forward; 0 = the general path (eager)."""
-        if not self.pad_prefill or len(chunks) + decodes > self.tuning.prefill_graph_seqs:
+        and of its decodes' rows when they share the forward; 0 = the general path (eager).
+        At least one row of padding: the dummy sequence's."""
+        if not self.pad_prefill or len(chunks) > self.tuning.prefill_graph_seqs:
             return 0
         n = sum(c.n for c in chunks) + decodes
         return next((t for t in self.pgraph_sizes if t > n), 0)
+
+    def _decode_tail(self, T: int) -> int:
+        """The rows at the end of a prefill graph of T tokens that the decode kernel reads
+        (one forward a step: every decode fits them; 0: the tuning is off)."""
+        return min(self.cfg.max_num_seqs, T) if self.tuning.one_forward_mixed_steps else 0
 
     def _prefill_padded(self, p: PrefillInputs, decode_slots: torch.Tensor | None = None) -> torch.Tensor:
         """The hidden rows [T, hidden] of the chunks padded to p.padded tokens."""
@@ -481,6 +502,12 @@ class ModelRunner:
         # rows past the chunks: stale, never read (their sequences are empty; the dummy's
         # row, the last, stays zero)
         torch.index_select(self.tables.block_table, 0, p.slots, out=self.p_bt[:p.slots.numel()])
+        tail = self._decode_tail(T)
+        if p.decode_ctx is not None:
+            self.p_dctx[:tail].copy_(p.decode_ctx)
+            torch.index_select(self.tables.block_table, 0, p.decode_tail_slots, out=self.p_dbt[:tail])
+        elif tail:
+            self.p_dctx[:tail].zero_()   # no decodes: the tail's rows are the chunks' and padding
         lora = p.lora_rows is not None
         if lora:
             self.p_lora[:T].copy_(p.lora_rows)
@@ -492,8 +519,11 @@ class ModelRunner:
         return hidden
 
     def _prefill_padded_forward(self, T: int, lora: bool = False) -> torch.Tensor:
+        tail = self._decode_tail(T)
         meta = AttnMeta(slot_mapping=self.p_smap[:T], block_tables=self.p_bt,
-                        context_lens=self.p_ctx, cu_seqlens_q=self.p_cu)
+                        context_lens=self.p_ctx, cu_seqlens_q=self.p_cu, decode_tail=tail,
+                        decode_block_tables=self.p_dbt[:tail] if tail else None,
+                        decode_context_lens=self.p_dctx[:tail] if tail else None)
         return self._forward(self.p_toks[:T], self.p_pos[:T], meta, self.p_lora[:T] if lora else None)
 
     def _sample(self, logits: torch.Tensor, slots: torch.Tensor, gen: torch.Tensor,

@@ -124,9 +124,13 @@ class PrefillInputs:
     grammar: GrammarRows | None = None  # the sampled rows with a structured-output mask
     prompt_rows: plp.PromptRows | None = None  # the prompt rows whose logprobs were asked for
     lora_rows: torch.Tensor | None = None  # int32 [T]: each token's adapter slot (None: no adapter)
-    # one forward a step: the rows of the step's decodes, a one-token sequence each after
-    # the chunks (their tokens come from the device's last sampled ids)
+    # one forward a step: the rows of the step's decodes, the last B of the forward
+    # (their tokens come from the device's last sampled ids), and the last `decode_tail`
+    # rows' context lengths (0: not a decode) and slots (the pad slot: not a decode), for
+    # the decode kernel that takes their attention (model.decoder.AttnMeta)
     decode_rows: torch.Tensor | None = None  # int64 [B]
+    decode_ctx: torch.Tensor | None = None   # int32 [decode_tail]
+    decode_tail_slots: torch.Tensor | None = None  # int64 [decode_tail]
 
 
 @dataclass
