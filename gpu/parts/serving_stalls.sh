@@ -7,7 +7,8 @@
 #   VARIANTS="after of of40" TUNING_of='{"one_forward_mixed_steps": true, "prefill_graph_seqs": 288}'
 #   TUNING_of40=$TUNING_of ARGS_of40="--target-itl-ms 40"
 # each starts with its own empty Triton cache (cold), then "after" is restarted on its warm
-# cache (RESTART=0 skips it). ~2.7 min a variant. SMOKE=1: the script on the CPU, a tiny shape. Results: $OUT/NAME.tgz per server (packed as
+# cache (RESTART=0 skips it); SHARED_CACHE=1: every variant on one cache, warm after the
+# first (a call that compares steady figures, not starts, spends ~15 s less a variant). ~2.7 min a variant. SMOKE=1: the script on the CPU, a tiny shape. Results: $OUT/NAME.tgz per server (packed as
 # each ends, so a cut-short call keeps them; the device returns at most 8 files): the probe's
 # stalls-NAME.json, the serve log, the step trace (steps-NAME.jsonl: `gpu/schedule_sim.py
 # --fit` reads it; the code in .before/ may not write one), /metrics once a second
@@ -46,7 +47,8 @@ for v in $VARIANTS; do
         tuning=${!tv:-}; args=${!av:-}
         [ -n "$tuning$args" ] || { echo "variant $v: set TUNING_$v and/or ARGS_$v" >&2; continue; }
     fi
-    serve "$dir" $v /tmp/triton-$v "$tuning" "$args" || continue
+    cache=/tmp/triton-$v; [ "${SHARED_CACHE:-0}" = 1 ] && cache=/tmp/triton-shared
+    serve "$dir" $v $cache "$tuning" "$args" || continue
     # /metrics once a second: `gpu/latency_replay.py replay` reads which LatencyRegression
     # the daemon's default rules would raise over this traffic
     $PY gpu/latency_replay.py record http://127.0.0.1:8000/metrics "$W/scrapes-$v.jsonl" &
