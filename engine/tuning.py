@@ -39,6 +39,12 @@ class Tuning:
     sdpa_pad_lengths: bool = True
     # Run the warm-up of every prefill shape and attention plan before READY.
     warmup: bool = True
+    # The warm-up's forwards (and the eager runs before each graph's capture) go through one
+    # layer of each kind (LlamaModel.layer_kinds), not all of them: every kernel variant
+    # is launched as the whole model would, the weights read once rather than once a
+    # layer (71 forwards of up to 16K tokens through 32 layers took 2.8 s of a 10.4 s
+    # restart on the H200; docs/perf.md "Step stalls").
+    warmup_layer_kinds: bool = True
     # FP8: a one-token product (batch-1 decode) through cuBLASLt's tensorwise FP8 GEMM, the
     # per-channel weight scales on the output after (86.0 us a layer against W8A16's 95.7
     # at M = 1 on the H200; batch-1 293 against 268 tokens/s; docs/perf.md "FP8").

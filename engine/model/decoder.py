@@ -189,14 +189,16 @@ class LlamaModel(nn.Module):
 
     # ------------------------------------------------------------------ forward
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv: torch.Tensor,
-                meta: AttnMeta) -> torch.Tensor:
-        """hidden states after the final norm, [T, hidden]. kv: [layers, 2, pages, page, Hk, D]."""
+                meta: AttnMeta, layers: list[int] | None = None) -> torch.Tensor:
+        """hidden states after the final norm, [T, hidden]. kv: [layers, 2, pages, page, Hk, D].
+        layers: only these (the warm-up's `layer_kinds`; their output is not the model's)."""
         eps = self.mc.rms_norm_eps
         h = self._embed(input_ids)
         if self.embed_scale is not None:
             h = h * self.embed_scale
         residual = None
-        for i, L in enumerate(self.layers):
+        for i in range(len(self.layers)) if layers is None else layers:
+            L = self.layers[i]
             # FP8 projections may take their input quantized by the kernel before them
             fp8_qkv = L.qkv.takes_fp8(h)
             if residual is None:
@@ -218,6 +220,26 @@ class LlamaModel(nn.Module):
                 h = ops.rms_norm(h, L.post_mlp_norm, eps)
         x, _ = ops.fused_add_rms_norm(h, residual, self.norm, eps)
         return x
+
+    def layer_kinds(self) -> list[int]:
+        """One layer of each kind the forward runs: the first (its norm takes no residual)
+        and, after it, the first of every distinct shape of layer (sliding window, mixture
+        of experts, the norms, each projection's class: a quantization ignore list can
+        leave some plain, LoRA on some). Every kernel variant a forward launches, these
+        launch too (same shapes, strides and arguments): the warm-up runs them alone.
+        All layers when Tuning.warmup_layer_kinds is off."""
+        if not self.tuning.warmup_layer_kinds:
+            return list(range(len(self.layers)))
+        def kind(L: Layer) -> tuple:
+            projections = (L.qkv, L.o) + ((L.gate_up, L.down) if L.moe is None else ())
+            return (L.window, L.moe is not None, L.q_norm is not None, L.post_attn_norm is not None,
+                    tuple((type(m).__name__, m.lora is not None) for m in projections))
+        out, seen = [0] if len(self.layers) else [], set()
+        for i, L in enumerate(self.layers):
+            if i and kind(L) not in seen:
+                seen.add(kind(L))
+                out.append(i)
+        return out
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         if self.tp is None:

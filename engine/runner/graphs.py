@@ -56,10 +56,12 @@ def capture(r) -> None:
         ways = graph_sets(r, r.graphs, r.lora_graphs)
         # warm up every bucket eagerly first (cuBLAS handles, and each Triton variant a
         # bucket's size selects: batch 1 is its own specialisation, and the FP8 / LoRA
-        # kernels pick tiles by rows), so nothing compiles while a graph is captured
+        # kernels pick tiles by rows), so nothing compiles while a graph is captured; one
+        # layer of each kind launches every variant (LlamaModel.layer_kinds)
+        kinds = r.model.layer_kinds()
         for lora, _ in ways:
             for bs in [buckets[-1]] + buckets:
-                r._decode_forward(r.g_slots[:bs], r.g_pos[:bs], r.W, lora)
+                r._decode_forward(r.g_slots[:bs], r.g_pos[:bs], r.W, lora, kinds)
         torch.cuda.synchronize()
         for lora, graphs in ways:
             for bs in reversed(buckets):
@@ -113,7 +115,7 @@ def capture_prefill(r) -> None:
         r.p_dctx.zero_()    # one forward a step: the decode kernel's tail, no decode in it
         for lora, graphs in ways:
             for _ in range(2):  # Triton compiles / autotunes outside the capture
-                r._prefill_padded_forward(T, lora)
+                r._prefill_padded_forward(T, lora, r.model.layer_kinds())
             torch.cuda.synchronize()
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, pool=pool):

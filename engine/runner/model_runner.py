@@ -464,13 +464,14 @@ class ModelRunner:
         return logits
 
     def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, meta: AttnMeta,
-                 lora_rows: torch.Tensor | None) -> torch.Tensor:
-        """The model's forward; with lora_rows (each token's adapter slot) through the LoRA path."""
+                 lora_rows: torch.Tensor | None, layers: list[int] | None = None) -> torch.Tensor:
+        """The model's forward; with lora_rows (each token's adapter slot) through the LoRA
+        path; layers: only those (a warm-up)."""
         if lora_rows is None:
-            return self.model(tokens, positions, self.pool.kv, meta)
+            return self.model(tokens, positions, self.pool.kv, meta, layers)
         self.lora.set(lora_rows, grouped=lora_kernels(self.device))
         try:
-            return self.model(tokens, positions, self.pool.kv, meta)
+            return self.model(tokens, positions, self.pool.kv, meta, layers)
         finally:
             self.lora.clear()
 
@@ -518,13 +519,13 @@ class ModelRunner:
         g.replay()
         return hidden
 
-    def _prefill_padded_forward(self, T: int, lora: bool = False) -> torch.Tensor:
+    def _prefill_padded_forward(self, T: int, lora: bool = False, layers: list[int] | None = None) -> torch.Tensor:
         tail = self._decode_tail(T)
         meta = AttnMeta(slot_mapping=self.p_smap[:T], block_tables=self.p_bt,
                         context_lens=self.p_ctx, cu_seqlens_q=self.p_cu, decode_tail=tail,
                         decode_block_tables=self.p_dbt[:tail] if tail else None,
                         decode_context_lens=self.p_dctx[:tail] if tail else None)
-        return self._forward(self.p_toks[:T], self.p_pos[:T], meta, self.p_lora[:T] if lora else None)
+        return self._forward(self.p_toks[:T], self.p_pos[:T], meta, self.p_lora[:T] if lora else None, layers)
 
     def _sample(self, logits: torch.Tensor, slots: torch.Tensor, gen: torch.Tensor,
                 reqs: list[Request], u: Uses, grammar: GrammarRows | None = None) -> torch.Tensor:
@@ -548,14 +549,15 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ decode
     def _decode_forward(self, slots: torch.Tensor, pos: torch.Tensor, w: int,
-                        lora: bool = False) -> torch.Tensor:
+                        lora: bool = False, layers: list[int] | None = None) -> torch.Tensor:
         ids = self.tables.last_tokens.index_select(0, slots)
         bt = self.tables.block_table.index_select(0, slots)[:, :w]
         pg = self.tables.block_table.index_select(0, slots).gather(1, (pos // self.ps).unsqueeze(1)).squeeze(1)
         smap = pg.long() * self.ps + pos % self.ps
         meta = AttnMeta(slot_mapping=smap, block_tables=bt, context_lens=(pos + 1).to(torch.int32),
                         cu_seqlens_q=None)
-        hidden = self._forward(ids, pos, meta, self.tables.lora_slot.index_select(0, slots) if lora else None)
+        hidden = self._forward(ids, pos, meta, self.tables.lora_slot.index_select(0, slots) if lora else None,
+                               layers)
         return self.model.logits(hidden)
 
     def decode_logits(self, d: DecodeInputs) -> torch.Tensor:

@@ -142,11 +142,14 @@ class Warmup:
         """Warm everything; returns what it ran (for the start log and the tests)."""
         r, t0 = self.r, time.monotonic()
         shapes = sorted(set(self.forward_shapes()), key=lambda s: -s[0] * s[1])   # the peak first
+        # one layer of each kind launches every variant the whole model does; the
+        # activations of a layer are the allocator's peak, reached as well
+        kinds = r.model.layer_kinds()
         for n_seqs, L, prefix in shapes:
             pos, meta = self._meta(n_seqs, L, prefix)
             T = n_seqs * L
             for rows in (None, torch.zeros(T, dtype=torch.int32, device=self.dev)) if r.lora else (None,):
-                hidden = r._forward(torch.zeros(T, dtype=torch.int64, device=self.dev), pos, meta, rows)
+                hidden = r._forward(torch.zeros(T, dtype=torch.int64, device=self.dev), pos, meta, rows, kinds)
                 r.model.logits(hidden[L - 1::L])
         if r.cuda:
             torch.cuda.synchronize(self.dev)
@@ -156,8 +159,8 @@ class Warmup:
         if r.cuda:
             torch.cuda.synchronize(self.dev)
         t2 = time.monotonic()
-        log.info("warmed %d prefill shapes in %.1fs and %d attention plans in %.1fs",
-                 len(shapes), t1 - t0, len(buckets), t2 - t1)
+        log.info("warmed %d prefill shapes in %.1fs (through layers %s of %d) and %d attention plans in %.1fs",
+                 len(shapes), t1 - t0, kinds, len(r.model.layers), len(buckets), t2 - t1)
         return {"shapes": shapes, "sdpa_buckets": buckets, "seconds": t2 - t0}
 
     def _sampling(self) -> None:
