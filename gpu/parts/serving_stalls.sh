@@ -6,8 +6,8 @@
 # ZEROD_TUNING=$TUNING_NAME and the extra serve flags $ARGS_NAME, e.g.
 #   VARIANTS="after of of40" TUNING_of='{"one_forward_mixed_steps": true, "prefill_graph_seqs": 288}'
 #   TUNING_of40=$TUNING_of ARGS_of40="--target-itl-ms 40"
-# each starts with its own empty Triton cache (cold), then "after" is restarted on its warm
-# cache (RESTART=0 skips it); SHARED_CACHE=1: every variant on one cache, warm after the
+# each starts with its own empty Triton cache (cold), then the RESTARTS variants (default
+# "after") are restarted on their warm caches (RESTART=0 skips them); SHARED_CACHE=1: every variant on one cache, warm after the
 # first (a call that compares steady figures, not starts, spends ~15 s less a variant). ~2.7 min a variant. SMOKE=1: the script on the CPU, a tiny shape. Results: $OUT/NAME.tgz per server (packed as
 # each ends, so a cut-short call keeps them; the device returns at most 8 files): the probe's
 # stalls-NAME.json, the serve log, the step trace (steps-NAME.jsonl: `gpu/schedule_sim.py
@@ -39,15 +39,18 @@ serve() {   # serve DIR NAME CACHE [TUNING [ARGS]]: start, wait for /health, pri
 }
 stop() { kill -TERM $SPID; wait $SPID 2>/dev/null; }
 pack() { (cd "$W" && tar czf "$OUTD/$1.tgz" $(ls | grep -E -- "-$1\.(json|log|jsonl)$")); }
-for v in $VARIANTS; do
-    dir=$ROOT; [ $v = before ] && dir=$ROOT/.before
+variant() {   # variant NAME: its tree, tuning and serve flags into dir, tuning, args
+    dir=$ROOT; [ $1 = before ] && dir=$ROOT/.before
     tuning=""; args=""
-    if [ $v != before ] && [ $v != after ]; then
-        tv=TUNING_$v; av=ARGS_$v
+    if [ $1 != before ] && [ $1 != after ]; then
+        local tv=TUNING_$1 av=ARGS_$1
         tuning=${!tv:-}; args=${!av:-}
-        [ -n "$tuning$args" ] || { echo "variant $v: set TUNING_$v and/or ARGS_$v" >&2; continue; }
+        [ -n "$tuning$args" ] || { echo "variant $1: set TUNING_$1 and/or ARGS_$1" >&2; return 1; }
     fi
-    cache=/tmp/triton-$v; [ "${SHARED_CACHE:-0}" = 1 ] && cache=/tmp/triton-shared
+    cache=/tmp/triton-$1; [ "${SHARED_CACHE:-0}" != 1 ] || cache=/tmp/triton-shared
+}
+for v in $VARIANTS; do
+    variant $v || continue
     serve "$dir" $v $cache "$tuning" "$args" || continue
     # /metrics once a second: `gpu/latency_replay.py replay` reads which LatencyRegression
     # the daemon's default rules would raise over this traffic
@@ -58,10 +61,14 @@ for v in $VARIANTS; do
     echo "$v slow-launch log lines: $(grep -c 'to launch' "$W/serve-$v.log")" | tee -a "$OUTD/ready.txt"
     stop; pack $v
 done
-if [ "${RESTART:-1}" = 1 ] && [[ " $VARIANTS " == *" after "* ]]; then
-    serve "$ROOT" after-restart /tmp/triton-after && timeout 60 $PY gpu/stalls_probe.py 8000 "$W/stalls-after-restart.json" --phases ${PHASES:-first16k,hello} $PROBE_X
-    stop; pack after-restart
-fi
+# restarts on each variant's warm cache: RESTARTS (default "after"; RESTART=0: none)
+[ "${RESTART:-1}" = 1 ] || RESTARTS=""
+for v in ${RESTARTS-after}; do
+    [[ " $VARIANTS " == *" $v "* ]] && variant $v || continue
+    serve "$dir" $v-restart $cache "$tuning" "$args" || continue
+    timeout 60 $PY gpu/stalls_probe.py 8000 "$W/stalls-$v-restart.json" --phases ${PHASES:-first16k,hello} $PROBE_X
+    stop; pack $v-restart
+done
 $PY - "$W" "$OUTD" $VARIANTS > "$OUTD/table.txt" <<'PYEOF'
 import json, sys, os
 d, outd, variants = sys.argv[1], sys.argv[2], sys.argv[3:]
