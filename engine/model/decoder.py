@@ -222,12 +222,12 @@ class LlamaModel(nn.Module):
         return x
 
     def layer_kinds(self) -> list[int]:
-        """One layer of each kind the forward runs: the first (its norm takes no residual)
-        and, after it, the first of every distinct shape of layer (sliding window, mixture
-        of experts, the norms, each projection's class: a quantization ignore list can
-        leave some plain, LoRA on some). Every kernel variant a forward launches, these
-        launch too (same shapes, strides and arguments): the warm-up runs them alone.
-        All layers when Tuning.warmup_layer_kinds is off."""
+        """One layer of each kind the forward runs: the first (its norm takes no residual),
+        the second (the first whose input norm adds one), then the first of every other
+        kind (sliding window, mixture of experts, the norms, each projection's class: a
+        quantization ignore list can leave some plain, LoRA on some). Every kernel variant
+        a forward launches, these launch too (same shapes, strides and arguments): the
+        warm-up runs them alone. All layers when Tuning.warmup_layer_kinds is off."""
         if not self.tuning.warmup_layer_kinds:
             return list(range(len(self.layers)))
         def kind(L: Layer) -> tuple:
