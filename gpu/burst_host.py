@@ -43,7 +43,7 @@ class ModelledDevice:
         self._x = torch.zeros(4096)
         self.host_s: list[float] = []   # each forward's host calls, timed
 
-    def __call__(self, tokens, positions, kv, meta):
+    def __call__(self, tokens, positions, kv, meta, layers=None):
         rows = tokens.shape[0]
         if meta.cu_seqlens_q is not None:
             seqs = meta.cu_seqlens_q.numel() - 1

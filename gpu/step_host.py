@@ -32,7 +32,7 @@ class _StubModel:
         self._hidden = torch.zeros(4096, 8)
         self._logits = torch.randn(rows, vocab)
 
-    def __call__(self, tokens, positions, kv, meta):
+    def __call__(self, tokens, positions, kv, meta, layers=None):
         return self._hidden[:tokens.shape[0]]
 
     def logits(self, hidden):

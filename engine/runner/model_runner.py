@@ -468,10 +468,10 @@ class ModelRunner:
         """The model's forward; with lora_rows (each token's adapter slot) through the LoRA
         path; layers: only those (a warm-up)."""
         if lora_rows is None:
-            return self.model(tokens, positions, self.pool.kv, meta, layers)
+            return self.model(tokens, positions, self.pool.kv, meta, layers=layers)
         self.lora.set(lora_rows, grouped=lora_kernels(self.device))
         try:
-            return self.model(tokens, positions, self.pool.kv, meta, layers)
+            return self.model(tokens, positions, self.pool.kv, meta, layers=layers)
         finally:
             self.lora.clear()
 
