@@ -8,13 +8,14 @@ changes, and the engine refuses a field it does not know.
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, fields, replace
 
 ENV = "ZEROD_TUNING"
 # the least value of each integer field
 MINIMUM = {"prefill_graph_seqs": 1, "sdpa_flash_max_len": 0, "steps_in_flight": 1, "gil_switch_interval_us": 50,
-           "decode_graphs_by_cost": 0}
+           "decode_graphs_by_cost": 0, "long_prompt_slack": 0.0}
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,13 @@ class Tuning:
     # cuBLAS's GEMM time is not monotone in the rows, and the ladder pads 200 streams to
     # 224 rows, dearer than 200 or 256 in bf16). 0 until a device run measures it.
     decode_graphs_by_cost: int = 0
+    # The chunk budget's deadline for a waiting prompt: arrival + --target-ttft-ms + this
+    # many times the prompt's own prefill time (engine/core/step_cost.py), so a long
+    # prompt may take longer than a short one. 0 holds every prompt to the TTFT target
+    # alone: the scheduler model (gpu/schedule_sim.py) puts it ahead with one forward a
+    # step (mixed 10 req/s TTFT p99 201 -> 156 ms, the prefixes' 144 -> 109, mixed 10
+    # ITL p99 22 -> 36 ms); 1 until the H200 measures it.
+    long_prompt_slack: float = 1.0
 
     def __post_init__(self) -> None:
         """Every field of its default's type (a count at least MINIMUM's): a value the engine
@@ -101,6 +109,11 @@ class Tuning:
             elif type(f.default) is int:
                 lo = MINIMUM[f.name]
                 ok, want = type(v) is int and v >= lo, f"an integer >= {lo}"
+            elif type(f.default) is float:
+                lo = MINIMUM[f.name]
+                ok, want = type(v) in (int, float) and math.isfinite(v) and v >= lo, f"a number >= {lo}"
+                if ok:
+                    object.__setattr__(self, f.name, float(v))
             else:   # token counts
                 ok = type(v) is tuple and bool(v) and all(type(t) is int and t >= 1 for t in v)
                 want = "a non-empty list of integers >= 1"

@@ -54,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # zerod from th
 import torch  # noqa: E402
 
 from zerod.engine.config import EngineConfig  # noqa: E402
-from zerod.engine.core import scheduler as scheduler_mod, step_cost  # noqa: E402
+from zerod.engine.core import scheduler as scheduler_mod  # noqa: E402
 from zerod.engine.core.kv_pool import KVPool  # noqa: E402
 from zerod.engine.core.request import Request, SamplingParams  # noqa: E402
 from zerod.engine.core.step_trace import step_shape  # noqa: E402
@@ -201,7 +201,6 @@ def traffic(name: str, seed: int) -> list[Arrival]:
 class Variant:
     cfg: tuple = ()                  # EngineConfig fields changed, as (name, value) pairs
     cost: Cost = Cost()              # --fit replaces its device constants
-    slack: float = step_cost.LONG_PROMPT_SLACK
     tuning: Tuning = Tuning()
     # steps between a batch's forming and its start on the device: the engine forms step k
     # when step k - lag has ended (a ring slot frees), lag = Tuning.steps_in_flight (None);
@@ -216,7 +215,7 @@ CHANGES = {
     "itl35": lambda v: replace(v, cfg=v.cfg + (("target_itl_ms", 35.0),)),
     "itl40": lambda v: replace(v, cfg=v.cfg + (("target_itl_ms", 40.0),)),
     "budget4k": lambda v: replace(v, cfg=v.cfg + (("max_num_batched_tokens", 4096),)),
-    "ttft-slack0": lambda v: replace(v, slack=0.0),
+    "ttft-slack0": lambda v: replace(v, tuning=replace(v.tuning, long_prompt_slack=0.0)),
     "graph-seqs-256": lambda v: replace(v, tuning=replace(v.tuning, prefill_graph_seqs=256)),
     "batch-before-slot": lambda v: replace(v, lag=5),
     "no-lag": lambda v: replace(v, lag=1),
@@ -235,19 +234,19 @@ def variant(name: str, cost: Cost | None = None) -> Variant:
 def simulate(arrivals: list[Arrival], v: Variant) -> dict:
     """Every request's first-token time and token gaps, run to completion."""
     clock = _Clock()
-    saved_time, saved_slack = scheduler_mod.time, step_cost.LONG_PROMPT_SLACK
+    saved_time = scheduler_mod.time
     scheduler_mod.time = types.SimpleNamespace(monotonic=clock.monotonic)
-    step_cost.LONG_PROMPT_SLACK = v.slack
     try:
         return _run(arrivals, v, clock)
     finally:
-        scheduler_mod.time, step_cost.LONG_PROMPT_SLACK = saved_time, saved_slack
+        scheduler_mod.time = saved_time
 
 
 def _run(arrivals: list[Arrival], v: Variant, clock: _Clock) -> dict:
     cfg = EngineConfig(block_size=16, max_num_seqs=256, max_model_len=17408, **dict(v.cfg))
     graphs = Graphs(v.tuning, cfg.max_num_batched_tokens, cfg.max_model_len, cfg.max_num_seqs)
-    sched = scheduler_mod.Scheduler(cfg, KVPool(_MC, PAGES_8B, 16, torch.float16, torch.device("cpu")))
+    sched = scheduler_mod.Scheduler(cfg, KVPool(_MC, PAGES_8B, 16, torch.float16, torch.device("cpu")),
+                                    tuning=v.tuning)
     pending = sorted(arrivals, key=lambda a: a.at)
     tags, first, last, gaps, nxt = {}, {}, {}, {}, 0
     params = SamplingParams(max_tokens=1, ignore_eos=True)

@@ -49,6 +49,21 @@ def test_a_lone_long_prompt_at_low_load_gets_small_steps():
     assert c.chunk_budget(64, [Pending(4096, 0.0, 4096)], **KW) == 491
 
 
+def test_without_slack_a_long_prompt_is_held_to_the_ttft_target_alone():
+    """Tuning.long_prompt_slack 0: the 4096-token prompt's deadline is 100 ms, less than
+    its own ~82 ms prefill plus a step's 12 ms base each chunk allows at 491 tokens: the
+    chunk grows to what 100 ms needs, (4096 x 12 ms) / (100 - 82 ms) = 2,719, then the
+    ITL bound (1,900) caps it."""
+    def trained(slack):
+        c = StepCost(slack)
+        for p in (128, 512, 1024, 2048, 300, 1500) * 3:
+            c.observe(0, 64, BASE)
+            c.observe(p, 64, BASE + FIXED + PER * p)
+        return c
+    assert trained(1.0).chunk_budget(64, [Pending(4096, 0.0, 4096)], **KW) == 491
+    assert trained(0.0).chunk_budget(64, [Pending(4096, 0.0, 4096)], **KW) == pytest.approx(1900, abs=2)
+
+
 def test_a_burst_of_short_prompts_gets_big_steps_up_to_the_itl_bound():
     """200 streams arriving at once: 24-token prompts due within ~100 ms; too many for that,
     so the chunk is as large as target_itl allows: (50 - 12 ms) / 20 us = 1900 tokens."""

@@ -148,13 +148,19 @@ def test_tuning_comes_from_zerod_tuning_and_refuses_unknown_fields():
         Tuning.from_env({"ZEROD_TUNING": '{"sdpa_flash_max": 0}'})
     with pytest.raises(ValueError, match="not JSON"):
         Tuning.from_env({"ZEROD_TUNING": "{oops"})
+    # a number field takes an integer as the number it is
+    assert Tuning.from_env({"ZEROD_TUNING": '{"long_prompt_slack": 0}'}).long_prompt_slack == 0.0
 
 
 @pytest.mark.parametrize("given, field", [('{"prefill_graph_tokens": [16, 1.5]}', "prefill_graph_tokens"),
                                           ('{"prefill_graph_tokens": "16"}', "prefill_graph_tokens"),
                                           ('{"one_forward_mixed_steps": "yes"}', "one_forward_mixed_steps"),
                                           ('{"prefill_graph_seqs": 0}', "prefill_graph_seqs"),
-                                          ('{"sdpa_flash_max_len": true}', "sdpa_flash_max_len")])
+                                          ('{"sdpa_flash_max_len": true}', "sdpa_flash_max_len"),
+                                          ('{"long_prompt_slack": -0.5}', "long_prompt_slack"),
+                                          ('{"long_prompt_slack": NaN}', "long_prompt_slack"),
+                                          ('{"long_prompt_slack": false}', "long_prompt_slack"),
+                                          ('{"decode_graphs_by_cost": 1.5}', "decode_graphs_by_cost")])
 def test_a_tuning_value_of_the_wrong_type_is_refused_not_coerced(given, field):
     from zerod.engine.tuning import Tuning
 

@@ -248,7 +248,7 @@ class Engine:
 
     def _after_build(self, cfg: EngineConfig, mc, t0: float, grammars: threading.Thread) -> None:
         """The host side around the built device side: scheduler, metrics, poller."""
-        self.scheduler = Scheduler(cfg, self.pool, self.loras, ring_window(mc.layer_windows))
+        self.scheduler = Scheduler(cfg, self.pool, self.loras, ring_window(mc.layer_windows), self._tuning)
         if self.scheduler.ring and cfg.enable_prefix_caching:
             log.info("every layer slides (window %d): each request holds a ring of %d KV pages; "
                      "prefix caching is off for this model", ring_window(mc.layer_windows),

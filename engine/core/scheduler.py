@@ -47,6 +47,7 @@ from .prefix_cache import PrefixCache
 from .request import Request
 from .row_features import ALL, FeatureCounts, Uses
 from .step_cost import DEADLINES_CHECKED, Pending, StepCost
+from ..tuning import Tuning
 
 
 @dataclass
@@ -105,15 +106,16 @@ def ring_pages(window: int, chunk_cap: int, page_size: int) -> int:
 
 class Scheduler:
     def __init__(self, cfg: EngineConfig, pool: KVPool, loras: LoraManager | None = None,
-                 window: int = 0):
-        """window: ring_window of the model (0: every request keeps its whole context)."""
+                 window: int = 0, tuning: Tuning | None = None):
+        """window: ring_window of the model (0: every request keeps its whole context);
+        tuning: the engine's (the chunk budget's deadlines)."""
         self.cfg = cfg
         self.pool = pool
         self.loras = loras
         self.failed: list[tuple[Request, str]] = []   # refused at admission; the engine reports them
         self.ring = ring_pages(window, cfg.prefill_token_cap, pool.page_size) if window else 0
         self.cache = PrefixCache(pool, enabled=cfg.enable_prefix_caching and not window)
-        self.cost = StepCost()            # fed by the output poller
+        self.cost = StepCost((tuning or Tuning()).long_prompt_slack)   # fed by the output poller
         self.waiting: collections.deque[Request] = collections.deque()
         self.waiting_tokens = 0           # prompt tokens in the wait line
         self.prefilling: list[Request] = []

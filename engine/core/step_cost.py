@@ -26,10 +26,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..tuning import Tuning
+
 _ALPHA = 0.2          # moving-average weight of the newest decode-only step
 _DECAY = 0.97         # weight kept by older mixed steps in the line fit (~30 steps)
 _MIN_SAMPLES = 3      # per estimate, before it is trusted
-LONG_PROMPT_SLACK = 1.0   # a prompt's deadline grows by this many times its own prefill time
 DEADLINES_CHECKED = 64    # prompts whose own deadlines size the chunk; the rest count as one
 
 
@@ -47,7 +48,8 @@ class Pending:
 
 
 class StepCost:
-    def __init__(self) -> None:
+    def __init__(self, long_prompt_slack: float = Tuning.long_prompt_slack) -> None:
+        self.slack = long_prompt_slack   # a prompt's deadline grows by this many times its prefill time
         self._base: dict[int, float] = {}       # bucket -> seconds of a decode-only step
         self._base_n: dict[int, int] = {}
         # exponentially weighted sums of (P, extra seconds) over mixed steps
@@ -115,7 +117,7 @@ class StepCost:
         cum = 0
         for p in pending:
             cum += p.tokens
-            left = target_ttft + LONG_PROMPT_SLACK * c * p.prompt_len - p.age
+            left = target_ttft + self.slack * c * p.prompt_len - p.age
             # steps of step0 + c*P seconds clear cum tokens in `left` seconds when
             # P * left / (step0 + c*P) >= cum
             if left <= c * cum:
