@@ -58,33 +58,26 @@ def choose(costs: dict[int, float], count: int) -> list[int]:
     if len(pool) <= free:
         return sorted(forced | set(pool))
     # dynamic programme over the kept sizes in order: best[j][m] = the least summed cost of
-    # the batch sizes up to kept[j] with kept[j] chosen and m free sizes chosen up to it
-    pts = kept
-    inf = float("inf")
-    n = len(pts)
+    # the batch sizes up to kept[j], with kept[j] chosen and m free sizes chosen up to it
+    n, inf = len(kept), float("inf")
     best = [[inf] * (free + 1) for _ in range(n)]
     back: list[list[int | None]] = [[None] * (free + 1) for _ in range(n)]
-    for j, b in enumerate(pts):
+    for j, b in enumerate(kept):
         own = 0 if b in forced else 1
-        if own <= free and all(p not in forced for p in pts[:j]):
+        if own <= free and not forced.intersection(kept[:j]):   # b the first chosen
             best[j][own] = b * costs[b]
         for i in range(j):
+            if forced.intersection(kept[i + 1:j]):   # i then j would skip a forced size
+                continue
             for m in range(free + 1 - own):
-                if best[i][m] == inf:
-                    continue
-                # a forced size may not be skipped: no chosen size between a forced one and j
-                if any(p in forced for p in pts[i + 1:j]):
-                    continue
-                v = best[i][m] + (b - pts[i]) * costs[b]
+                v = best[i][m] + (b - kept[i]) * costs[b]   # batches kept[i]+1 .. b pad to b
                 if v < best[j][m + own]:
-                    best[j][m + own] = v
-                    back[j][m + own] = i
-    m = min(range(free + 1), key=lambda k: best[n - 1][k])
+                    best[j][m + own], back[j][m + own] = v, i
+    m = min(range(free + 1), key=lambda k: best[n - 1][k])   # the largest is always chosen
     out, j = [], n - 1
     while j is not None:
-        out.append(pts[j])
-        own = 0 if pts[j] in forced else 1
-        j, m = back[j][m], m - own
+        out.append(kept[j])
+        j, m = back[j][m], m - (kept[j] not in forced)
     return sorted(out)
 
 
