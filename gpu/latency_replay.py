@@ -7,6 +7,10 @@ verdict can be re-read without the device.
     python3 gpu/latency_replay.py replay OUT.jsonl [KEY=VALUE ...]   ([daemon] overrides)
     python3 gpu/latency_replay.py intervals OUT.jsonl      (each scrape interval's load and p50/p99)
     python3 gpu/latency_replay.py margins OUT.jsonl        (each statistic's largest ratio to its normal)
+    python3 gpu/latency_replay.py stitch SRC.jsonl STALLS.json OUT.jsonl [PHASE ...]
+        a longer recording made of SRC's phases (gpu/stalls_probe.py's report names them
+        and their seconds), each repeated for STAGE_S (150) seconds, in the order given
+        (default: mix10 mix25 mix10 mix25, the daemon's ten-minute mixed run)
 """
 
 from __future__ import annotations
@@ -122,6 +126,58 @@ def intervals(path: str) -> None:
         prev = (load, ttft, itl)
 
 
+GAUGES = (names.REQUESTS_RUNNING, names.REQUESTS_WAITING)
+
+
+def stitch(src: str, report: str, out: str, phases: list[str], stage_s: float = 150.0,
+           trim_s: float = 3.0) -> int:
+    """Write a recording of `phases` one after another, each `stage_s` long: the per-scrape
+    increments of the phase's recorded window (the probe's report gives each phase's
+    seconds, in the order they ran; trim_s off each end, where the probe's start and the
+    last requests' drain blur it) repeated, the gauges as recorded. Returns the scrapes
+    written. A model of steady traffic at each load, for `replay` and `margins`: it keeps
+    the engine's latency as it was under that traffic, not how it drifts over time."""
+    recs = [json.loads(x) for x in open(src)]
+    keys = [x.rsplit(" ", 1)[0] for x in recs[0]["lines"]]
+    values = [dict(x.rsplit(" ", 1) for x in r["lines"]) for r in recs]
+    spans, at = {}, 0.0
+    for name, phase in json.load(open(report)).items():
+        spans[name] = (at + trim_s, at + phase["seconds"] - trim_s)
+        at += phase["seconds"]
+    t0 = recs[0]["t"]
+
+    def steps(name: str) -> list[tuple[float, dict[str, float]]]:
+        lo, hi = spans[name]
+        idx = [i for i, r in enumerate(recs) if lo <= r["t"] - t0 <= hi]
+        out = []
+        for i, j in zip(idx, idx[1:]):
+            a, b = values[i], values[j]
+            out.append((recs[j]["t"] - recs[i]["t"],
+                        {k: float(b.get(k, 0)) if k.startswith(GAUGES) else float(b.get(k, 0)) - float(a.get(k, 0))
+                         for k in keys}))
+        if not out:
+            raise SystemExit(f"{src}: no scrapes inside phase {name!r} ({lo:.0f}-{hi:.0f} s)")
+        return out
+
+    cur, t, n = {k: 0.0 for k in keys}, 0.0, 0
+    with open(out, "w") as f:
+        def write():
+            f.write(json.dumps({"t": t, "lines": [f"{k} {cur[k]:.17g}" for k in keys]}) + "\n")
+        write()
+        n += 1
+        for name in phases:
+            cycle, i, end = steps(name), 0, t + stage_s
+            while t < end:
+                dt, d = cycle[i % len(cycle)]
+                i += 1
+                t += dt
+                for k in keys:
+                    cur[k] = d[k] if k.startswith(GAUGES) else cur[k] + d[k]
+                write()
+                n += 1
+    return n
+
+
 if __name__ == "__main__":
     if len(sys.argv) >= 4 and sys.argv[1] == "record":
         record(sys.argv[2], sys.argv[3])
@@ -134,5 +190,11 @@ if __name__ == "__main__":
         intervals(sys.argv[2])
     elif len(sys.argv) == 3 and sys.argv[1] == "margins":
         margins(sys.argv[2])
+    elif len(sys.argv) >= 5 and sys.argv[1] == "stitch":
+        import os
+
+        n = stitch(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:] or ["mix10", "mix25", "mix10", "mix25"],
+                   float(os.environ.get("STAGE_S", "150")))
+        print(f"{sys.argv[4]}: {n} scrapes")
     else:
         sys.exit(__doc__)

@@ -202,6 +202,44 @@ def test_a_recorded_run_replays_through_the_real_watchers(tmp_path, capsys):
     assert 2.0 < ratio[("itl", "mean")] < 2.6 and ratio[("itl", "p99")] > 1.5   # the job: 2.3x
 
 
+def test_a_stitched_run_repeats_each_recorded_phase_at_its_load(tmp_path):
+    """gpu/latency_replay.py stitch: a device run's short phases made into the daemon's
+    long one. Each stage repeats its phase's increments at its load; steady traffic stays
+    quiet, and a phase recorded under a rogue job still fires where it is stitched in."""
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "gpu"))
+    from latency_replay import KEEP, replay, stitch
+
+    sim = SimEngine()
+    rec, report = tmp_path / "scrapes.jsonl", tmp_path / "stalls.json"
+    phases = {"low": (8, 1.0), "high": (64, 1.0), "rogue": (64, 2.3)}
+    with rec.open("w") as f:
+        for i in range(3 * 40):
+            sim.streams, sim.slowdown = list(phases.values())[i // 40]
+            sim.second()
+            lines = [x for x in sim.scrape().splitlines() if x.startswith(KEEP)]
+            f.write(json.dumps({"t": 1000.0 + i, "lines": lines}) + "\n")
+    report.write_text(json.dumps({name: {"seconds": 40.0} for name in phases}))
+
+    out = tmp_path / "ten.jsonl"
+    assert stitch(str(rec), str(report), str(out), ["low", "high", "low", "high"], stage_s=100) == 401
+    scrapes = [json.loads(x) for x in out.read_text().splitlines()]
+    running = [float(next(x for x in s["lines"] if x.startswith("zerod_engine_requests_running")).split()[-1])
+               for s in scrapes[1:]]
+    assert running[:100] == [8.0] * 100 and running[100:200] == [64.0] * 100 and running[300:] == [64.0] * 100
+    count = [float(next(x for x in s["lines"] if x.startswith("zerod_engine_inter_token_latency_seconds_count"))
+                   .split()[-1]) for s in scrapes]
+    assert all(b > a for a, b in zip(count, count[1:]))
+    assert replay(str(out), []) == []
+
+    stitch(str(rec), str(report), str(out), ["low", "high", "rogue"], stage_s=100)
+    fired = replay(str(out), [])
+    assert fired and 200 < fired[0]["t_s"] < 230 and fired[0]["load_now"] == "64-95"
+
+
 def test_a_rogue_job_is_named_within_20_s_and_not_learned_as_normal():
     sim = SimEngine()
     cfg, clock, book, metrics, latency, recent = daemon_side()
