@@ -103,6 +103,7 @@ def capture_prefill(r) -> None:
     own, captured on a dummy prompt of one token."""
     G, pool = r.tuning.prefill_graph_seqs, None
     ways = graph_sets(r, r.pgraphs, r.lora_pgraphs)
+    kinds = r.model.layer_kinds()
     for T in r.pgraph_sizes:
         r.p_toks[:T].zero_()
         r.p_pos[:T].copy_(torch.cat([torch.zeros(1, dtype=torch.int64, device=r.device),
@@ -115,7 +116,7 @@ def capture_prefill(r) -> None:
         r.p_dctx.zero_()    # one forward a step: the decode kernel's tail, no decode in it
         for lora, graphs in ways:
             for _ in range(2):  # Triton compiles / autotunes outside the capture
-                r._prefill_padded_forward(T, lora, r.model.layer_kinds())
+                r._prefill_padded_forward(T, lora, kinds)
             torch.cuda.synchronize()
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, pool=pool):
