@@ -9,7 +9,7 @@ three (gpu/results/kernels.md, "Skinny GEMMs against cuBLAS"). The fixed ladder
 
 With Tuning.decode_graphs_by_cost = N, the runner times the model's projections at every
 multiple of 8 up to the largest batch (one pass over all layers each, so the weights come
-from HBM as in a step) and captures N graphs where they cost least: a size that a larger
+from HBM as in a step, replayed from a CUDA graph so the device's time is what is timed) and captures N graphs where they cost least: a size that a larger
 one undercuts is never worth a graph, and among the rest the sizes that minimise the
 summed cost of every batch size from 1 to the largest (each padded to the next graph).
 """
@@ -104,22 +104,37 @@ def probe(model, sizes: list[int], device: torch.device) -> dict[int, float]:
                 L.down(xi[:m])
         model.lm_head(xh[:m])
 
-    cuda = device.type == "cuda"
     out = {}
     for m in sizes:
         step(m)     # the first call of each shape picks its kernels; not timed
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            step(m)
-            end.record()
-            end.synchronize()
-            out[m] = start.elapsed_time(end) / 1e3
-        else:
-            t0 = time.perf_counter()
-            step(m)
-            out[m] = time.perf_counter() - t0
+        out[m] = _graph_seconds(step, m) if device.type == "cuda" else _eager_seconds(step, m)
     return out
+
+
+def _eager_seconds(step, m: int) -> float:
+    t0 = time.perf_counter()
+    step(m)
+    return time.perf_counter() - t0
+
+
+def _graph_seconds(step, m: int, replays: int = 3) -> float:
+    """The median of a few replays of the pass captured in a CUDA graph: the device's time
+    alone, as a decode graph runs it. Timed eagerly, an FP8 pass is host-bound (each GEMM's
+    quantization and scaling launches outrun the kernels), so its costs would not say which
+    size the GPU runs fastest."""
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        step(m)
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        g.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    del g
+    return sorted(times)[len(times) // 2]
 
 
 def decode_sizes(runner, max_bs: int) -> tuple[list[int], dict[int, float] | None]:
