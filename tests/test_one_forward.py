@@ -116,6 +116,45 @@ def test_one_forward_gives_every_request_the_two_forward_answer(ckpt, monkeypatc
     assert all(len(ids) == (24 if i < len(LONG) else 8) for i, (ids, _) in plain.items())
 
 
+def test_the_decodes_lm_head_runs_at_the_decode_graphs_row_counts(ckpt, monkeypatch):
+    """The LM head of a one-forward step's decodes runs over a decode graph's row count
+    (the rows before the decodes' dropped), so it launches only GEMMs the graphs' warm-up
+    ran: the answers stay the two-forward engine's."""
+    from zerod.engine.model import decoder
+
+    plain, _ = _serve(ckpt, monkeypatch, one_forward=False, padded=True)
+    rows_seen, fused_step = [], [False]
+    logits = decoder.LlamaModel.logits
+
+    def spy(self, hidden):
+        if fused_step[0]:
+            rows_seen.append(hidden.shape[0])
+        return logits(self, hidden)
+
+    monkeypatch.setattr(decoder.LlamaModel, "logits", spy)
+    build = Engine.__init__
+
+    def with_buckets(self, *a, **k):   # the CPU captures no graph: the sizes a GPU's would have
+        build(self, *a, **k)
+        self.runner.buckets = [1, 2, 4, 8, 16]
+        launch = self.runner.launch
+
+        def marking(ring_idx, x):   # the LM heads of one-forward steps only
+            fused_step[0] = x.prefill is not None and x.prefill.decode_rows is not None
+            try:
+                return launch(ring_idx, x)
+            finally:
+                fused_step[0] = False
+
+        self.runner.launch = marking
+
+    monkeypatch.setattr(Engine, "__init__", with_buckets)
+    fused, n = _serve(ckpt, monkeypatch, one_forward=True, padded=True)
+    assert n > 0 and fused == plain
+    # chunk rows sample 1-4 at a time (32-token budget); up to 7 decodes share a step
+    assert set(rows_seen) <= {1, 2, 3, 4, 8, 16} and 8 in rows_seen, sorted(set(rows_seen))
+
+
 @pytest.mark.gpu
 def test_one_forward_through_the_captured_graphs_on_a_gpu(ckpt, monkeypatch):
     """The same on a GPU, bf16: the mixed steps replay the captured prefill graphs with

@@ -355,7 +355,7 @@ class ModelRunner:
         if p is not None and p.decode_rows is not None:   # one forward: chunks and decodes
             hidden = self.prefill_hidden(p, ring_idx, decode_slots=d.slots)
             p_logits = self._sampled_logits(hidden, p)
-            d_logits = self.model.logits(hidden.index_select(0, p.decode_rows))
+            d_logits = self._decode_tail_logits(hidden, d.slots.numel())
         else:
             p_logits = self.prefill_logits(p, ring_idx) if p is not None else None
             d_logits = self.decode_logits(d) if d is not None else None
@@ -418,6 +418,16 @@ class ModelRunner:
         a prompt (None: no chunk does). Every tensor-parallel rank runs it; prompt logprobs
         (rank 0 alone, so refused under tensor parallelism) go to ring slot ring_idx."""
         return self._sampled_logits(self.prefill_hidden(p, ring_idx), p)
+
+    def _decode_tail_logits(self, hidden: torch.Tensor, B: int) -> torch.Tensor:
+        """The logits of a one-forward step's decodes, its last B rows. The LM head runs
+        over the last rows of a decode graph's size that hold them (the rows before are a
+        chunk's or padding, their logits dropped), so its GEMM meets only the row counts
+        the decode graphs were warmed and captured at: an eager GEMM at a row count the
+        warm-up never ran picks a cuBLAS kernel that loads on its first launch, after READY."""
+        T = hidden.shape[0]
+        m = min(next((b for b in self.buckets if b >= B), B), T)
+        return self.model.logits(hidden[T - m:])[m - B:]
 
     def _sampled_logits(self, hidden: torch.Tensor, p: PrefillInputs) -> torch.Tensor | None:
         if not p.sample_idx.numel():
