@@ -7,7 +7,8 @@
 #   VARIANTS="after of of40" TUNING_of='{"one_forward_mixed_steps": true, "prefill_graph_seqs": 288}'
 #   TUNING_of40=$TUNING_of ARGS_of40="--target-itl-ms 40"
 # each starts with its own empty Triton cache (cold), then the RESTARTS variants (default
-# "after") are restarted on their warm caches (RESTART=0 skips them); SHARED_CACHE=1: every variant on one cache, warm after the
+# "after") are restarted on their warm caches (RESTART=0 skips them; RESTART_PHASES, default
+# PHASES or "first16k,hello", what a restarted server is probed with); SHARED_CACHE=1: every variant on one cache, warm after the
 # first (a call that compares steady figures, not starts, spends ~15 s less a variant). ~2.7 min a variant. SMOKE=1: the script on the CPU, a tiny shape. Results: $OUT/NAME.tgz per server (packed as
 # each ends, so a cut-short call keeps them; the device returns at most 8 files): the probe's
 # stalls-NAME.json, the serve log, the step trace (steps-NAME.jsonl: `gpu/schedule_sim.py
@@ -66,7 +67,7 @@ done
 for v in ${RESTARTS-after}; do
     [[ " $VARIANTS " == *" $v "* ]] && variant $v || continue
     serve "$dir" $v-restart $cache "$tuning" "$args" || continue
-    timeout 60 $PY gpu/stalls_probe.py 8000 "$W/stalls-$v-restart.json" --phases ${PHASES:-first16k,hello} $PROBE_X
+    timeout 60 $PY gpu/stalls_probe.py 8000 "$W/stalls-$v-restart.json" --phases ${RESTART_PHASES:-${PHASES:-first16k,hello}} $PROBE_X
     stop; pack $v-restart
 done
 $PY - "$W" "$OUTD" $VARIANTS > "$OUTD/table.txt" <<'PYEOF'
