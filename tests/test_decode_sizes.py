@@ -89,8 +89,8 @@ def test_enough_graphs_for_every_candidate_takes_them_all_when_cost_rises():
     assert ds.choose(costs, 100) == ds.candidates(64)
 
 
-def test_the_tuning_default_keeps_the_ladder_and_refuses_a_negative_count():
-    assert Tuning().decode_graphs_by_cost == 0
+def test_the_tuning_default_places_16_graphs_and_refuses_a_negative_count():
+    assert Tuning().decode_graphs_by_cost == 16
     with pytest.raises(ValueError, match="decode_graphs_by_cost"):
         Tuning(decode_graphs_by_cost=-1)
 
@@ -117,11 +117,11 @@ def test_probe_times_the_model_projections_at_each_size(extra):
     assert all(c > 0 for c in costs.values())
 
 
-def test_a_runner_keeps_the_ladder_unless_the_tuning_asks(monkeypatch):
+def test_a_runner_places_its_graphs_by_cost_unless_the_tuning_says_0(monkeypatch):
     from types import SimpleNamespace
 
     model = tiny_model()
-    r = SimpleNamespace(model=model, device=torch.device("cpu"), tuning=Tuning())
+    r = SimpleNamespace(model=model, device=torch.device("cpu"), tuning=Tuning(decode_graphs_by_cost=0))
     assert ds.decode_sizes(r, 64) == (ds.graph_buckets(64), None)
     r.tuning = Tuning(decode_graphs_by_cost=6)
     sizes, costs = ds.decode_sizes(r, 64)

@@ -35,7 +35,7 @@ def test_every_step_is_a_line_and_the_lines_add_up(ckpt, tmp_path, monkeypatch):
     header, *steps = [json.loads(line) for line in path.read_text().splitlines()]
     assert header["trace"] == "zerod-steps" and header["page_size"] == 16
     assert (header["max_num_batched_tokens"], header["max_model_len"]) == (32, e.max_model_len)
-    assert header["tuning"]["one_forward_mixed_steps"] is False
+    assert header["tuning"]["one_forward_mixed_steps"] is True
     assert steps and all(s["device_ms"] > 0 and s["launch_ms"] > 0 for s in steps)
     assert [s["at"] for s in steps] == sorted(s["at"] for s in steps)
     # every prompt token prefilled once, in chunks of at most 32; every later token one decode
