@@ -94,26 +94,32 @@ class Cost:
 
 
 def fit_cost(path: str) -> tuple[Cost, float, int]:
-    """Cost's device constants fitted (least squares) to a ZEROD_STEP_TRACE file of the
-    engine as it is (two forwards a mixed step): (the cost, the median relative error of
-    the fit over its steps, the steps)."""
+    """Cost's device constants fitted (least squares) to a ZEROD_STEP_TRACE file: (the
+    cost, the median relative error of the fit over its steps, the steps). A trace whose
+    steps record their forwards' rows is fitted on those (one forward a step or two); an
+    older one's rows are padded as Graphs pads them, which models two forwards only."""
     import numpy as np
 
     lines = [json.loads(x) for x in Path(path).read_text().splitlines() if x.strip()]
     if not lines or lines[0].get("trace") != "zerod-steps":
         raise ValueError(f"{path}: not a ZEROD_STEP_TRACE file (its first line is the header)")
     head, steps = lines[0], [x for x in lines[1:] if x.get("device_ms", 0) > 0]
-    if head["tuning"].get("one_forward_mixed_steps"):
-        raise ValueError(f"{path}: a trace of one forward a step; the fit models two")
+    recorded = all("rows" in x for x in steps)
+    if head["tuning"].get("one_forward_mixed_steps") and not recorded:
+        raise ValueError(f"{path}: a trace of one forward a step without its forwards' rows; "
+                         "the fit pads rows for two forwards only")
     if len(steps) < 10:
         raise ValueError(f"{path}: {len(steps)} steps, too few to fit five constants")
     tuning = Tuning(**{k: tuple(v) if isinstance(v, list) else v for k, v in head["tuning"].items()})
     graphs = Graphs(tuning, head["max_num_batched_tokens"], head["max_model_len"], head["max_num_seqs"])
     rows = []
     for x in steps:
-        chunk_rows = graphs.prompt_rows(x["prompt_tokens"], x["chunks"]) if x["chunks"] else 0
-        dec = graphs.decode_rows(x["decodes"]) if x["decodes"] else 0
-        rows.append([(x["chunks"] > 0) + (x["decodes"] > 0), chunk_rows + dec, x["decodes"] > 0,
+        if recorded:
+            chunk_rows, dec = x["rows"]
+        else:
+            chunk_rows = graphs.prompt_rows(x["prompt_tokens"], x["chunks"]) if x["chunks"] else 0
+            dec = graphs.decode_rows(x["decodes"]) if x["decodes"] else 0
+        rows.append([(chunk_rows > 0) + (dec > 0), chunk_rows + dec, x["decodes"] > 0,
                      x["context"], x["pairs"]])
     a, y = np.array(rows, dtype=float), np.array([x["device_ms"] / 1000 for x in steps])
     coef = np.clip(np.linalg.lstsq(a, y, rcond=None)[0], 0.0, None)

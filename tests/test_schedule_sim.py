@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "gpu"))
 
@@ -45,15 +47,13 @@ def test_an_unknown_variant_is_refused_in_one_line():
     assert "unknown variant 'fast'" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_fit_recovers_the_step_costs_of_a_trace(tmp_path):
-    """A trace written from known costs (the header and fields ZEROD_STEP_TRACE writes):
-    the fit gives them back, and the tool says so in one line."""
-    import json
+def _trace(truth, one_forward: bool, record_rows: bool) -> list[dict]:
+    """A trace written from known costs, with the header and fields ZEROD_STEP_TRACE
+    writes: two forwards a mixed step, rows padded as the runner pads them, or one
+    forward, with the rows each step's forwards ran recorded."""
     import random
 
-    truth = sim.Cost(weights_s=4e-3, per_row_s=20e-6, decode_attn_s=0.3e-3, per_ctx_token_s=0.05e-6,
-                     per_pair_s=1e-9)
-    tuning = sim.Tuning()
+    tuning = sim.Tuning(one_forward_mixed_steps=one_forward)
     rng = random.Random(1)
     graphs = sim.Graphs(tuning, 2048, 17408, 256)
     lines = [{"trace": "zerod-steps", "model": "m", "page_size": 16, "max_num_batched_tokens": 2048,
@@ -65,11 +65,32 @@ def test_fit_recovers_the_step_costs_of_a_trace(tmp_path):
         decodes = rng.choice([0, 1, 7, 40, 130]) if chunks else rng.choice([1, 7, 40, 130])
         context = decodes * rng.randint(50, 3000)
         pairs = tokens * rng.randint(0, 2000) + tokens * tokens // (2 * max(chunks, 1))
-        rows = graphs.prompt_rows(tokens, chunks) if chunks else 0
-        dec = graphs.decode_rows(decodes) if decodes else 0
-        device = truth.step(rows, pairs, dec, context)
-        lines.append({"at": i * 0.02, "chunks": chunks, "prompt_tokens": tokens, "pairs": pairs,
-                      "decodes": decodes, "context": context, "launch_ms": 1.0, "device_ms": device * 1000})
+        if one_forward and chunks and decodes:     # the decodes are the prefill forward's last rows
+            rows, dec = graphs.prompt_rows(tokens + decodes, chunks) + rng.choice([0, 16]), 0
+            device = (truth.weights_s + truth.per_row_s * rows + truth.decode_attn_s
+                      + truth.per_ctx_token_s * context + truth.per_pair_s * pairs)
+        else:
+            rows = graphs.prompt_rows(tokens, chunks) if chunks else 0
+            dec = graphs.decode_rows(decodes) if decodes else 0
+            device = truth.step(rows, pairs, dec, context)
+        line = {"at": i * 0.02, "chunks": chunks, "prompt_tokens": tokens, "pairs": pairs,
+                "decodes": decodes, "context": context, "launch_ms": 1.0, "device_ms": device * 1000}
+        if record_rows:
+            line["rows"] = [rows, dec]
+        lines.append(line)
+    return lines
+
+
+@pytest.mark.parametrize("one_forward", [False, True], ids=["two-forwards-padded", "one-forward-recorded"])
+def test_fit_recovers_the_step_costs_of_a_trace(tmp_path, one_forward):
+    """The fit gives the costs a trace was written from back, and the tool says so in one
+    line: an older trace of two forwards a step through the runner's padding, and a trace
+    of one forward a step through the rows it records."""
+    import json
+
+    truth = sim.Cost(weights_s=4e-3, per_row_s=20e-6, decode_attn_s=0.3e-3, per_ctx_token_s=0.05e-6,
+                     per_pair_s=1e-9)
+    lines = _trace(truth, one_forward, record_rows=one_forward)
     path = tmp_path / "steps.jsonl"
     path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     cost, err, n = sim.fit_cost(str(path))
@@ -86,3 +107,9 @@ def test_fit_recovers_the_step_costs_of_a_trace(tmp_path):
     r = subprocess.run([sys.executable, "gpu/schedule_sim.py", "--fit", str(bad)], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "not a ZEROD_STEP_TRACE file" in r.stderr and "Traceback" not in r.stderr
+    if one_forward:   # one forward a step without the rows: the fit cannot pad them, and says so
+        old = tmp_path / "old.jsonl"
+        old.write_text("\n".join(json.dumps({k: v for k, v in x.items() if k != "rows"}) for x in lines) + "\n")
+        r = subprocess.run([sys.executable, "gpu/schedule_sim.py", "--fit", str(old)], cwd=ROOT,
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 2 and "without its forwards' rows" in r.stderr and "Traceback" not in r.stderr

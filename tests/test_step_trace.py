@@ -44,6 +44,14 @@ def test_every_step_is_a_line_and_the_lines_add_up(ckpt, tmp_path, monkeypatch):
     assert sum(s["decodes"] for s in steps) == sum(len(r["token_ids"]) - 1 for r in out)
     # the 70-token prompt's chunks: 32 + 32 + 6 tokens, after 0, 32 and 64 of its own
     assert sum(s["pairs"] for s in steps) >= 32 * 33 // 2 + (32 * 32 + 32 * 33 // 2) + (6 * 64 + 6 * 7 // 2)
+    # the rows each forward ran (no graphs on the CPU, so no padding): a step with chunks
+    # and decodes is one forward of both, a decode step the decode forward alone
+    for s in steps:
+        if s["chunks"]:
+            assert s["rows"] == [s["prompt_tokens"] + s["decodes"], 0], s
+        else:
+            assert s["rows"] == [0, s["decodes"]], s
+    assert any(s["chunks"] and s["decodes"] for s in steps)
 
 
 def test_a_trace_path_that_cannot_be_written_stops_the_start(ckpt, tmp_path, monkeypatch):

@@ -692,7 +692,8 @@ class Engine:
                                    end if end is not None else time.perf_counter(),
                                    prefill_tokens=sum(c.n for c in batch.chunks),
                                    decodes=len(batch.decodes),
-                                   shape=step_shape(batch, time.monotonic()) if self._trace is not None else None,
+                                   shape=step_shape(batch, time.monotonic(), self.runner.forward_rows)
+                                   if self._trace is not None else None,
                                    launch_s=launch_s))
 
     def _fail(self, reqs: list[Request], exc: BaseException, fatal: bool = False) -> None:

@@ -27,14 +27,16 @@ ENV = "ZEROD_STEP_TRACE"
 MAX_LINES = 1_000_000      # ~150 MB: hours of steps, then the trace stops
 
 
-def step_shape(batch: Batch, at: float) -> dict:
+def step_shape(batch: Batch, at: float, rows: tuple[int, int] | None = None) -> dict:
     """What a step ran, as the trace records it (the step thread computes it at launch,
-    `at` its time.monotonic())."""
+    `at` its time.monotonic(); rows: the prefill and decode forwards' rows, padding
+    included, 0 for a forward the step did not run; None leaves them out)."""
     return {"at": round(at, 6), "chunks": len(batch.chunks), "prompt_tokens": sum(c.n for c in batch.chunks),
             # the (query, key) pairs of the chunks' causal attention over their context
             "pairs": sum(c.n * c.start + c.n * (c.n + 1) // 2 for c in batch.chunks),
             "decodes": len(batch.decodes),
-            "context": sum(r.prompt_len + r.num_scheduled for r in batch.decodes)}
+            "context": sum(r.prompt_len + r.num_scheduled for r in batch.decodes),
+            **({"rows": list(rows)} if rows is not None else {})}
 
 
 class StepTrace:

@@ -101,6 +101,9 @@ class ModelRunner:
         self.g_slots = torch.full((S,), self.pad_slot, dtype=torch.int64, device=dev)
         self.g_pos = torch.zeros(S, dtype=torch.int64, device=dev)
         self.buckets: list[int] = []
+        # the rows the last launched step's forwards ran, padding included: (the prefill
+        # forward's, the decode forward's); a one-forward step's are all the first
+        self.forward_rows = (0, 0)
         # prefill graph buffers: a padded batch of G + 1 sequences, the step's chunks (C <=
         # G, each after its cached prefix, if any), G - C empty ones, and a dummy one (the
         # padding: block-table row of zeros, it reads and writes only the scratch page 0),
@@ -356,9 +359,12 @@ class ModelRunner:
             hidden = self.prefill_hidden(p, ring_idx, decode_slots=d.slots)
             p_logits = self._sampled_logits(hidden, p)
             d_logits = self._decode_tail_logits(hidden, d.slots.numel())
+            self.forward_rows = (hidden.shape[0], 0)
         else:
             p_logits = self.prefill_logits(p, ring_idx) if p is not None else None
             d_logits = self.decode_logits(d) if d is not None else None
+            self.forward_rows = (p.padded or p.tokens.numel() if p is not None else 0,
+                                 self._decode_bucket(d.slots.numel()) if d is not None else 0)
         if x.masked is not None:
             self.masks.fill(ring_idx, x.masked)
         if p_logits is not None:
@@ -426,7 +432,7 @@ class ModelRunner:
         the decode graphs were warmed and captured at: an eager GEMM at a row count the
         warm-up never ran picks a cuBLAS kernel that loads on its first launch, after READY."""
         T = hidden.shape[0]
-        m = min(next((b for b in self.buckets if b >= B), B), T)
+        m = min(self._decode_bucket(B), T)
         return self.model.logits(hidden[T - m:])[m - B:]
 
     def _sampled_logits(self, hidden: torch.Tensor, p: PrefillInputs) -> torch.Tensor | None:
@@ -569,6 +575,11 @@ class ModelRunner:
         hidden = self._forward(ids, pos, meta, self.tables.lora_slot.index_select(0, slots) if lora else None,
                                layers)
         return self.model.logits(hidden)
+
+    def _decode_bucket(self, B: int) -> int:
+        """The rows a decode of B requests runs: the smallest decode graph's that holds
+        them, B itself past the largest (eager)."""
+        return next((b for b in self.buckets if b >= B), B)
 
     def decode_logits(self, d: DecodeInputs) -> torch.Tensor:
         """The decode forward (a captured graph per batch bucket, with or without the LoRA
