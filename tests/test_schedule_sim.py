@@ -109,7 +109,8 @@ def test_fit_recovers_the_step_costs_of_a_trace(tmp_path, one_forward):
     assert r.returncode == 2 and "not a ZEROD_STEP_TRACE file" in r.stderr and "Traceback" not in r.stderr
     if one_forward:   # one forward a step without the rows: the fit cannot pad them, and says so
         old = tmp_path / "old.jsonl"
-        old.write_text("\n".join(json.dumps({k: v for k, v in x.items() if k != "rows"}) for x in lines) + "\n")
+        old.write_text("".join(json.dumps({k: v for k, v in x.items() if k != "rows"}) + "\n"
+                               for x in lines))
         r = subprocess.run([sys.executable, "gpu/schedule_sim.py", "--fit", str(old)], cwd=ROOT,
                            capture_output=True, text=True, timeout=120)
         assert r.returncode == 2 and "without its forwards' rows" in r.stderr and "Traceback" not in r.stderr

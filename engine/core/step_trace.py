@@ -1,7 +1,8 @@
 """A trace of every step: `ZEROD_STEP_TRACE=FILE` writes one JSON line a step, its shape
 (prompt chunks and tokens, the chunks' attention pairs, decodes and their context, the
-rows its forwards ran with their padding), the host time of its launch and the device time of its forward, for diagnosing latency and
-for fitting gpu/schedule_sim.py's step costs to a device.
+rows its forwards ran with their padding), the host time of its launch and the device
+time of its forward, for diagnosing latency and for fitting gpu/schedule_sim.py's step
+costs to a device.
 
 The first line is a header (`"trace": "zerod-steps"`, the tuning, the page size and the
 limits that size the graphs); then

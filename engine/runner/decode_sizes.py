@@ -9,9 +9,10 @@ three (gpu/results/kernels.md, "Skinny GEMMs against cuBLAS"). The fixed ladder
 
 With Tuning.decode_graphs_by_cost = N, the runner times the model's projections at every
 multiple of 8 up to the largest batch (one pass over all layers each, so the weights come
-from HBM as in a step, replayed from a CUDA graph so the device's time is what is timed) and captures N graphs where they cost least: a size that a larger
-one undercuts is never worth a graph, and among the rest the sizes that minimise the
-summed cost of every batch size from 1 to the largest (each padded to the next graph).
+from HBM as in a step, replayed from a CUDA graph so that the device's time is what is
+timed) and captures N graphs where they cost least: a size that a larger one undercuts is
+never worth a graph, and among the rest the sizes that minimise the summed cost of every
+batch size from 1 to the largest (each padded to the next graph).
 """
 
 from __future__ import annotations

@@ -585,9 +585,9 @@ class ModelRunner:
         """The decode forward (a captured graph per batch bucket, with or without the LoRA
         path); every tensor-parallel rank runs it."""
         B, slots, pos = d.slots.numel(), d.slots, d.positions
-        bucket = next((b for b in self.buckets if b >= B), None)
+        bucket = self._decode_bucket(B)
         graphs = self.lora_graphs if d.lora else self.graphs
-        if bucket is not None and bucket in graphs:
+        if bucket in graphs:
             g, out = graphs[bucket]
             self.g_slots[:B].copy_(slots)
             self.g_pos[:B].copy_(pos)
