@@ -57,11 +57,9 @@ class Tuning:
 
     # A step with prompt chunks and decodes runs them in one forward (the weights read
     # once, not twice) when the rows fit a prefill graph: the decodes are its last rows,
-    # and their attention is the decode kernel's, the chunks' the prefill kernel's. On the
-    # H200, against two forwards in one call: a mixed step's device time p50 16.5 -> 14.1
-    # ms, 32 streams' longest gap beside a 16K prompt 74 -> 45 ms and its TTFT 790 -> 746
-    # ms, mixed 10 req/s ITL p99 33 -> 27 ms, mixed 25 req/s TTFT p99 417 -> 410 ms
-    # (docs/perf.md "A model of the scheduler").
+    # and their attention is the decode kernel's, the chunks' the prefill kernel's. The
+    # H200 measured mixed steps shorter and the streams' gaps beside a long prompt smaller
+    # than with two forwards (docs/perf.md "A model of the scheduler").
     one_forward_mixed_steps: bool = True
     # Products whose shape and row count the device's skinny GEMM table lists
     # (engine/kernels/gemm_table.py: measured by gpu/skinny_gemm_bench.py) take that Triton
@@ -89,9 +87,9 @@ class Tuning:
     # to 128 by 16, then by 32); N captures N graphs at the sizes where the model's
     # projections, timed at start at every multiple of 8, cost least (runner/decode_sizes.py:
     # cuBLAS's GEMM time is not monotone in the rows, and the ladder pads 200 streams to
-    # 224 rows, dearer than 200 or 256 in bf16). On the H200, 200 streams in bf16 +6 % and
-    # +12 % in two pairs of servers (TPOT 8.3 -> 7.5 ms), FP8 alike within noise; the probe
-    # costs 1.2-1.9 s of the start (docs/perf.md "A decode step against its bounds").
+    # 224 rows, dearer than 200 or 256 in bf16). The H200 measured bf16's 200 streams
+    # faster and FP8's alike, for a second or two of the start (docs/perf.md "A decode step
+    # against its bounds").
     decode_graphs_by_cost: int = 16
     # The chunk budget's deadline for a waiting prompt: arrival + --target-ttft-ms + this
     # many times the prompt's own prefill time (engine/core/step_cost.py), so a long

@@ -427,13 +427,14 @@ class ModelRunner:
 
     def _decode_tail_logits(self, hidden: torch.Tensor, B: int) -> torch.Tensor:
         """The logits of a one-forward step's decodes, its last B rows. The LM head runs
-        over the last rows of a decode graph's size that hold them (the rows before are a
-        chunk's or padding, their logits dropped), so its GEMM meets only the row counts
-        the decode graphs were warmed and captured at: an eager GEMM at a row count the
-        warm-up never ran picks a cuBLAS kernel that loads on its first launch, after READY."""
-        T = hidden.shape[0]
-        m = min(self._decode_bucket(B), T)
-        return self.model.logits(hidden[T - m:])[m - B:]
+        over a decode graph's row count that holds them (the rows before are a chunk's,
+        padding, or zeros where the forward has fewer rows; their logits dropped), so its
+        GEMM meets only the row counts the decode graphs were warmed and captured at: an
+        eager GEMM at a row count the warm-up never ran picks a cuBLAS kernel that loads on
+        its first launch, after READY."""
+        T, m = hidden.shape[0], self._decode_bucket(B)
+        rows = hidden[T - m:] if m <= T else torch.cat([hidden.new_zeros(m - T, hidden.shape[1]), hidden])
+        return self.model.logits(rows)[m - B:]
 
     def _sampled_logits(self, hidden: torch.Tensor, p: PrefillInputs) -> torch.Tensor | None:
         if not p.sample_idx.numel():
