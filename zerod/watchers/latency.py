@@ -17,14 +17,18 @@ document's incident (a monitoring agent's GPU poll taking P99 from 90 to
 sensible SLO. The alert names the likely cause: a foreign GPU process that
 appeared within `cause_window_s` before the regression began (or since), else
 throttling, an Xid, PCIe replays, ECC errors or a failing preflight check that
-began then, else the prompts (each request needed the factor times more prompt
-tokens computed than the normal's: longer prompts or fewer prefix-cache hits) —
-or says that none was found.
+began then — or says that none was found. With none of those, a latency over its
+normal that the engine's prompt work explains (each request needed the factor
+times more prompt tokens computed than the normal's, or the engine computed
+`PROMPT_RATE_SURGE` times the normal's prompt tokens a second) is the traffic, not
+a regression: no alert, a log line, and the watcher's `itl_traffic` /
+`ttft_traffic` figures say so.
 """
 
 from __future__ import annotations
 
 import collections
+import logging
 import math
 import time
 from typing import Any, Callable
@@ -37,10 +41,15 @@ from zerod.watchers import Watcher
 from zerod.watchers.engine_metrics import EngineMetricsWatcher, Sample
 from zerod.watchers.latency_baseline import LatencyBaseline, Work, load_bucket
 
+log = logging.getLogger("zerod.watchers.latency")
+
 HISTORY = 600
 # each statistic as the alert says it (zerod.watchers.latency_baseline: what each is)
 STAT_NAMES = {"p99": "p99", "mean": "mean", "sustained": "sustained mean"}
 RATE_WINDOW_S = 5.0
+# prompt tokens computed a second, over the normal's at that load, that explain a latency
+# over its normal (LatencyWatcher.prompt_cause; the H200 runs it is set between: docs/daemon.md)
+PROMPT_RATE_SURGE = 1.15
 # alerts a regression may follow from, besides a new process on the GPU
 CAUSE_ALERTS = ("GpuThrottled", "XidError", "PcieReplays", "EccErrors", "GpuHot", "PreflightFailed")
 
@@ -87,6 +96,8 @@ class LatencyWatcher(Watcher):
             "ttft_count": 0, "itl_count": 0, "output_tokens_per_s": None,
             # the load now, and the normal p99 at that load (None: not learned yet)
             "load_bucket": None, "itl_normal_p99_s": None, "ttft_normal_p99_s": None,
+            # why a latency over its normal raised no alert: the prompts (None: it is not over)
+            "itl_traffic": None, "ttft_traffic": None,
         }
         self.history: dict[str, collections.deque] = {k: collections.deque(maxlen=HISTORY) for k in (
             "output_tokens_per_s", "running", "waiting", "kv_pages_used", "itl_p99_s", "ttft_p99_s")}
@@ -191,13 +202,30 @@ class LatencyWatcher(Watcher):
         for what in ("itl", "ttft"):
             verdict, v = self._verdict(what)
             if verdict != "over":
+                self.figures[f"{what}_traffic"] = None
                 if verdict == "fine" or self.figures[f"{what}_count"] == 0:
                     self._over_since.pop(what, None)
                     self._stat.pop(what, None)
                     self.book.resolve("LatencyRegression", self.spec.key(what))
                 continue
-            since = self._over_since.setdefault(what, now)
             label = "inter-token latency" if what == "itl" else "time to first token"
+            since = self._over_since.get(what, now)
+            processes = self.likely_causes(since)
+            alerts = self.alert_causes(since, now)
+            traffic = None if processes or alerts else self.prompt_cause(what, v)
+            if traffic is not None:
+                # the engine had more prompt work than its normal: the traffic, not the host
+                # (the watcher's figures and the log say so; nothing an operator can fix)
+                if self.figures[f"{what}_traffic"] is None:
+                    log.info("engine %s: %s above its normal, explained by the prompts: %s",
+                             self.spec.name, label, traffic)
+                self.figures[f"{what}_traffic"] = traffic
+                self._over_since.pop(what, None)
+                self._stat.pop(what, None)
+                self.book.resolve("LatencyRegression", self.spec.key(what))
+                continue
+            self.figures[f"{what}_traffic"] = None
+            self._over_since.setdefault(what, now)
             # the summary changes only with the facts (a log line each time); the figures go in the description
             if v["basis"] == "slo":
                 summary = f"p99 {label} over its SLO of {_ms(v['slo'])}"
@@ -219,8 +247,6 @@ class LatencyWatcher(Watcher):
             if self.spec.tagged:
                 summary = f"engine {self.spec.name}: {summary}"
             fix = "look for other load on the GPU (zerod top) and for throttling"
-            processes = self.likely_causes(since)
-            alerts = self.alert_causes(since, now)
             if processes:
                 c = processes[0]
                 where = f"unit {c['unit']}" if c.get("unit") else (
@@ -242,12 +268,6 @@ class LatencyWatcher(Watcher):
                 desc += "; likely cause: " + "; also: ".join(f"{x.alertname}: {x.summary}" for x in alerts)
                 labels.update(cause=a.alertname, gpu=a.labels.get("gpu"))
                 fix = a.fix or fix
-            elif (prompts := self.prompt_cause(what, v)) is not None:
-                summary += "; likely cause: the prompts, not the host"
-                desc += "; likely cause: the prompts, not the host: " + prompts
-                labels.update(cause="prompts")
-                fix = (f"none on the host: the traffic changed (the engine's {names.PREFIX_CACHE_HITS_TOTAL} "
-                       f"and {names.PROMPT_TOKENS_TOTAL} against the hour before)")
             else:
                 summary += "; no likely cause found"
                 desc += (f"; no likely cause found: no new process on the GPU, no throttling, Xid, PCIe replays, "
@@ -257,19 +277,30 @@ class LatencyWatcher(Watcher):
                            labels=labels, fix=fix)
 
     def prompt_cause(self, what: str, v: dict[str, Any]) -> str | None:
-        """When the window's requests each needed `latency_regression_factor` times more
-        prompt tokens computed than the normal's at that load (longer prompts, or fewer
-        prefix-cache hits), the engine had more work per request — a regression of the
-        traffic, not of the host. Only for the learned normal (an SLO has no normal)."""
+        """Whether the engine had more prompt work than its normal at that load, enough to
+        explain the latency (longer prompts, fewer prefix-cache hits, or more of them):
+        - each request of the window needed `latency_regression_factor` times more prompt
+          tokens computed than the normal's;
+        - or, over the seconds the statistic covers, the engine computed `PROMPT_RATE_SURGE`
+          times the normal's prompt tokens a second. Near its capacity every prompt token
+          a step takes lengthens the step for all its decodes, so a little more prompt work
+          moves ITL a lot; a slower host does the opposite: it computes fewer.
+        Only for the learned normal (an SLO has no normal)."""
         if v.get("basis") != "baseline":
             return None
-        now, normal = self.baseline.window_work(v["bucket"]), self.baseline.normal_work(what, v["bucket"])
-        a, b = now.computed_per_request, normal.computed_per_request
-        if a is None or b is None or now.first_tokens < self.cfg.latency_min_samples or a <= 0 or a < b * v["factor"]:
-            return None
-        return (f"{a:.0f} prompt tokens computed per request over the window, "
-                f"{a / b if b else math.inf:.1f}x the normal's {b:.0f} at that load (prefix-cache hits "
-                f"{now.cached_share:.0%} of prompt tokens, normally {normal.cached_share:.0%})")
+        bucket = v["bucket"]
+        normal, window = self.baseline.normal_work(what, bucket), self.baseline.window_work(bucket)
+        recent = self.baseline.window_work(bucket, v["over_s"])
+        a, b = window.computed_per_request, normal.computed_per_request
+        if a is not None and b and window.first_tokens >= self.cfg.latency_min_samples and a >= b * v["factor"]:
+            return (f"{a:.0f} prompt tokens computed per request over the window, "
+                    f"{a / b:.1f}x the normal's {b:.0f} at that load (prefix-cache hits "
+                    f"{window.cached_share:.0%} of prompt tokens, normally {normal.cached_share:.0%})")
+        r, n = recent.computed_per_s, normal.computed_per_s
+        if r is not None and n and recent.first_tokens >= self.cfg.latency_min_samples and r >= n * PROMPT_RATE_SURGE:
+            return (f"{r:.0f} prompt tokens computed a second over the last {v['over_s']:.0f} s, "
+                    f"{r / n:.2f}x the normal's {n:.0f} at that load")
+        return None
 
     def likely_causes(self, since: float) -> list[dict[str, Any]]:
         """Foreign processes that appeared within cause_window_s before `since`

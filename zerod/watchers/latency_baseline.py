@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -71,20 +72,30 @@ def load_bucket(concurrency: float) -> str:
 @dataclass
 class Work:
     """The prompt work behind the latencies: requests that got their first token, their
-    prompt tokens, and how many of those the prefix cache had (not computed)."""
+    prompt tokens, how many of those the prefix cache had (not computed), and the
+    seconds they span."""
     first_tokens: float = 0.0
     prompt_tokens: float = 0.0
     cached_tokens: float = 0.0
+    seconds: float = 0.0
 
     def plus(self, o: "Work") -> "Work":
         return Work(self.first_tokens + o.first_tokens, self.prompt_tokens + o.prompt_tokens,
-                    self.cached_tokens + o.cached_tokens)
+                    self.cached_tokens + o.cached_tokens, self.seconds + o.seconds)
+
+    @property
+    def computed(self) -> float:
+        return max(0.0, self.prompt_tokens - self.cached_tokens)
 
     @property
     def computed_per_request(self) -> float | None:
         if self.first_tokens <= 0:
             return None
-        return max(0.0, self.prompt_tokens - self.cached_tokens) / self.first_tokens
+        return self.computed / self.first_tokens
+
+    @property
+    def computed_per_s(self) -> float | None:
+        return self.computed / self.seconds if self.seconds > 0 else None
 
     @property
     def cached_share(self) -> float:
@@ -146,7 +157,8 @@ class LatencyBaseline:
     def add(self, t: float, concurrency: float, hists: dict[str, Histogram], work: Work | None = None) -> None:
         seconds = 0.0 if self._last_t is None else max(0.0, t - self._last_t)
         self._last_t = t
-        self.window.append(Interval(t, seconds, load_bucket(concurrency), hists, work or Work()))
+        work = dataclasses.replace(work or Work(), seconds=seconds)
+        self.window.append(Interval(t, seconds, load_bucket(concurrency), hists, work))
         while self.window and t - self.window[0].t >= self.window_s:
             self._learn(self.window.popleft())
         self._expire(t)
@@ -205,10 +217,12 @@ class LatencyBaseline:
             total = total.plus(slot.work)
         return total
 
-    def window_work(self, bucket: str) -> Work:
+    def window_work(self, bucket: str, recent_s: float | None = None) -> Work:
+        """The window's work at that load (its last recent_s seconds only, if given)."""
         total = Work()
+        since = self.window[-1].t - recent_s if recent_s is not None and self.window else -math.inf
         for iv in self.window:
-            if iv.bucket == bucket:
+            if iv.bucket == bucket and iv.t > since:
                 total = total.plus(iv.work)
         return total
 
