@@ -419,6 +419,36 @@ def test_a_rogue_job_during_a_prompt_surge_is_still_named():
     assert latency.figures["itl_traffic"] is None
 
 
+class PoissonPromptSim(PromptSim):
+    """PromptSim with open-loop traffic: a Poisson number of first tokens a second, each
+    prompt 32-4,096 tokens (log-uniform), none cached, so the prompt tokens a second swing
+    from one second to the next as the mixed scenario's do."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        self.rng = np.random.default_rng(seed)
+        self.cached = 0.0
+
+    def second(self) -> None:
+        SimEngine.second(self)
+        first = self.rng.poisson(max(1, self.streams // 4))
+        self.metrics.prompt_tokens.inc(float(np.exp(self.rng.uniform(np.log(32), np.log(4096), first)).sum()))
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
+def test_a_rogue_job_under_swinging_prompt_traffic_is_named_within_20_s(seed):
+    """A slower host computes no more prompt tokens than the arrivals bring: the seconds
+    whose arrivals happen to run over the normal's rate do not hide it for long."""
+    sim = PoissonPromptSim(seed)
+    cfg, clock, book, metrics, latency, _ = daemon_side()
+    run(sim, clock, metrics, latency, 300, streams=lambda i: 64)
+    assert not regressions(book)
+    sim.slowdown = 2.0
+    fired = []
+    run(sim, clock, metrics, latency, 20, each=lambda i: fired.append(i) if regressions(book) and not fired else None)
+    assert fired, latency.figures["itl_traffic"]
+
+
 def test_a_rogue_job_with_the_same_prompts_is_not_blamed_on_them():
     sim = PromptSim()
     cfg, clock, book, metrics, latency, recent = daemon_side()
