@@ -394,7 +394,7 @@ def test_a_latency_rise_that_fewer_prefix_hits_explain_raises_no_alert_and_says_
 def test_a_latency_rise_that_more_prompts_a_second_explain_raises_no_alert():
     """Near its capacity the engine's steps carry more prompt tokens when more requests
     arrive at the same load, and every decode waits for them: the H200's mixed 25 req/s
-    traffic took the ITL mean 1.8x over its normal while computing 1.26-1.35x its prompt
+    traffic took the ITL mean 1.8x over its normal while computing 1.26-1.38x its prompt
     tokens a second. The traffic, not the host."""
     sim = PromptSim()
     cfg, clock, book, metrics, latency, _ = daemon_side()
