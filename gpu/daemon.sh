@@ -13,7 +13,8 @@
 #             time from a foreign process on the GPU to its alert, the daemon's CPU while
 #             watching; under load, `zerod top` captured headless on its control socket
 #             (textual carried in .whl/, docs/tui.md)
-#   latency   32 streams, the normal learned for 90 s, then a rogue job: how long until a
+#   latency   steady load (LOAD: 32 streams, or mixR: mixed traffic at R req/s), the normal
+#             learned for 90 s, then a rogue job: how long until a
 #             LatencyRegression fires, and whether it names the job
 #   ramp      8 -> 200 -> 8 streams in nine stages (STAGE_S each; 67 gives ten minutes and
 #             outlasts one call: see the part's header), or STAGES of mixed traffic

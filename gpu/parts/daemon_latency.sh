@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The learned latency normal against a rogue job on the H200, in one call (~3 min): `zerod run` with the default config (no
 # SLO set: LatencyRegression against the learned normal), a dummy 8B engine under steady
-# load (32 streams), the normal learned for 90 s, then a rogue job (16 GiB, bf16 matmuls in a
+# load (LOAD: 32 closed-loop streams by default; mixR is `zerod bench --scenario mix` at R
+# requests a second, Poisson, prompts 32-4,096 — mix25 runs the H200 near its capacity), the
+# normal learned for 90 s, then a rogue job (16 GiB, bf16 matmuls in a
 # loop, gpu/rogue_job.py) — how long until a LatencyRegression fires, and whether it names the
 # job. The compute-mode prevention is not shown here: this workplace's device rules forbid
 # changing a lent GPU's compute mode (tested against a fake NVML in tests/). Results: $OUT/latency.tgz
@@ -21,9 +23,15 @@ if [ "${SMOKE:-0}" = 1 ]; then SHAPE=tiny; DEV=cpu; DT=float32; LEARN=8; ROGUE="
 M=/tmp/zerod-dummy-$SHAPE
 $PY gpu/server_make_model.py "$M" --shape $SHAPE > /dev/null || exit 1
 . gpu/parts/daemon_up.sh   # zerod run, default config + this dummy engine; DPID
-stamp "load: 32 streams"
-timeout 200 $PY -m zerod bench --port 8000 --no-progress --input-len 128 --output-len 512 \
-    --max-concurrency 32 --num-prompts 100000 --warmup 0 --out "$W/load.json" > "$W/load.txt" 2>&1 &
+LOAD=${LOAD:-streams32}
+if [[ $LOAD == mix* ]]; then
+    R=${LOAD#mix}; LOADARGS="--scenario mix --request-rate $R --num-prompts $((200 * R))"
+else
+    LOADARGS="--input-len 128 --output-len 512 --max-concurrency ${LOAD#streams} --num-prompts 100000"
+fi
+stamp "load: $LOAD"
+timeout -k 10 -s INT 200 $PY -m zerod bench --port 8000 --no-progress $LOADARGS --warmup 0 \
+    --out "$W/load.json" > "$W/load.txt" 2>&1 &
 LPID=$!
 $PY gpu/latency_replay.py record http://127.0.0.1:8000/metrics "$W/scrapes.jsonl" &
 RECPID=$!
@@ -42,13 +50,15 @@ def get(path):
     while chunk := s.recv(65536):
         buf += chunk
     return json.loads(buf.partition(b"\r\n\r\n")[2])
-out = {"fired": False}
+# a LatencyRegression already firing before the job starts is the traffic's, not the job's
+out = {"fired": False, "firing_before": [a for a in get("/v1/alerts")["alerts"]
+                                         if a["state"] == "firing" and a["alertname"] == "LatencyRegression"]}
 while time.time() - t0 < 60:
     alerts = [a for a in get("/v1/alerts")["alerts"] if a["state"] == "firing"]
     reg = [a for a in alerts if a["alertname"] == "LatencyRegression"]
     if reg:
-        out = {"fired": True, "after_s": round(time.time() - t0, 1), "alert": reg[0],
-               "foreign_after": [a for a in alerts if a["alertname"] == "ForeignGpuProcess"]}
+        out.update({"fired": True, "after_s": round(time.time() - t0, 1), "alert": reg[0],
+                    "foreign_after": [a for a in alerts if a["alertname"] == "ForeignGpuProcess"]})
         break
     time.sleep(0.5)
 out["engine"] = get("/v1/engine")
@@ -67,6 +77,7 @@ pack
 $PY - "$W/regression.json" <<'PYEOF'
 import json, sys
 d = json.load(open(sys.argv[1]))
+print("LatencyRegression firing before the rogue job:", len(d.get("firing_before", [])))
 print("LatencyRegression fired:", d.get("fired"), "after", d.get("after_s"), "s (target <= 20 s)")
 a = d.get("alert") or {}
 print("summary:", a.get("summary")); print("description:", (a.get("description") or "")[:600])
