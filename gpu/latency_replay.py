@@ -4,7 +4,12 @@ which LatencyRegression would fire, when, at which load — so a device run's
 verdict can be re-read without the device.
 
     python3 gpu/latency_replay.py record URL OUT.jsonl     (until killed)
-    python3 gpu/latency_replay.py replay OUT.jsonl [KEY=VALUE ...]   ([daemon] overrides)
+    python3 gpu/latency_replay.py replay OUT.jsonl [KEY=VALUE ...]   ([daemon] overrides;
+        foreign_at=SECONDS: a process holding a CUDA context first seen on the GPU that
+        many seconds into the recording, as the daemon's GPU watcher reports one)
+    python3 gpu/latency_replay.py causes OUT.jsonl [STEP_S]
+        a context-holding process first seen every STEP_S (10) seconds, one replay each: how
+        often its appearance alone would be blamed for a LatencyRegression
     python3 gpu/latency_replay.py intervals OUT.jsonl      (each scrape interval's load and p50/p99)
     python3 gpu/latency_replay.py margins OUT.jsonl        (each statistic's largest ratio to its normal)
     python3 gpu/latency_replay.py stitch SRC.jsonl STALLS.json OUT.jsonl [PHASE ...]
@@ -46,6 +51,11 @@ def record(url: str, out: str) -> None:
             time.sleep(max(0.0, 1.0 - (time.time() - t)))
 
 
+# a process the daemon's GPU watcher reports as holding a CUDA context (foreign_at=)
+FOREIGN = {"pid": 4242, "name": "trainer", "cmdline": "python3 gpu/rogue_job.py 16 60", "unit": None,
+           "container": None, "gpu": 0, "holds_context": True, "fix": "kill 4242"}
+
+
 def replay(path: str, overrides: list[str], each=None) -> list[dict]:
     """The LatencyRegression alerts the recording raises; each(latency watcher, seconds into
     the recording) after every scrape, if given."""
@@ -55,14 +65,17 @@ def replay(path: str, overrides: list[str], each=None) -> list[dict]:
     from zerod.watchers.latency import LatencyWatcher
 
     over = {k: json.loads(v) for k, v in (o.split("=", 1) for o in overrides)}
+    foreign_at = over.pop("foreign_at", None)
     cfg = DaemonConfig.from_dict({"metrics_port": 0, **over})
     now = [0.0]
     clock = lambda: now[0]  # noqa: E731
     book = AlertBook(clock=clock)
     metrics = EngineMetricsWatcher(book, cfg, "http://engine", engine_pid=lambda: 1, clock=clock)
-    latency = LatencyWatcher(book, cfg, metrics, clock=clock)
-    fired: dict[str, dict] = {}
     t0 = None
+    seen = lambda: [] if foreign_at is None or now[0] - t0 < foreign_at else [  # noqa: E731
+        {**FOREIGN, "first_seen": t0 + foreign_at, "last_seen": now[0]}]
+    latency = LatencyWatcher(book, cfg, metrics, recent_foreign=seen, clock=clock)
+    fired: dict[str, dict] = {}
     for line in open(path):
         rec = json.loads(line)
         now[0] = rec["t"]
@@ -73,8 +86,8 @@ def replay(path: str, overrides: list[str], each=None) -> list[dict]:
             each(latency, rec["t"] - t0)
         for a in book.firing():
             if a.alertname == "LatencyRegression" and a.id not in fired:
-                fired[a.id] = {"t_s": round(rec["t"] - t0, 1), "load_now": f["load_bucket"], "summary": a.summary,
-                               "description": a.description}
+                fired[a.id] = {"t_s": round(rec["t"] - t0, 1), "load_now": f["load_bucket"],
+                               "basis": a.labels.get("basis"), "summary": a.summary, "description": a.description}
     return list(fired.values())
 
 
@@ -101,6 +114,26 @@ def margins(path: str) -> None:
     replay(path, ["latency_regression_factor=1000"], each)
     for (metric, stat), (ratio, t, bucket) in sorted(best.items()):
         print(f"{metric:4s} {stat:4s}  largest ratio {ratio:5.2f}  at {t:5.0f} s, {bucket} concurrent requests")
+
+
+def causes(path: str, step_s: float = 10.0) -> None:
+    """A process holding a CUDA context first seen every step_s seconds of the recording,
+    one replay each: the appearances its traffic alone would blame for a LatencyRegression
+    (a harmless process that happens to appear then)."""
+    span = sum(1 for _ in open(path))   # ~1 s a scrape
+    blamed, tried = [], 0
+    at = 60.0
+    while at < span - 5:
+        tried += 1
+        fired = [a for a in replay(path, [f"foreign_at={at}"]) if a["t_s"] >= at and "trainer" in a["summary"]]
+        if fired:
+            blamed.append((at, fired[0]))
+        at += step_s
+    for at, a in blamed:
+        print(f"process at {at:5.0f} s: blamed at {a['t_s']:5.0f} s ({a['basis']}): {a['summary']}")
+    by = {b: sum(a["basis"] == b for _, a in blamed) for b in ("cause", "baseline")}
+    print(f"appearances blamed: {len(blamed)} of {tried} (against the minute before it: {by['cause']}, "
+          f"against the learned normal: {by['baseline']})")
 
 
 def intervals(path: str) -> None:
@@ -186,6 +219,8 @@ if __name__ == "__main__":
         for a in fired:
             print(json.dumps(a))
         print(f"LatencyRegression in the replay: {len(fired) or 'none'}")
+    elif len(sys.argv) in (3, 4) and sys.argv[1] == "causes":
+        causes(sys.argv[2], *(float(x) for x in sys.argv[3:]))
     elif len(sys.argv) == 3 and sys.argv[1] == "intervals":
         intervals(sys.argv[2])
     elif len(sys.argv) == 3 and sys.argv[1] == "margins":

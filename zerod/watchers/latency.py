@@ -8,7 +8,10 @@ Prometheus' `rate()` + `histogram_quantile()` would).
 `LatencyRegression` fires, on by default, when the window's p99 at some load, or
 (for ITL) the mean of its last `latency_shift_s` seconds, exceeds `latency_regression_factor`
 times the normal's at that load (zerod.watchers.latency_baseline: learned per
-concurrency bucket over `latency_baseline_s`; why the two, there), and — as an
+concurrency bucket over `latency_baseline_s`; why the two, there), or (for ITL, at a
+load with no normal yet) its mean since a likely cause began exceeds the factor times
+its mean of the minute before (a slower engine under open-loop traffic queues its
+requests into a load it has never run at), and — as an
 option — when a p99 exceeds an absolute SLO
 (`slo_itl_p99_s`, `slo_ttft_p99_s`); either needs `latency_min_samples`
 observations in the window. A relative test is what catches the source
@@ -45,7 +48,7 @@ log = logging.getLogger("zerod.watchers.latency")
 
 HISTORY = 600
 # each statistic as the alert says it (zerod.watchers.latency_baseline: what each is)
-STAT_NAMES = {"p99": "p99", "mean": "mean", "sustained": "sustained mean"}
+STAT_NAMES = {"p99": "p99", "mean": "mean", "sustained": "sustained mean", "cause": "sustained mean"}
 RATE_WINDOW_S = 5.0
 # prompt tokens computed a second, over the normal's at that load, that explain a latency
 # over its normal (LatencyWatcher.prompt_cause; the H200 runs it is set between: docs/daemon.md)
@@ -103,7 +106,9 @@ class LatencyWatcher(Watcher):
             "output_tokens_per_s", "running", "waiting", "kv_pages_used", "itl_p99_s", "ttft_p99_s")}
         self._over_since: dict[str, float] = {}
         self._stat: dict[str, str] = {}   # the statistic a firing regression was named by
-        self.baseline = LatencyBaseline(cfg.latency_window_s, cfg.latency_baseline_s)
+        # the history reaches a minute before the oldest cause still judged
+        self.baseline = LatencyBaseline(cfg.latency_window_s, cfg.latency_baseline_s,
+                                        cfg.cause_window_s + cfg.latency_window_s)
         self._learned_to = -math.inf  # the newest sample filed into the baseline
 
     async def apoll(self) -> None:
@@ -162,7 +167,7 @@ class LatencyWatcher(Watcher):
         if samples:
             self._learned_to = samples[-1].t
 
-    def _verdict(self, what: str) -> tuple[str, dict[str, Any]]:
+    def _verdict(self, what: str, now: float) -> tuple[str, dict[str, Any]]:
         """("over", facts) / ("fine", {}) / ("none", {}): too few observations to tell."""
         verdicts = []
         slo = self.cfg.slo_itl_p99_s if what == "itl" else self.cfg.slo_ttft_p99_s
@@ -182,6 +187,7 @@ class LatencyWatcher(Watcher):
             if what == "itl" and cfg.latency_sustain_intervals:
                 comps += self.baseline.sustained(what, cfg.latency_sustain_intervals, cfg.latency_min_samples,
                                                  cfg.latency_baseline_min_samples, cfg.latency_baseline_min_s)
+                comps += self._since_causes(now)
             if comps:
                 over = [c for c in comps if c.ratio > factor]
                 # the statistic that crossed first names the alert while it holds (its
@@ -192,15 +198,16 @@ class LatencyWatcher(Watcher):
                     self._stat[what] = worst.stat
                     self.baseline.taint(what)  # a regression is not the new normal
                     over_s = cfg.latency_window_s if worst.stat == "p99" else cfg.latency_shift_window_s
-                    return "over", {"basis": "baseline", "stat": worst.stat, "value": worst.value_s,
-                                    "normal": worst.normal_s, "bucket": worst.bucket, "count": worst.count,
-                                    "ratio": worst.ratio, "factor": factor, "over_s": over_s}
+                    return "over", {"basis": "cause" if worst.stat == "cause" else "baseline", "stat": worst.stat,
+                                    "value": worst.value_s, "normal": worst.normal_s, "bucket": worst.bucket,
+                                    "count": worst.count, "ratio": worst.ratio, "factor": factor,
+                                    "over_s": over_s, "since": worst.since}
                 verdicts.append("fine")
         return ("fine" if verdicts else "none"), {}
 
     def _alerts(self, now: float) -> None:
         for what in ("itl", "ttft"):
-            verdict, v = self._verdict(what)
+            verdict, v = self._verdict(what, now)
             if verdict != "over":
                 self.figures[f"{what}_traffic"] = None
                 if verdict == "fine" or self.figures[f"{what}_count"] == 0:
@@ -212,7 +219,13 @@ class LatencyWatcher(Watcher):
             since = self._over_since.get(what, now)
             processes = self.likely_causes(since)
             alerts = self.alert_causes(since, now)
-            traffic = None if processes or alerts else self.prompt_cause(what, v)
+            # a process holding a CUDA context or a host alert that began within a window
+            # before the regression outweighs the prompts; an older one, or an NVML reader,
+            # is named only when the prompts do not explain it (docs/daemon.md)
+            near = since - self.cfg.latency_window_s
+            fresh = any(c["first_seen"] >= near and c.get("holds_context", True) for c in processes) \
+                or any(a.starts_at >= near for a in alerts)
+            traffic = None if fresh else self.prompt_cause(what, v)
             if traffic is not None:
                 # the engine had more prompt work than its normal: the traffic, not the host
                 # (the watcher's figures and the log say so; nothing an operator can fix)
@@ -231,6 +244,14 @@ class LatencyWatcher(Watcher):
                 summary = f"p99 {label} over its SLO of {_ms(v['slo'])}"
                 desc = (f"p50 {_ms(self.figures[f'{what}_p50_s'])}, p99 {_ms(v['p99'])} over the last "
                         f"{self.cfg.latency_window_s:.0f} s ({v['count']} observations)")
+            elif v["basis"] == "cause":
+                summary = (f"{STAT_NAMES[v['stat']]} {label} over {self.cfg.latency_regression_factor:g}x its "
+                           f"{_ms(v['normal'])} of the minute before")
+                desc = (f"{STAT_NAMES[v['stat']]} {_ms(v['value'])} in each of the last "
+                        f"{self.cfg.latency_sustain_intervals} scrapes (the lowest of them), {v['ratio']:.1f}x "
+                        f"its mean over the {self.cfg.latency_window_s:.0f} s before the likely cause began "
+                        f"({now - v['since']:.0f} s ago), whatever the load then ({v['count']} observations, "
+                        f"{v['bucket']} concurrent requests now)")
             else:
                 summary = (f"{STAT_NAMES[v['stat']]} {label} over {self.cfg.latency_regression_factor:g}x its "
                            f"normal {_ms(v['normal'])} at {v['bucket']} concurrent requests")
@@ -241,7 +262,7 @@ class LatencyWatcher(Watcher):
                         f"({v['count']} observations at {v['bucket']} concurrent requests)")
             # "slo" names the statistic that fired (itl_p99, itl_mean, itl_sustained, ttft_p99);
             # zerod top marks the metric's row by its prefix
-            stat = "p99" if v["basis"] == "slo" else v["stat"]
+            stat = {"slo": "p99", "cause": "sustained"}.get(v["basis"]) or v["stat"]
             labels: dict[str, Any] = {"slo": f"{what}_{stat}", "basis": v["basis"], "load": v.get("bucket"),
                                       **self.spec.labels}
             if self.spec.tagged:
@@ -275,6 +296,33 @@ class LatencyWatcher(Watcher):
                          f"it began")
             self.book.fire("LatencyRegression", self.spec.key(what), severity="warning", summary=summary, description=desc,
                            labels=labels, fix=fix)
+
+    def _since_causes(self, now: float) -> list:
+        """At a load with no normal yet, ITL since each likely cause began (a foreign
+        process holding a CUDA context, a host alert) against the minute before it,
+        whatever the load then (LatencyBaseline.since). A cause starts a verdict within latency_window_s of its
+        start and holds one it started for cause_window_s. Not when the engine computed
+        PROMPT_RATE_SURGE times the prompt tokens a second over the intervals compared
+        that it did the minute before: the traffic changed too (a slower engine computes
+        fewer)."""
+        cfg = self.cfg
+        horizon = cfg.cause_window_s if self._stat.get("itl") == "cause" else cfg.latency_window_s
+        starts = {c["first_seen"] for c in self.likely_causes(now) if c.get("holds_context", True)}
+        starts |= {a.starts_at for a in self.alert_causes(now, now)}
+        out = []
+        for t in sorted(s for s in starts if now - s <= horizon):
+            c = self.baseline.since("itl", t, cfg.latency_window_s, cfg.latency_sustain_intervals,
+                                    cfg.latency_min_samples, cfg.latency_baseline_min_samples,
+                                    cfg.latency_baseline_min_s)
+            if c is None:
+                continue
+            before = self.baseline.work_between(t - cfg.latency_window_s, t)
+            after = self.baseline.last_work(cfg.latency_sustain_intervals)
+            r, n = after.computed_per_s, before.computed_per_s
+            if r is not None and n and r >= n * PROMPT_RATE_SURGE:
+                continue
+            out.append(c)
+        return out
 
     def prompt_cause(self, what: str, v: dict[str, Any]) -> str | None:
         """Whether the engine had more prompt work than its normal at that load, enough to

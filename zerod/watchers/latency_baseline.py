@@ -23,6 +23,13 @@ Three statistics are compared, each in its own bucket:
   must be over, so a stage's burst (a second or two) never is; the H200's 10-minute
   ramp stays under 1.04x its normal by it, the rogue job shows 2.1x three scrapes in.
 
+- for ITL at a load with no normal yet, since a likely cause began (a new process on
+  the GPU, a host alert): the lowest mean of each of the last `latency_sustain_intervals`
+  intervals since against the mean of the minute before it, whatever the load then
+  ("cause"). Under open-loop traffic a slower engine queues its requests: the load
+  climbs to where the engine may never have run (an H100 at mixed 10 req/s went from
+  12-23 to 48-95 concurrent requests under a rogue job, ITL 9 -> 40-58 ms).
+
 A regression must show beyond the `SPARED` worst intervals of what is compared
 (ranked by the statistic): when a stage of load starts at once, its burst of
 arrivals queues first tokens behind their prefills and stalls every running
@@ -139,6 +146,8 @@ class Comparison:
     normal_s: float
     count: int
     normal_count: int
+    # stat "cause": when the cause began (the normal is the minute before it)
+    since: float | None = None
 
     @property
     def ratio(self) -> float:
@@ -146,10 +155,14 @@ class Comparison:
 
 
 class LatencyBaseline:
-    def __init__(self, window_s: float, baseline_s: float) -> None:
+    def __init__(self, window_s: float, baseline_s: float, history_s: float = 0.0) -> None:
         self.window_s = window_s
         self.baseline_s = baseline_s
         self.window: collections.deque[Interval] = collections.deque()
+        # every interval of the last history_s seconds in order, whatever its load: the
+        # minute before a cause began (since())
+        self.history_s = max(history_s, window_s)
+        self.recent: collections.deque[Interval] = collections.deque()
         # metric -> bucket -> slots, oldest first
         self.slots: dict[str, dict[str, collections.deque[Slot]]] = {m: {} for m in METRICS}
         self._last_t: float | None = None
@@ -158,9 +171,13 @@ class LatencyBaseline:
         seconds = 0.0 if self._last_t is None else max(0.0, t - self._last_t)
         self._last_t = t
         work = dataclasses.replace(work or Work(), seconds=seconds)
-        self.window.append(Interval(t, seconds, load_bucket(concurrency), hists, work))
+        iv = Interval(t, seconds, load_bucket(concurrency), hists, work)
+        self.window.append(iv)
+        self.recent.append(iv)
         while self.window and t - self.window[0].t >= self.window_s:
             self._learn(self.window.popleft())
+        while t - self.recent[0].t > self.history_s:
+            self.recent.popleft()
         self._expire(t)
 
     def taint(self, metric: str) -> None:
@@ -274,6 +291,52 @@ class LatencyBaseline:
             return []
         return [Comparison(metric, "sustained", bucket, now, normal, int(sum(h.count for h in hists)),
                            int(base.count))]
+
+    def since(self, metric: str, t: float, before_s: float, intervals: int, min_samples: int,
+              normal_min_samples: int, normal_min_s: float = 0.0) -> Comparison | None:
+        """At a load with no normal yet: the last `intervals` scrape intervals, all begun at
+        t or later, the lowest of their means against the mean of the `before_s` seconds
+        before t, whatever the load then (stat "cause": a shift that began with what
+        happened at t). Under open-loop traffic a slower engine queues its requests and
+        moves to a load it may never have run at (docs/daemon.md); where it has, the
+        normal of that load judges. None: the load has a normal, too few intervals since
+        t, or under normal_min_s of them before it."""
+        last = [iv for iv in self.recent if iv.t - iv.seconds >= t][-intervals:] if intervals > 0 else []
+        if len(last) < intervals:
+            return None
+        bucket = last[-1].bucket
+        if (self.normal(metric, bucket).count >= normal_min_samples
+                and self.normal_seconds(metric, bucket) >= normal_min_s):
+            return None
+        hists = [iv.hists.get(metric) for iv in last]
+        if any(h is None or h.count <= 0 for h in hists) or sum(h.count for h in hists) < max(1, min_samples):
+            return None
+        # the minute before counts whole: a regression since t taints it too (the window
+        # spans both), and it stays the reference
+        base, seconds = Histogram(), 0.0
+        for iv in self.recent:
+            if t - before_s < iv.t <= t and metric in iv.hists:
+                base, seconds = base.plus(iv.hists[metric]), seconds + iv.seconds
+        normal = _mean(base)
+        if normal is None or base.count < max(1, min_samples) or seconds < normal_min_s:
+            return None
+        return Comparison(metric, "cause", bucket, min(_mean(h) for h in hists), normal,
+                          int(sum(h.count for h in hists)), int(base.count), since=t)
+
+    def work_between(self, lo: float, hi: float) -> Work:
+        """The prompt work of the intervals that ended in (lo, hi]."""
+        total = Work()
+        for iv in self.recent:
+            if lo < iv.t <= hi:
+                total = total.plus(iv.work)
+        return total
+
+    def last_work(self, intervals: int) -> Work:
+        """The prompt work of the last `intervals` scrape intervals."""
+        total = Work()
+        for iv in list(self.recent)[-intervals:] if intervals > 0 else []:
+            total = total.plus(iv.work)
+        return total
 
     def normals(self) -> dict[str, dict[str, float | None]]:
         """{metric: {bucket: normal p99}} for /v1/engine."""
