@@ -3,7 +3,7 @@
 # SLO set: LatencyRegression against the learned normal), a dummy 8B engine under steady
 # load (LOAD: 32 closed-loop streams by default; mixR is `zerod bench --scenario mix` at R
 # requests a second, Poisson, prompts 32-4,096 — mix25 runs the H200 near its capacity), the
-# normal learned for 90 s, then a rogue job (16 GiB, bf16 matmuls in a
+# normal learned for LEARN (95) s, then a rogue job (16 GiB, bf16 matmuls in a
 # loop, gpu/rogue_job.py) — how long until a LatencyRegression fires, and whether it names the
 # job. The compute-mode prevention is not shown here: this workplace's device rules forbid
 # changing a lent GPU's compute mode (tested against a fake NVML in tests/). Results: $OUT/latency.tgz
@@ -18,7 +18,7 @@ pack() { tar czf "$FINAL/latency.tgz" -C "$W" . 2>/dev/null; }
 stamp() { echo "== $(date -u +%T) $*" | tee -a "$W/timeline.txt"; }
 . gpu/parts/wheels.sh xgrammar   # packages the device image lacks (xgrammar, psutil), carried in .whl
 # SMOKE=1: the same steps on the CPU (tiny shape, short waits, no rogue job): checks the script
-SHAPE=8b; DEV=cuda; DT=bfloat16; LEARN=95; ROGUE="$PY gpu/rogue_job.py 16 60"
+SHAPE=8b; DEV=cuda; DT=bfloat16; LEARN=${LEARN:-95}; ROGUE="$PY gpu/rogue_job.py 16 60"
 if [ "${SMOKE:-0}" = 1 ]; then SHAPE=tiny; DEV=cpu; DT=float32; LEARN=8; ROGUE="sleep 20"; fi
 M=/tmp/zerod-dummy-$SHAPE
 $PY gpu/server_make_model.py "$M" --shape $SHAPE > /dev/null || exit 1
