@@ -85,5 +85,12 @@ print("labels:", a.get("labels"))
 e = d.get("engine", {})
 print("engine p99 ITL now / normal:", e.get("itl_p99_s"), e.get("itl_normal_p99_s"), " TTFT:", e.get("ttft_p99_s"), e.get("ttft_normal_p99_s"))
 PYEOF
-echo "the recorded scrapes replayed offline (gpu/latency_replay.py; t_s from the first scrape):"
-$PY gpu/latency_replay.py replay "$W/scrapes.jsonl" | grep -v '^alert=' | cut -c1-400
+# the replay has no GPU process watcher: the job goes in when the live daemon first saw it.
+# The job is stopped at the live alert, so the recording holds only its first seconds: a
+# replay may judge them short of a verdict the live daemon reached.
+SEEN=$($PY -c "import json,sys
+t0 = json.loads(open(sys.argv[1]).readline())['t']
+seen = [a['starts_at'] for a in json.load(open(sys.argv[2])).get('alerts', []) if a['alertname'] == 'ForeignGpuProcess']
+print(f'foreign_at={min(seen) - t0:.1f}' if seen else '')" "$W/scrapes.jsonl" "$W/alerts-after.json" 2>/dev/null)
+echo "the recorded scrapes replayed offline (gpu/latency_replay.py $SEEN; t_s from the first scrape):"
+$PY gpu/latency_replay.py replay "$W/scrapes.jsonl" $SEEN 2>/dev/null | cut -c1-400
