@@ -42,7 +42,7 @@ from zerod.registry import AlertRule, owns
 from zerod.engine import metrics as names
 from zerod.watchers import Watcher
 from zerod.watchers.engine_metrics import EngineMetricsWatcher, Sample
-from zerod.watchers.latency_baseline import LatencyBaseline, Work, load_bucket
+from zerod.watchers.latency_baseline import Comparison, LatencyBaseline, Work, load_bucket
 
 log = logging.getLogger("zerod.watchers.latency")
 
@@ -297,14 +297,14 @@ class LatencyWatcher(Watcher):
             self.book.fire("LatencyRegression", self.spec.key(what), severity="warning", summary=summary, description=desc,
                            labels=labels, fix=fix)
 
-    def _since_causes(self, now: float) -> list:
+    def _since_causes(self, now: float) -> list[Comparison]:
         """At a load with no normal yet, ITL since each likely cause began (a foreign
         process holding a CUDA context, a host alert) against the minute before it,
-        whatever the load then (LatencyBaseline.since). A cause starts a verdict within latency_window_s of its
-        start and holds one it started for cause_window_s. Not when the engine computed
-        PROMPT_RATE_SURGE times the prompt tokens a second over the intervals compared
-        that it did the minute before: the traffic changed too (a slower engine computes
-        fewer)."""
+        whatever the load then (LatencyBaseline.since). A cause starts a verdict within
+        latency_window_s of its start and holds one it started for cause_window_s. Not
+        when the engine computed PROMPT_RATE_SURGE times the prompt tokens a second over
+        the intervals compared that it did the minute before: the traffic changed too (a
+        slower engine computes fewer)."""
         cfg = self.cfg
         horizon = cfg.cause_window_s if self._stat.get("itl") == "cause" else cfg.latency_window_s
         starts = {c["first_seen"] for c in self.likely_causes(now) if c.get("holds_context", True)}

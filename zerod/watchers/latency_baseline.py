@@ -8,7 +8,7 @@ window is only ever compared with the normal of its own bucket. A load ramp
 then moves from bucket to bucket without looking like a regression; a bucket
 with too little history has no normal yet and gives no verdict.
 
-Three statistics are compared, each in its own bucket:
+Three statistics are compared, each in its own bucket, and a fourth where a bucket has none:
 - the p99 over the window (`latency_window_s`, a minute): the tail — a monitoring
   agent's GPU poll that took an incident's p99 from 90 to 320 ms;
 - for ITL, the mean over its last `latency_shift_s` seconds: a sustained shift. A rogue
