@@ -593,6 +593,22 @@ def test_a_rogue_job_that_queues_open_loop_traffic_into_a_new_load_is_named():
     assert latency.baseline.normal("itl", "32-47").count == 0
 
 
+def test_throttling_that_queues_open_loop_traffic_into_a_new_load_is_named():
+    """A host alert is a likely cause as a new process is: clocks held down slow every
+    step, the queue takes the load where the engine never ran."""
+    sim = OpenLoopSim()
+    cfg, clock, book, metrics, latency, _ = daemon_side()
+    run(sim, clock, metrics, latency, 300, streams=lambda i: 16)
+    book.fire("GpuThrottled", "0", severity="warning", summary="GPU 0 clocks held down: hw_thermal_slowdown",
+              labels={"gpu": 0}, fix="check airflow")
+    sim.slowdown = 2.0
+    run(sim, clock, metrics, latency, 15)
+    a = book.get("LatencyRegression", "itl")
+    assert a is not None and a.labels["basis"] == "cause" and a.labels["cause"] == "GpuThrottled"
+    assert a.summary.endswith("of the minute before; likely cause: GpuThrottled (GPU 0 clocks held down: hw_thermal_slowdown)")
+    assert a.fix == "check airflow"
+
+
 def test_a_harmless_process_beside_steady_open_loop_traffic_is_not_blamed():
     sim = OpenLoopSim()
     cfg, clock, book, metrics, latency, recent = daemon_side()
