@@ -18,14 +18,16 @@ the host's launch overlap are left out). The traffic is `gpu/stalls_probe.py`'s.
 `ZEROD_STEP_TRACE` file (engine/core/step_trace.py: every step's shape and device time)
 recorded on the device, e.g. during `gpu/serving.sh stalls`.
 
-`--check` compares the model of the current engine with the H200's recorded figures for
-the same scenarios (gpu/results/serving.md, "No stall from READY on") before the variants
+`--check` compares the model of `current` (two forwards a step) with the H200's recorded
+figures for the same scenarios (gpu/results/serving.md, "No stall from READY on") before the variants
 are read: a model that misses them says nothing about the variants.
 
 Variants (each changes one thing against `current`; `a+b` applies both):
-  current        the engine as it is: a step with prompt chunks runs a prefill forward
-                 and then the decode forward (the weights read twice)
-  one-forward    prompt chunks and decode rows in one forward (the weights read once)
+  current        a step with prompt chunks runs a prefill forward and then the decode
+                 forward (the weights read twice): the loop the H200 traces of --check
+                 recorded, and the engine with Tuning.one_forward_mixed_steps off
+  one-forward    prompt chunks and decode rows in one forward (the weights read once):
+                 the engine as it is (one_forward_mixed_steps on by default)
   itl35, itl40   --target-itl-ms 35 / 40 (the ITL p99 target is 40 ms)
   budget4k       --max-num-batched-tokens 4096
   ttft-slack0    a long prompt's deadline is target_ttft alone, not plus its own prefill
@@ -353,7 +355,7 @@ def main() -> None:
     ap.add_argument("--scenarios", default="burst200,mix25,mix10,prefix,streams16k")
     ap.add_argument("--variants", default="current,one-forward,itl40,one-forward+itl40,budget4k,ttft-slack0")
     ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--check", action="store_true", help="the current engine's model beside the recorded figures")
+    ap.add_argument("--check", action="store_true", help="the model of 'current' (two forwards a step) beside the recorded figures")
     ap.add_argument("--json", help="write every run's summary here")
     ap.add_argument("--fit", metavar="TRACE", help="fit the step costs to a ZEROD_STEP_TRACE file first")
     a = ap.parse_args()
