@@ -94,10 +94,8 @@ class Tuning:
     # The chunk budget's deadline for a waiting prompt: arrival + --target-ttft-ms + this
     # many times the prompt's own prefill time (engine/core/step_cost.py), so a long
     # prompt may take longer than a short one. 0 holds every prompt to the TTFT target
-    # alone: the scheduler model (gpu/schedule_sim.py) puts it ahead with one forward a
-    # step (mixed 10 req/s TTFT p99 201 -> 156 ms, the prefixes' 144 -> 109, mixed 10
-    # ITL p99 22 -> 36 ms). On an H100 it did that (TTFT p99 222 -> 189-204 ms) and
-    # took mixed 10 req/s ITL p99 from 27-28 to 48-49 ms: a trade, so 1 (docs/perf.md).
+    # alone. Measured, it lowers mixed 10 req/s TTFT p99 and nearly doubles its ITL p99:
+    # a trade against the flat ITL line, so 1 (docs/perf.md "A model of the scheduler").
     long_prompt_slack: float = 1.0
 
     def __post_init__(self) -> None:

@@ -12,6 +12,9 @@ set -u
 cd "$(dirname "$0")/../.."
 export PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
+LOAD=${LOAD:-streams32}
+[[ $LOAD =~ ^(mix|streams)[0-9]+$ ]] || { echo "LOAD=$LOAD: streamsN or mixR (whole numbers)" >&2; exit 2; }
+[[ ${LEARN:-95} =~ ^[0-9]+$ ]] || { echo "LEARN=$LEARN: whole seconds" >&2; exit 2; }
 FINAL=${OUT:-/tmp/zerod-latency}; mkdir -p "$FINAL"
 W=/tmp/lat; rm -rf "$W"; mkdir -p "$W/run"
 pack() { tar czf "$FINAL/latency.tgz" -C "$W" . 2>/dev/null; }
@@ -23,7 +26,6 @@ if [ "${SMOKE:-0}" = 1 ]; then SHAPE=tiny; DEV=cpu; DT=float32; LEARN=8; ROGUE="
 M=/tmp/zerod-dummy-$SHAPE
 $PY gpu/server_make_model.py "$M" --shape $SHAPE > /dev/null || exit 1
 . gpu/parts/daemon_up.sh   # zerod run, default config + this dummy engine; DPID
-LOAD=${LOAD:-streams32}
 if [[ $LOAD == mix* ]]; then
     R=${LOAD#mix}; LOADARGS="--scenario mix --request-rate $R --num-prompts $((200 * R))"
 else

@@ -228,6 +228,11 @@ class LatencyBaseline:
         """How long the engine ran at that load in the normal."""
         return sum(slot.seconds for slot in self.slots[metric].get(bucket, ()))
 
+    def has_normal(self, metric: str, bucket: str, min_samples: int, min_s: float) -> bool:
+        """Whether that load's normal holds enough to judge by: min_samples observations
+        over at least min_s seconds (the first seconds at a new load are no normal)."""
+        return self.normal(metric, bucket).count >= min_samples and self.normal_seconds(metric, bucket) >= min_s
+
     def normal_work(self, metric: str, bucket: str) -> Work:
         total = Work()
         for slot in self.slots[metric].get(bucket, ()):
@@ -261,9 +266,9 @@ class LatencyBaseline:
                 cur = cur.plus(h)
             if cur.count < max(1, min_samples):
                 continue
-            base = self.normal(metric, bucket)
-            if base.count < normal_min_samples or self.normal_seconds(metric, bucket) < normal_min_s:
+            if not self.has_normal(metric, bucket, normal_min_samples, normal_min_s):
                 continue
+            base = self.normal(metric, bucket)
             now, normal = value(cur), value(base)
             if now is None or normal is None:
                 continue
@@ -283,9 +288,9 @@ class LatencyBaseline:
         if any(h is None or h.count <= 0 for h in hists) or sum(h.count for h in hists) < max(1, min_samples):
             return []
         bucket = last[0].bucket
-        base = self.normal(metric, bucket)
-        if base.count < normal_min_samples or self.normal_seconds(metric, bucket) < normal_min_s:
+        if not self.has_normal(metric, bucket, normal_min_samples, normal_min_s):
             return []
+        base = self.normal(metric, bucket)
         now, normal = min(_mean(h) for h in hists), _mean(base)
         if normal is None:
             return []
@@ -305,8 +310,7 @@ class LatencyBaseline:
         if len(last) < intervals:
             return None
         bucket = last[-1].bucket
-        if (self.normal(metric, bucket).count >= normal_min_samples
-                and self.normal_seconds(metric, bucket) >= normal_min_s):
+        if self.has_normal(metric, bucket, normal_min_samples, normal_min_s):
             return None
         hists = [iv.hists.get(metric) for iv in last]
         if any(h is None or h.count <= 0 for h in hists) or sum(h.count for h in hists) < max(1, min_samples):
