@@ -12,7 +12,7 @@ from kernel_checks import run_in_interpreter
 from zerod.engine.model import ops
 from zerod.engine.config import EngineError
 from zerod.engine.spec.hf_config import load_model_config, parse_model_config
-from zerod.engine.model.moe import fused_experts_reference, route
+from zerod.engine.model.moe import fused_experts_reference, route, route_reference
 from zerod.engine.spec.weights import weight_bytes
 
 COMMON = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
@@ -163,6 +163,62 @@ for t, e, k, bm in [(1, 8, 2, 16), (300, 6, 3, 16), (50, 128, 8, 64), (1100, 8, 
 print("RESULT ok")
 """
     run_in_interpreter(script)
+
+
+# The router kernel against transformers' routing: the same experts with the same weights.
+# Logits that tie (bf16 over 128 experts) may list tied experts in another order than
+# torch.topk: what must hold is that each named expert carries the weight given it, and
+# the weights are the k largest.
+ROUTER_SCRIPT = r"""
+import torch
+from kernel_checks import patch_triton_interpreter
+patch_triton_interpreter()
+from test_families_moe import check_router
+check_router(torch.device("cpu"))
+print("RESULT ok")
+"""
+
+
+def check_router(device):
+    from zerod.engine.kernels.router import route as route_kernel
+
+    g = torch.Generator().manual_seed(7)
+    for t, e, k, renorm, dtype in [(1, 8, 2, True, torch.bfloat16), (37, 8, 2, True, torch.float32),
+                                   (200, 8, 2, True, torch.bfloat16), (5, 8, 3, False, torch.float32),
+                                   (40, 128, 8, False, torch.bfloat16), (3, 60, 4, True, torch.float32),
+                                   (2048, 128, 8, True, torch.bfloat16), (0, 8, 2, True, torch.bfloat16)]:
+        logits = torch.randn(t, e, generator=g).to(dtype).to(device)
+        w, ids = route_kernel(logits, k, renorm)
+        w_ref, ids_ref = route_reference(logits, k, renorm)
+        assert ids.dtype == torch.int32 and w.dtype == torch.float32 and w.shape == ids.shape == (t, k)
+        torch.testing.assert_close(w, w_ref, rtol=1e-5, atol=1e-6)
+        probs = torch.softmax(logits.float(), dim=-1)
+        chosen = probs.gather(1, ids.long())
+        if renorm:
+            chosen = chosen / chosen.sum(dim=-1, keepdim=True)
+        torch.testing.assert_close(chosen, w, rtol=1e-5, atol=1e-6)   # each id carries its weight
+        if t:
+            assert (ids.sort(dim=-1).values.diff(dim=-1) > 0).all(), "k distinct experts"
+        if dtype == torch.float32:   # no ties: the same experts in the same order
+            assert torch.equal(ids.long(), ids_ref)
+
+
+def test_router_kernel_in_interpreter():
+    pytest.importorskip("triton")
+    run_in_interpreter(ROUTER_SCRIPT)
+
+
+@pytest.mark.gpu
+def test_router_kernel_on_gpu():
+    check_router(torch.device("cuda"))
+
+
+def test_router_refuses_more_experts_than_it_holds():
+    pytest.importorskip("triton")
+    from zerod.engine.kernels.router import MAX_EXPERTS, route as route_kernel
+
+    with pytest.raises(ValueError, match="at most"):
+        route_kernel(torch.zeros(1, MAX_EXPERTS + 1), 2, True)
 
 
 @pytest.mark.gpu

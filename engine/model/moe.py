@@ -3,9 +3,10 @@
 The router is a projection to one logit per expert; softmax in float32, the top k, and
 (Mixtral, Qwen3-MoE with norm_topk_prob) the k probabilities renormalised to sum to 1, as
 transformers does. Expert weights are stacked at load: w13 [E, 2I, H] (gate rows, then
-up rows) and w2 [E, H, I]. On CUDA the experts run as the fused Triton kernel
-(kernels/moe.py: no per-expert loop, no host sync); elsewhere, or with "fused_moe" in
-ops.DISABLED, the torch reference below, which loops over the experts like transformers.
+up rows) and w2 [E, H, I]. On CUDA the router's top k is one Triton launch
+(kernels/router.py) and the experts run as the fused Triton kernel (kernels/moe.py: no
+per-expert loop, no host sync); elsewhere, or with "fused_moe" in ops.DISABLED, the torch
+references below, the experts looped over like transformers.
 """
 
 from __future__ import annotations
@@ -24,7 +25,17 @@ KERNEL = "fused_moe"     # the name ops.kernels_disabled takes to run the refere
 
 
 def route(logits: torch.Tensor, top_k: int, renormalise: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(weights float32 [T, k], expert ids [T, k]) from the router's logits [T, E]."""
+    """(weights float32 [T, k], expert ids [T, k]) from the router's logits [T, E]: one
+    launch on CUDA (kernels/router.py, int32 ids), the torch reference elsewhere."""
+    if _kernel(logits) is not None:
+        from ..kernels.router import MAX_EXPERTS, route as route_kernel
+        if logits.shape[-1] <= MAX_EXPERTS:
+            return route_kernel(logits, top_k, renormalise)
+    return route_reference(logits, top_k, renormalise)
+
+
+def route_reference(logits: torch.Tensor, top_k: int, renormalise: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' routing: softmax in float32, the top k, renormalised on request."""
     probs = torch.softmax(logits.float(), dim=-1)
     weights, ids = torch.topk(probs, top_k, dim=-1)
     if renormalise:
