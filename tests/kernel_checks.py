@@ -167,6 +167,37 @@ def check_write_kv(fn, ref, T, hk, d, page_size, dtype, device, gen, pad=2):
                       max(r1, r2), max(m1, m2), f1 and f2 and exact, 0.0)
 
 
+def check_rope_write_kv(fn, ref, T, hq, hk, d, page_size, dtype, device, gen, pad=2):
+    """The fused op against the references of its two halves: q and k rotated within
+    tolerance, the cache bitwise what write_kv of the kernel's own rotated k puts there
+    (every slot not written keeps its value; padded rows write into the scratch page 0)."""
+    qkv = _randn(T, (hq + 2 * hk) * d, dtype=dtype, device=device, gen=gen)
+    q = qkv[:, : hq * d].view(T, hq, d)
+    k = qkv[:, hq * d: (hq + hk) * d].view(T, hk, d)
+    v = qkv[:, (hq + hk) * d:].view(T, hk, d)
+    max_pos = 4096
+    pos = torch.randint(0, max_pos, (T,), generator=gen).to(device)
+    inv = 1.0 / (500000.0 ** (torch.arange(0, d, 2, dtype=torch.float32, device=device) / d))
+    ang = torch.arange(max_pos, dtype=torch.float32, device=device)[:, None] * inv[None, :]
+    cache = torch.cat((ang.cos(), ang.sin()), dim=-1).to(dtype)
+    num_pages = (T + pad) // page_size + 4
+    kc = _randn(num_pages, page_size, hk, d, dtype=dtype, device=device, gen=gen)
+    vc = _randn(num_pages, page_size, hk, d, dtype=dtype, device=device, gen=gen)
+    slots = page_size + torch.randperm((num_pages - 1) * page_size, generator=gen)[:T]
+    slots[:min(pad, T)] = torch.arange(min(pad, T))
+    slots = slots.to(device)
+    kc_ref, vc_ref = kc.clone(), vc.clone()
+    _poison(device)
+    qo, ko = fn(q, k, v, pos, cache, kc, vc, slots)
+    rq, rk = ref["apply_rope"](*_f32(q, k), pos, cache.float())
+    ref["write_kv"](ko, v, kc_ref, vc_ref, slots)
+    r1, m1, f1 = _rel(qo, rq)
+    r2, m2, f2 = _rel(ko, rk)
+    exact = bool(torch.equal(kc, kc_ref) and torch.equal(vc, vc_ref))
+    return CaseResult("rope_write_kv", f"T={T} Hq={hq} Hk={hk} D={d} page={page_size} pad={pad}",
+                      max(r1, r2), max(m1, m2), f1 and f2 and exact, _tol(dtype))
+
+
 def check_decode(fn, ref, ctx_lens, hq, hk, d, page_size, dtype, device, gen, width=None, **kw):
     B = len(ctx_lens)
     kc, vc, bt, cl = paged_kv(ctx_lens, page_size, hk, d, dtype, device, width=width, gen=gen)
@@ -232,6 +263,9 @@ def all_cases(device: torch.device, big: bool) -> list[tuple[str, Callable]]:
     for T, hk, d, ps in [(1, 8, 128, 16), (50, 8, 128, 16), (7, 2, 64, 8)]:
         add("write_kv", lambda K, R, g, T=T, hk=hk, d=d, ps=ps:
             check_write_kv(K["write_kv"], R, T, hk, d, ps, bf, dev, g, pad=min(2, T - 1)))
+    for T, hq, hk, d, ps in [(1, 32, 8, 128, 16), (50, 32, 8, 128, 16), (7, 14, 2, 64, 8)]:
+        add("rope_write_kv", lambda K, R, g, T=T, hq=hq, hk=hk, d=d, ps=ps:
+            check_rope_write_kv(K["rope_write_kv"], R, T, hq, hk, d, ps, bf, dev, g, pad=min(2, T - 1)))
 
     dec = [
         ([1], 32, 8, 128, 16, {}),

@@ -170,6 +170,17 @@ def run_checks(device: torch.device) -> list[tuple[str, float, float]]:
     ops.write_kv_reference(k, v, kr, vr, slots, k_scale=ks, v_scale=vs)
     out.append(("write_kv fp8", max(_rel(kc.float() * ks, kr.float() * ks), _rel(vc.float() * vs, vr.float() * vs)),
                 qtol))
+    # the same pages through the fused RoPE and write: its cache bytes equal write_kv's of the rotated k
+    q = rnd(20, 4, d, dt=adt)
+    pos = torch.randint(0, 64, (20,), generator=g).to(device)
+    cos_sin = rnd(64, d, dt=adt)
+    kc2, vc2 = torch.zeros_like(kc), torch.zeros_like(vc)
+    qo, ko = K_["rope_write_kv"](q, k, v, pos, cos_sin, kc2, vc2, slots, k_scale=ks, v_scale=vs)
+    kr2, vr2 = torch.zeros_like(kc), torch.zeros_like(vc)
+    K_["write_kv"](K_["apply_rope"](q, k, pos, cos_sin)[1], v, kr2, vr2, slots, k_scale=ks, v_scale=vs)
+    out.append(("rope_write_kv fp8", 0.0 if (torch.equal(kc2.view(torch.uint8), kr2.view(torch.uint8))
+                                             and torch.equal(vc2.view(torch.uint8), vr2.view(torch.uint8))) else 1.0,
+                0.0))
     kc = (rnd(pages, ps, hk, d) / ks).clamp(-448, 448).to(torch.float8_e4m3fn)
     vc = (rnd(pages, ps, hk, d) / vs).clamp(-448, 448).to(torch.float8_e4m3fn)
     bt = torch.randperm(pages - 1, generator=g)[:20].add(1).view(2, 10).int().to(device)

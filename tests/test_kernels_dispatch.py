@@ -11,7 +11,7 @@ def test_kernel_table_fails_soft_without_cuda():
     from zerod.engine.kernels import CUDA_KERNELS, IMPORT_ERROR, KERNEL_NAMES
 
     assert isinstance(CUDA_KERNELS, dict)
-    assert len(KERNEL_NAMES) == 7
+    assert len(KERNEL_NAMES) == 8
     if not torch.cuda.is_available():
         assert CUDA_KERNELS == {}
         assert IMPORT_ERROR

@@ -29,7 +29,7 @@ print("RESULT", "ok" if res and all(r.ok for r in res) else "bad")
 
 
 @pytest.mark.parametrize("names", [
-    ["rms_norm", "fused_add_rms_norm", "apply_rope", "silu_and_mul", "write_kv"],
+    ["rms_norm", "fused_add_rms_norm", "apply_rope", "silu_and_mul", "write_kv", "rope_write_kv"],
     ["decode_attention"],
     ["prefill_attention"],
 ], ids=["small-ops", "decode", "prefill"])

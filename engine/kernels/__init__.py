@@ -20,6 +20,7 @@ KERNEL_NAMES = (
     "apply_rope",
     "silu_and_mul",
     "write_kv",
+    "rope_write_kv",
     "decode_attention",
     "prefill_attention",
 )
@@ -38,7 +39,7 @@ def load_kernels() -> dict:
     from .kv_cache import write_kv
     from .norm import fused_add_rms_norm, rms_norm
     from .prefill_attention import prefill_attention
-    from .rope import apply_rope
+    from .rope import apply_rope, rope_write_kv
 
     return {
         "rms_norm": rms_norm,
@@ -46,6 +47,7 @@ def load_kernels() -> dict:
         "apply_rope": apply_rope,
         "silu_and_mul": silu_and_mul,
         "write_kv": write_kv,
+        "rope_write_kv": rope_write_kv,
         "decode_attention": decode_attention,
         "prefill_attention": prefill_attention,
     }

@@ -53,6 +53,12 @@ def write_kv(k, v, k_cache, v_cache, slot_mapping):
     vc[slots] = v[keep]
 
 
+def rope_write_kv(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping):
+    q, k = apply_rope(q, k, positions, cos_sin_cache)
+    write_kv(k, v, k_cache, v_cache, slot_mapping)
+    return q, k
+
+
 def _gather(cache, block_table, n):
     """The first n tokens of one sequence from a paged cache -> [n, Hk, D]."""
     page_size = cache.shape[1]
@@ -139,6 +145,7 @@ REFERENCES = {
     "apply_rope": apply_rope,
     "silu_and_mul": silu_and_mul,
     "write_kv": write_kv,
+    "rope_write_kv": rope_write_kv,
     "decode_attention": decode_attention,
     "prefill_attention": prefill_attention,
 }

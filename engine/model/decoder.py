@@ -159,11 +159,10 @@ class LlamaModel(nn.Module):
             k = ops.rms_norm(k, L.k_norm, mc.rms_norm_eps)
         mops = self.ops
         cos_sin = self.local_cos_sin if L.window and self.local_cos_sin is not None else self._cos_sin
-        q, k = mops.apply_rope(q, k, positions, cos_sin)
         k_cache, v_cache = kv[0], kv[1]
         # FP8 KV pages: the ops quantize on write and dequantize on read with these
         kv_scales = dict(k_scale=L.k_scale, v_scale=L.v_scale) if kv.dtype == ops.FP8 else {}
-        mops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping, **kv_scales)
+        q, k = mops.rope_write_kv(q, k, v, positions, cos_sin, k_cache, v_cache, meta.slot_mapping, **kv_scales)
         extra = {}
         if L.window or mc.attn_softcap:   # only the models that use them pass them
             extra = dict(window=L.window, softcap=mc.attn_softcap)

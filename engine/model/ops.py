@@ -163,6 +163,25 @@ def write_kv_reference(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, 
     v_cache.view(-1, hk, d).index_copy_(0, slot_mapping, v)
 
 
+def rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+                  cos_sin_cache: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  slot_mapping: torch.Tensor, **kv_scales) -> tuple[torch.Tensor, torch.Tensor]:
+    """apply_rope, then write_kv of the rotated k and v: (q, k) rotated. One launch on CUDA."""
+    kern = _kernel("rope_write_kv", q)
+    if kern is not None:
+        return kern(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping, **kv_scales)
+    return rope_write_kv_reference(q, k, v, positions, cos_sin_cache, k_cache, v_cache, slot_mapping,
+                                   **kv_scales)
+
+
+def rope_write_kv_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+                            cos_sin_cache: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                            slot_mapping: torch.Tensor, **kv_scales) -> tuple[torch.Tensor, torch.Tensor]:
+    q, k = apply_rope_reference(q, k, positions, cos_sin_cache)
+    write_kv_reference(k, v, k_cache, v_cache, slot_mapping, **kv_scales)
+    return q, k
+
+
 def _gather(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
     """[B, W*page, Hk, D] of the pages named by block_tables."""
     b, w = block_tables.shape
@@ -267,7 +286,7 @@ def prefill_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache:
 # ---------------------------------------------------------------- per model
 
 # Ops whose kernels are specialised on head_dim (a power of two >= 16).
-HEAD_DIM_OPS = ("apply_rope", "write_kv", "decode_attention", "prefill_attention")
+HEAD_DIM_OPS = ("apply_rope", "write_kv", "rope_write_kv", "decode_attention", "prefill_attention")
 
 
 def kernels_take_head_dim(head_dim: int) -> bool:
@@ -279,9 +298,10 @@ class ModelOps:
     """The head-dim specialised ops as one model calls them."""
     apply_rope: Callable
     write_kv: Callable
+    rope_write_kv: Callable
     decode_attention: Callable
     prefill_attention: Callable
-    head_dim_kernels: bool      # False: the four ops above run their torch references
+    head_dim_kernels: bool      # False: the five ops above run their torch references
 
     def has_kernel(self, name: str) -> bool:
         return (self.head_dim_kernels or name not in HEAD_DIM_OPS) and has_kernel(name)
@@ -289,6 +309,6 @@ class ModelOps:
 
 def model_ops(head_dim: int) -> ModelOps:
     if kernels_take_head_dim(head_dim):
-        return ModelOps(apply_rope, write_kv, decode_attention, prefill_attention, True)
-    return ModelOps(apply_rope_reference, write_kv_reference, decode_attention_reference,
-                    prefill_attention_reference, False)
+        return ModelOps(apply_rope, write_kv, rope_write_kv, decode_attention, prefill_attention, True)
+    return ModelOps(apply_rope_reference, write_kv_reference, rope_write_kv_reference,
+                    decode_attention_reference, prefill_attention_reference, False)
