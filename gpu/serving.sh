@@ -18,12 +18,14 @@
 #   stalls    the no-stall scenarios from READY on (gpu/stalls_probe.py): the code in .before/
 #             (git archive of a reference commit, carried) against this tree, cold and warm starts
 #   lora-bursts  8 adapters' first 200-stream burst after READY vs the second, .before/ and this tree
+#   throughput  the throughput table (bursts, batch-1, 16K) per shape (8B, 8B FP8, Mixtral-8x7B),
+#             .before/ against this tree in alternated pairs of fresh servers
 # SMOKE=1 runs most parts on the CPU with tiny shapes (checks the script, measures nothing).
 set -u
 cd "$(dirname "$0")/.."
 PART=${1:-base}; [ $# -gt 0 ] && shift
 case "$PART" in
-  base|mix|fp8|families|lora|api|stalls)
+  base|mix|fp8|families|lora|api|stalls|throughput)
     exec bash "gpu/parts/serving_$PART.sh" "$@" ;;
   lora-bursts)
     exec bash gpu/parts/serving_lora_bursts.sh "$@" ;;
