@@ -29,7 +29,8 @@ PEAK = {"bf16": 808.4e12, "fp8": 1491.7e12}   # FLOP/s: diag's checked GEMMs
 ATTENTION_KERNELS = ("_decode_split_kernel", "_decode_reduce_kernel", "_prefill_kernel")   # engine/kernels
 ATTENTION_LIBS = ("fmha", "flash", "cudnn")   # SDPA's backends, named inside their kernels' names
 MOE_GEMM = "_moe_gemm"                                              # engine/kernels/moe.py
-ROUTING_KERNELS = ("_count_kernel", "_offsets_kernel", "_scatter_kernel")   # its alignment
+ROUTING_KERNELS = ("_route_kernel",   # engine/kernels/router.py: the router's top k
+                   "_count_kernel", "_offsets_kernel", "_scatter_kernel")   # the experts' alignment
 
 
 @dataclass(frozen=True)
@@ -181,12 +182,12 @@ def breakdown(w: dict, fp8: bool, ctx: int, shape: Shape = LLAMA3_8B) -> list[tu
     return [(f"experts (fused MoE GEMMs): {touched:.1f} of {shape.experts} experts a layer x "
              f"{shape.layers} layers, {rows_per_step} rows x top-{shape.top_k}",
              experts, experts_bound_us(shape, rows_per_step, 2.0, PEAK["bf16"])),
-            ("routing (count, offsets, scatter)", routing, None),
+            ("routing (the router's top k; count, offsets, scatter)", routing, None),
             (f"GEMMs: attention projections + router x {shape.layers} layers + the LM head "
              f"({n_gemm} kernels, split-K reduce included)", gemm, layers + head),
             att_row,
-            ("norms, RoPE, SiLU, router softmax and top-k, KV writes, quantization, sampling, copies",
-             rest, None)]
+            ("norms, RoPE, SiLU, KV writes, quantization, sampling, copies (torch's router top-k "
+             "where it runs)", rest, None)]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -26,6 +26,7 @@ KERNELS = [
     ["_count_kernel", 10.0, 16.0],
     ["_offsets_kernel", 6.0, 16.0],
     ["_scatter_kernel", 9.0, 16.0],
+    ["_route_kernel", 5.0, 16.0],
     ["void vllm::rms_norm_kernel<c10::BFloat16>", 40.0, 33.0],
     ["void at::native::sbtopk::gatherTopK<float>", 25.0, 16.0],
 ]
@@ -82,7 +83,7 @@ def test_mixtral_rows_and_bounds(sb, mixtral_dir):
     assert bound == pytest.approx(roofline_us(touched * expert * 2 * 16, 2 * 200 * 2 * expert * 16, BF16))
     assert bound == pytest.approx(1e6 * 8 * expert * 2 * 16 / HBM, rel=1e-6)   # weight reads bound it
 
-    assert row(rows, "routing (count, offsets, scatter)")[1:] == (10.0 + 6.0 + 9.0, None)
+    assert row(rows, "routing (the router's top k; count, offsets, scatter)")[1:] == (5.0 + 10.0 + 6.0 + 9.0, None)
 
     _, us, bound = row(rows, "GEMMs: attention projections + router")
     assert us == 400.0   # the cuBLAS GEMM alone: _moe_gemm is the experts'
@@ -130,7 +131,7 @@ def test_llama_default_without_a_config(sb, tmp_path):
     assert bound == pytest.approx(1e6 * 2 * 200 * params / BF16)
     assert rows[1][2] == pytest.approx(1e6 * 200 * 88 * 2 * 8 * 128 * 2 * 32 / HBM)
     # the routing kernels, on no row of their own, are the rest's
-    assert rows[2][1:] == (10.0 + 6.0 + 9.0 + 40.0 + 25.0, None)
+    assert rows[2][1:] == (10.0 + 6.0 + 9.0 + 5.0 + 40.0 + 25.0, None)
     # a dense config.json gives the same shape's bounds
     cfg = tmp_path / "llama.json"
     cfg.write_text(json.dumps({"model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
@@ -147,7 +148,7 @@ def test_main_prints_the_experts_row(sb, mixtral_dir, tmp_path, capsys):
     assert "Mixtral-like: 16 layers, 8 experts top-2" in out
     assert "| experts (fused MoE GEMMs): 8.0 of 8 experts a layer" in out
     assert "experts: 62.5 µs a layer measured" in out    # 1000 us over 16 layers
-    assert "| routing (count, offsets, scatter) | 25 | - | - |" in out
+    assert "| routing (the router's top k; count, offsets, scatter) | 30 | - | - |" in out
     # the profiled directory gone: --model-config names the config; without it, Llama-3-8B
     sb.main([str(profile(tmp_path, tmp_path / "gone")), "--model-config", str(mixtral_dir)])
     assert "| experts (fused MoE GEMMs)" in capsys.readouterr().out
