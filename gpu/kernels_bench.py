@@ -291,9 +291,6 @@ def bench_decode(ref):
         row("decode_attention", shape, f"auto(splits={auto})",
             tm(lambda: fn(q, kc, vc, bt, cl, scale)), nb, ref_ms=ref_ms,
             eager_ms=ms_of(lambda: fn(q, kc, vc, bt, cl, scale)))
-        if auto > 1:   # the splits merged by a second launch instead of the last split's program
-            row("decode_attention", shape, f"auto(splits={auto}) merge=False",
-                tm(lambda: fn(q, kc, vc, bt, cl, scale, merge=False)), nb)
         splits = [1, 2] if B >= 200 else ([1, 2, 4, 8] if B >= 32 else [16, 32, 64, 128])
         for s in splits:
             if s != auto:

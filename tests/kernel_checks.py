@@ -272,7 +272,6 @@ def all_cases(device: torch.device, big: bool) -> list[tuple[str, Callable]]:
         ([1, 17, 33], 32, 8, 128, 16, {}),                 # ragged, crossing pages
         ([16, 15, 48, 200], 32, 8, 128, 16, {"num_splits": 1}),
         ([16, 15, 48, 200], 32, 8, 128, 16, {"num_splits": 4}),
-        ([16, 15, 48, 200], 32, 8, 128, 16, {"num_splits": 4, "merge": False}),   # merged by a 2nd launch
         ([300, 5, 129], 14, 2, 64, 16, {"num_splits": 8}),  # group 7 (Qwen2-like), tiny splits
         ([100, 64], 8, 8, 64, 8, {}),                       # no GQA, page 8
         ([513], 32, 8, 128, 16, {"num_splits": 2, "block_n": 32}),

@@ -13,14 +13,8 @@ the heads of its group. The slice length is computed *in the kernel* from
 context_lens (ceil(ctx / NUM_SPLITS) rounded up to BLOCK_N), so the grid depends
 only on shapes: a CUDA graph captured once serves every context length, and a
 single 16K sequence still spreads over the whole GPU.
-Stage 2 merges the splits with their log-sum-exp. With NUM_SPLITS == 1 stage 1
-writes the output itself and there is no stage 2. Otherwise the last split of each
-(sequence, KV head) to finish merges its GROUP heads (MERGE): each split counts itself
-on a per-device ticket after its partial results are stored, the one that draws the
-last ticket merges and resets the ticket to 0 for the next launch. That saves a launch
-a layer at the batch sizes that split (~2 µs each inside a CUDA graph). Without a
-ticket (more rows than TICKETS, or the first call inside a graph capture) a second
-launch, grid (B, Hq), merges instead.
+Stage 2, grid (B, Hq): merges the splits with their log-sum-exp. With
+NUM_SPLITS == 1 stage 1 writes the output itself and stage 2 is skipped.
 
 Sliding window (WINDOW > 0, Mistral / Gemma local layers): the splits cover only the
 last WINDOW tokens. Soft-capping (SOFTCAP, Gemma 2): scores become cap * tanh(s / cap)
@@ -49,27 +43,8 @@ def _tanh(x):
 
 
 @triton.jit
-def _merge_head(mid_o_ptr, mid_lse_ptr, out_ptr, b, h, stride_ob, stride_oh, HQ,
-                D: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr):
-    """Head h of sequence b: its splits' outputs weighted by their log-sum-exp."""
-    s = tl.arange(0, BLOCK_S)
-    d = tl.arange(0, D)
-    base = (b * HQ + h) * NUM_SPLITS
-    # .cg: from L2, where the other programs' stores are (L1 is not coherent across SMs)
-    lse = tl.load(mid_lse_ptr + base + s, mask=s < NUM_SPLITS, other=float("-inf"), cache_modifier=".cg")
-    live = lse > float("-inf")
-    m = tl.max(lse, 0)
-    w = tl.where(live, tl.exp2(lse - tl.where(live, m, 0.0)), 0.0)
-    total = tl.sum(w, 0)
-    o = tl.load(mid_o_ptr + (base + s)[:, None] * D + d[None, :], mask=live[:, None], other=0.0,
-                cache_modifier=".cg")
-    res = tl.sum(w[:, None] * o, 0) / tl.where(total > 0.0, total, 1.0)
-    tl.store(out_ptr + b * stride_ob + h * stride_oh + d, res.to(out_ptr.dtype.element_ty))
-
-
-@triton.jit
 def _decode_split_kernel(
-    q_ptr, kc_ptr, vc_ptr, bt_ptr, cl_ptr, out_ptr, mid_o_ptr, mid_lse_ptr, ticket_ptr,
+    q_ptr, kc_ptr, vc_ptr, bt_ptr, cl_ptr, out_ptr, mid_o_ptr, mid_lse_ptr,
     qk_scale, cap_in, cap_out, v_scale,
     stride_qb, stride_qh,
     stride_cp, stride_cs, stride_ch,
@@ -80,7 +55,6 @@ def _decode_split_kernel(
     GROUP: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr,
     BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
     WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, KV_FP8: tl.constexpr, PRECISION: tl.constexpr,
-    MERGE: tl.constexpr, BLOCK_S: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
@@ -144,14 +118,6 @@ def _decode_split_kernel(
         mrow = (b * HQ + qh) * NUM_SPLITS + s
         tl.store(mid_lse_ptr + mrow, lse, mask=hmask)
         tl.store(mid_o_ptr + mrow[:, None] * D + d[None, :], o, mask=hmask[:, None])
-        if MERGE:
-            tl.debug_barrier()     # every thread's partial results stored before the ticket
-            ticket = ticket_ptr + b * tl.num_programs(1) + kvh
-            if tl.atomic_add(ticket, 1, sem="acq_rel", scope="gpu") == NUM_SPLITS - 1:
-                tl.atomic_xchg(ticket, 0, sem="relaxed", scope="gpu")
-                for g in tl.static_range(GROUP):
-                    _merge_head(mid_o_ptr, mid_lse_ptr, out_ptr, b, kvh * GROUP + g, stride_ob, stride_oh,
-                                HQ, D, NUM_SPLITS, BLOCK_S)
 
 
 @triton.jit
@@ -161,25 +127,19 @@ def _decode_reduce_kernel(
     HQ,
     D: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
 ):
-    _merge_head(mid_o_ptr, mid_lse_ptr, out_ptr, tl.program_id(0).to(tl.int64), tl.program_id(1),
-                stride_ob, stride_oh, HQ, D, NUM_SPLITS, BLOCK_S)
-
-
-TICKETS = 1 << 16     # (sequence, KV head) pairs a launch can merge in-kernel: B * Hk
-_TICKETS: dict = {}   # device -> int32 [TICKETS] zeros, one per device for the process
-
-
-def _tickets(device: torch.device) -> torch.Tensor | None:
-    """The device's tickets, made on first use outside a capture (the eager warm-up runs
-    every bucket before the graphs are captured); None inside a capture before that.
-    One stream uses them at a time: the engine launches attention on its one stream."""
-    key = (device.type, device.index)
-    t = _TICKETS.get(key)
-    if t is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None
-        t = _TICKETS[key] = torch.zeros(TICKETS, dtype=torch.int32, device=device)
-    return t
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    s = tl.arange(0, BLOCK_S)
+    d = tl.arange(0, D)
+    base = (b * HQ + h) * NUM_SPLITS
+    lse = tl.load(mid_lse_ptr + base + s, mask=s < NUM_SPLITS, other=float("-inf"))
+    live = lse > float("-inf")
+    m = tl.max(lse, 0)
+    w = tl.where(live, tl.exp2(lse - tl.where(live, m, 0.0)), 0.0)
+    total = tl.sum(w, 0)
+    o = tl.load(mid_o_ptr + (base + s)[:, None] * D + d[None, :], mask=live[:, None], other=0.0)
+    res = tl.sum(w[:, None] * o, 0) / tl.where(total > 0.0, total, 1.0)
+    tl.store(out_ptr + b * stride_ob + h * stride_oh + d, res.to(out_ptr.dtype.element_ty))
 
 
 @functools.lru_cache(maxsize=None)
@@ -229,10 +189,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
                      *, window: int = 0, softcap: float = 0.0, k_scale: float = 1.0, v_scale: float = 1.0,
                      num_splits: int | None = None, block_n: int | None = None,
-                     num_warps: int | None = None, num_stages: int | None = None,
-                     merge: bool = True) -> torch.Tensor:
-    """k_scale, v_scale: an FP8 cache's per-tensor scales (value = fp8 * scale).
-    merge=False: the splits merged by a second launch (the kernel bench compares)."""
+                     num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
+    """k_scale, v_scale: an FP8 cache's per-tensor scales (value = fp8 * scale)."""
     B, Hq, D = q.shape
     _, page_size, Hk, Dk = k_cache.shape
     assert Dk == D and Hq % Hk == 0, (q.shape, k_cache.shape)
@@ -256,12 +214,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         mid_lse = torch.empty((B, Hq, num_splits), dtype=torch.float32, device=q.device)
     else:
         mid_o = mid_lse = out  # unused
-    tickets = _tickets(q.device) if merge and num_splits > 1 and B * Hk <= TICKETS else None
-    block_s = triton.next_power_of_2(num_splits)
     scale = float(scale) * k_scale   # scores of an FP8 cache: q . k8 * k_scale
     _decode_split_kernel[(B, Hk, num_splits)](
         q, k_cache, v_cache, block_tables, context_lens, out, mid_o, mid_lse,
-        tickets if tickets is not None else out,
         scale * _LOG2E, *_softcap_factors(scale, softcap), float(v_scale),
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -271,14 +226,13 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         PAGE_SIZE=page_size, GROUP=group, BLOCK_H=block_h, D=D,
         BLOCK_N=block_n, NUM_SPLITS=num_splits, WINDOW=int(window), SOFTCAP=bool(softcap),
         KV_FP8=k_cache.dtype == torch.float8_e4m3fn, PRECISION=dot_precision(q.dtype),
-        MERGE=tickets is not None, BLOCK_S=block_s,
         num_warps=num_warps or DEFAULT_NUM_WARPS,
         num_stages=num_stages or DEFAULT_NUM_STAGES,
     )
-    if num_splits > 1 and tickets is None:
+    if num_splits > 1:
         _decode_reduce_kernel[(B, Hq)](
             mid_o, mid_lse, out, out.stride(0), out.stride(1), Hq,
-            D=D, NUM_SPLITS=num_splits, BLOCK_S=block_s,
+            D=D, NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits),
             num_warps=4,
         )
     return out
