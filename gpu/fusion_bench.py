@@ -7,7 +7,9 @@ included, as in a step). Every pair is checked equal (or within bf16 tolerance) 
 
 - rope_write_kv against apply_rope + write_kv (the 8B shape: 32 q heads, 8 KV heads, D 128);
 - the MoE router's top k in one launch against torch's softmax / topk / renormalise / casts
-  (Mixtral: 8 experts, top 2; Qwen3-MoE: 128, top 8).
+  (Mixtral: 8 experts, top 2; Qwen3-MoE: 128, top 8);
+- the experts' output pairs of each token added up by one Triton launch against torch's sum
+  over the middle dimension (Mixtral: hidden 4096, top 2; Qwen3-MoE-like: 2048, top 8).
 """
 
 from __future__ import annotations
@@ -95,10 +97,25 @@ def router_rows(rows):
                              after_us=per_call_us(lambda: route(logits, k, True)), equal=same))
 
 
+def sum_rows(rows):
+    from zerod.engine.kernels.moe import sum_pairs
+
+    g = torch.Generator().manual_seed(3)
+    for h, k in ((4096, 2), (2048, 8)):
+        for t in (1, 200, 224, 2048):
+            out = torch.randn(t * k, h, generator=g).to(DEV, BF)
+            want = out.view(t, k, -1).sum(dim=1)
+            got = sum_pairs(out, t, k, BF)
+            same = torch.equal(want, got) if k == 2 else torch.allclose(want.float(), got.float(), rtol=1e-2, atol=1e-2)
+            rows.append(dict(op="MoE pairs' sum", shape=f"H={h} k={k} T={t}",
+                             before_us=per_call_us(lambda: out.view(t, k, -1).sum(dim=1)),
+                             after_us=per_call_us(lambda: sum_pairs(out, t, k, BF)), equal=same))
+
+
 def main() -> None:
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "fusion.json")
     rows: list[dict] = []
-    for part in (rope_rows, router_rows):
+    for part in (rope_rows, router_rows, sum_rows):
         part(rows)
         out.write_text(json.dumps({"device": torch.cuda.get_device_name(DEV), "calls_per_graph": CALLS,
                                    "rows": rows}, indent=1))

@@ -343,9 +343,28 @@ def fused_experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_wei
     return sum_pairs(out, t, k, x.dtype)
 
 
+@triton.jit
+def _sum_pairs_kernel(x_ptr, out_ptr, H, TOP_K: tl.constexpr, BLOCK: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < H
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        acc += tl.load(x_ptr + (t * TOP_K + j) * H + offs, mask=m, other=0.0).to(tl.float32)
+    tl.store(out_ptr + t * H + offs, acc.to(out_ptr.dtype.element_ty), mask=m)
+
+
+SUM_BLOCK = 1024
+
+
 def sum_pairs(out: torch.Tensor, t: int, k: int, dtype: torch.dtype) -> torch.Tensor:
     """[t, H]: the k pairs of each token added up, from w2's output [t * k, H] (or split-K's
-    float32 partials [S, t * k, H], added up with them in float32)."""
+    float32 partials [S, t * k, H], added up with them in float32). The 2-D case is one
+    Triton launch summing in float32 (torch's sum over the middle dimension is a strided
+    reduction: ~9 µs at 200 tokens of Mixtral against ~2 here, gpu/fusion_bench.py)."""
     if out.dim() == 3:
         return out.view(-1, t, k, out.shape[-1]).sum(dim=(0, 2)).to(dtype)
-    return out.view(t, k, -1).sum(dim=1)
+    h = out.shape[-1]
+    res = torch.empty((t, h), dtype=out.dtype, device=out.device)
+    _sum_pairs_kernel[(t, triton.cdiv(h, SUM_BLOCK))](out, res, h, TOP_K=k, BLOCK=SUM_BLOCK, num_warps=4)
+    return res
