@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))     # zerod from the checkout
 
-from graph_timing import replay_ms  # noqa: E402
+from graph_timing import capture_calls, replay_ms  # noqa: E402
 
 CALLS, REPS = 32, 50
 DEV = torch.device("cuda")
@@ -32,16 +32,7 @@ BF = torch.bfloat16
 
 
 def per_call_us(fn) -> float:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(CALLS):
-            fn()
+    g = capture_calls(torch, fn, CALLS, warmups=3)
     for _ in range(5):
         g.replay()
     return replay_ms(torch, g, REPS) * 1000 / CALLS

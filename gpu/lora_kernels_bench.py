@@ -28,6 +28,8 @@ import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))   # zerod from the checkout
+sys.path.insert(0, str(ROOT / "gpu"))
+from graph_timing import capture_calls  # noqa: E402
 SMOKE = os.environ.get("SMOKE", "0") == "1"
 if SMOKE:   # the kernels through Triton's CPU interpreter
     os.environ["TRITON_INTERPRET"] = "1"
@@ -51,18 +53,7 @@ def graph_us(fn, calls: int = 16, reps: int = 10) -> float:
     if SMOKE:
         fn()
         return float("nan")
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
+    g = capture_calls(torch, fn, calls)
     t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     t0.record()
     for _ in range(reps):
