@@ -28,9 +28,12 @@ SCENARIOS: dict[str, dict[str, Any]] = {
 ORDER = ["hello-ttft", "streams-200", "decode-b1", "prefill-16k", "long-context"]
 # docs/perf.md's throughput table in one command: 200 concurrent 24-in / 128-out streams
 # in two bursts (the first meets cold connections and an idle server, the second a warm
-# one), then batch-1 decode and a 16K prompt; each phase is the named scenario's shape
+# one), the same 200 as closed-loop users, then batch-1 decode and a 16K prompt; each
+# phase is the named scenario's shape
 COMPOSITE = {"throughput-table": (("burst-1", "streams-200"), ("burst-2", "streams-200"),
+                                  ("closed-loop", "streams-200"),
                                   ("decode-b1", "decode-b1"), ("prefill-16k", "prefill-16k"))}
+CLOSED_LOOP_ROUNDS = 3    # each closed-loop user sends this many requests, one after another
 
 
 # Shape flags a scenario keeps regardless of --input-len / --output-len (its definition).
@@ -52,6 +55,11 @@ async def run_scenario(client: Client, name: str, overrides: dict[str, Any],
             load = load_for(shape, overrides)
             if phase.startswith("burst"):
                 load.warmup = 0   # a burst is all the requests at once, nothing before
+            elif phase == "closed-loop":
+                # as many users as a burst has requests, each sending its next request as
+                # its last one ends: the steady state that a burst's start and end hide
+                users = min(load.concurrency or load.num_prompts, load.num_prompts)
+                load.concurrency, load.num_prompts, load.warmup = users, users * CLOSED_LOOP_ROUNDS, 0
             phases[phase] = await client.run(f"{name}:{phase}", load)
         return {"scenario": name, "phases": phases,
                 "completed": sum(p["completed"] for p in phases.values()),

@@ -106,15 +106,19 @@ def test_throughput_table_scenario_in_one_command(fake_server, tmp_path):
         "--no-progress"])
     assert r.exit_code == 0, r.output
     phases = json.loads(out.read_text())["scenarios"]["throughput-table"]["phases"]
-    assert list(phases) == ["burst-1", "burst-2", "decode-b1", "prefill-16k"]
+    assert list(phases) == ["burst-1", "burst-2", "closed-loop", "decode-b1", "prefill-16k"]
     for name in ("burst-1", "burst-2", "decode-b1"):
         assert phases[name]["completed"] == 6 and phases[name]["total_output_tokens"] == 42
     assert phases["burst-1"]["config"]["warmup"] == 0
+    # the burst's 6 users, three requests each, one after another
+    closed = phases["closed-loop"]
+    assert closed["completed"] == 18 and closed["total_output_tokens"] == 18 * 7
+    assert (closed["config"]["concurrency"], closed["config"]["warmup"]) == (6, 0)
     assert phases["prefill-16k"]["total_output_tokens"] == 6  # max_tokens 1, its definition
     assert phases["decode-b1"]["config"]["concurrency"] == 6  # the flag overrides the shape
     assert "_raw" not in json.dumps(json.loads(out.read_text()))
     saved = sorted(p.name for p in (tmp_path / "res").iterdir())
-    assert len(saved) == 4 and all("throughput-table" in n for n in saved)
+    assert len(saved) == 5 and all("throughput-table" in n for n in saved)
     assert "throughput-table:burst-2" in r.output
 
 
