@@ -4,8 +4,8 @@
 # of SHAPES (default "8b mixtral-8x7b"; also 8b-fp8: --quantization fp8) each variant of
 # VARIANTS (default "before after after2 before2": alternated pairs, a fresh server each,
 # names ending in 2 run their tree again) serves dummy weights and `zerod bench --scenario
-# throughput-table` drives it: two 200-stream bursts (24 in / 128 out), batch-1 decode,
-# a 16K prompt. Mixtral-8x7B's 93 GB of weights need the H200's memory. ~1 min a server.
+# throughput-table` drives it: two 200-stream bursts (24 in / 128 out), the same 200 as
+# closed-loop users, batch-1 decode, a 16K prompt. Mixtral-8x7B's 93 GB of weights need the H200's memory. ~1 min a server.
 # Results: $OUT/throughput.tgz (each server's log and bench output, packed as each ends),
 # a table last. SMOKE=1: the script on the CPU, a tiny shape (checks it, measures nothing).
 set -u
