@@ -6,8 +6,8 @@
 # names ending in 2 run their tree again) serves dummy weights and `zerod bench --scenario
 # throughput-table` drives it: two 200-stream bursts (24 in / 128 out), the same 200 as
 # closed-loop users, batch-1 decode, a 16K prompt. Mixtral-8x7B's 93 GB of weights need the H200's memory. ~1 min a server.
-# Results: $OUT/throughput.tgz (each server's log and bench output, packed as each ends),
-# a table last. SMOKE=1: the script on the CPU, a tiny shape (checks it, measures nothing).
+# Results: $OUT/throughput.tgz (each server's log, step trace and bench output, packed as
+# each ends), a table last. SMOKE=1: the script on the CPU, a tiny shape (checks it, measures nothing).
 set -u
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-python3}
@@ -38,7 +38,8 @@ for shape in $SHAPES; do
         name=$shape-$v
         t0=$(date +%s.%N)
         # each tree its own Triton cache, warm from its first server on
-        ( cd "$dir" && TRITON_CACHE_DIR=/tmp/triton-${v%2} exec $PY -m zerod serve --model "$M" --load-format dummy \
+        ( cd "$dir" && TRITON_CACHE_DIR=/tmp/triton-${v%2} ZEROD_STEP_TRACE=$W/steps-$name.jsonl \
+            exec $PY -m zerod serve --model "$M" --load-format dummy \
             --port 8000 $SERVE_X $extra ) > "$W/serve-$name.log" 2>&1 &
         SPID=$!
         if [ "$($PY gpu/wait_health.py 8000 300 $SPID)" != ok ]; then
