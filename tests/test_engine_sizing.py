@@ -83,7 +83,7 @@ def test_a_head_dim_the_kernels_cannot_take_is_this_models_choice_alone(tmp_path
     odd = Engine(EngineConfig(model=str(tmp_path / "odd"), kv_pages=20, max_model_len=32))
     even = Engine(EngineConfig(model=str(tmp_path / "even"), kv_pages=20, max_model_len=32))
     assert ops.DISABLED == before
-    assert not odd.model.ops.head_dim_kernels and odd.model.ops.write_kv is ops.write_kv_reference
+    assert not odd.model.ops.head_dim_kernels and odd.model.ops.rope_write_kv is ops.rope_write_kv_reference
     assert even.model.ops.head_dim_kernels and even.model.ops.decode_attention is ops.decode_attention
     assert even.model.ops.has_kernel("decode_attention") == ops.has_kernel("decode_attention")
     assert not odd.model.ops.has_kernel("decode_attention")

@@ -73,7 +73,7 @@ def ops_of(model: LlamaModel, kv: torch.Tensor, layers, monkeypatch) -> set:
             m.setattr(ops, name, recording(name, getattr(ops, name), d.seen))
         m.setattr(model, "act", recording("act", model.act, d.seen))
         m.setattr(model, "ops", ops.ModelOps(*(recording(f, getattr(model.ops, f), d.seen) for f in
-                                               ("apply_rope", "write_kv", "rope_write_kv", "decode_attention", "prefill_attention")),
+                                               ("rope_write_kv", "decode_attention", "prefill_attention")),
                                              model.ops.head_dim_kernels))
         model.logits(model(torch.arange(T) % 256, pos, kv, meta, layers))
     return d.seen

@@ -360,9 +360,8 @@ SUM_BLOCK = 1024
 def sum_pairs(out: torch.Tensor, t: int, k: int, dtype: torch.dtype) -> torch.Tensor:
     """[t, H]: the k pairs of each token added up, from w2's output [t * k, H] (or split-K's
     float32 partials [S, t * k, H], added up with them in float32). The 2-D case is one
-    Triton launch summing in float32, bitwise torch's sum for k = 2; torch's sum over the
-    middle dimension is a strided reduction (an H100, 200 tokens of Mixtral: 5.2 against
-    2.0 µs, docs/perf.md "Kernels")."""
+    Triton launch summing in float32, bitwise torch's sum for k = 2, where torch's sum over
+    the middle dimension is a slower strided reduction (docs/perf.md "Kernels")."""
     if out.dim() == 3:
         return out.view(-1, t, k, out.shape[-1]).sum(dim=(0, 2)).to(dtype)
     h = out.shape[-1]

@@ -8,8 +8,8 @@ qkv projection (last dim contiguous); the outputs are new contiguous tensors.
 
 `rope_write_kv` also writes the rotated K and the step's V into the paged cache
 (kv_cache.py's layout and rules: a negative slot is skipped, an FP8 cache divides by
-its scale and saturates), so a layer launches one kernel for both, not two: 0.8 µs a
-layer saved at one token, 1.2 at 200, on the H200 (gpu/fusion_bench.py).
+its scale and saturates), so a layer launches one kernel for both, not two (what that
+saves: docs/perf.md "Kernels").
 """
 
 from __future__ import annotations

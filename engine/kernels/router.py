@@ -3,9 +3,9 @@ experts in float32, the k largest (ties to the lower expert id), and the k proba
 renormalised to sum to 1 where the model asks for it.
 
 torch runs this as a launch each for the float cast, softmax, topk, the sum and the
-division, and the experts then want the ids cast to int32: 16-22 µs a layer at decode
-sizes against ~1.8 here on the H200 (gpu/fusion_bench.py), ~0.6 ms of a Mixtral step.
-One program holds BLOCK_T tokens' logits in registers (E <= 256 experts). The router's projection stays cuBLAS's, as transformers runs it, so
+division, and the experts then want the ids cast to int32 (what that costs a Mixtral
+step: docs/perf.md "Kernels"). One program holds BLOCK_T tokens' logits in registers
+(E <= 256 experts). The router's projection stays cuBLAS's, as transformers runs it, so
 the logits (and so the experts chosen) are the ones the reference sees.
 """
 
@@ -18,7 +18,8 @@ import triton.language as tl
 MAX_EXPERTS = 256
 
 
-@triton.jit
+# T is only compared against: not specialised, so the token count never selects a variant
+@triton.jit(do_not_specialize=["T"])
 def _route_kernel(logits_ptr, w_ptr, ids_ptr, T, E, stride_t,
                   TOP_K: tl.constexpr, KP: tl.constexpr, RENORM: tl.constexpr, EP: tl.constexpr,
                   BLOCK_T: tl.constexpr):

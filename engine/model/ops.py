@@ -296,12 +296,10 @@ def kernels_take_head_dim(head_dim: int) -> bool:
 @dataclass(frozen=True)
 class ModelOps:
     """The head-dim specialised ops as one model calls them."""
-    apply_rope: Callable
-    write_kv: Callable
     rope_write_kv: Callable
     decode_attention: Callable
     prefill_attention: Callable
-    head_dim_kernels: bool      # False: the five ops above run their torch references
+    head_dim_kernels: bool      # False: the three ops above run their torch references
 
     def has_kernel(self, name: str) -> bool:
         return (self.head_dim_kernels or name not in HEAD_DIM_OPS) and has_kernel(name)
@@ -309,6 +307,5 @@ class ModelOps:
 
 def model_ops(head_dim: int) -> ModelOps:
     if kernels_take_head_dim(head_dim):
-        return ModelOps(apply_rope, write_kv, rope_write_kv, decode_attention, prefill_attention, True)
-    return ModelOps(apply_rope_reference, write_kv_reference, rope_write_kv_reference,
-                    decode_attention_reference, prefill_attention_reference, False)
+        return ModelOps(rope_write_kv, decode_attention, prefill_attention, True)
+    return ModelOps(rope_write_kv_reference, decode_attention_reference, prefill_attention_reference, False)

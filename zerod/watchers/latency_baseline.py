@@ -133,6 +133,22 @@ def _mean(h: Histogram) -> float | None:
     return h.sum / h.count if h.count > 0 else None
 
 
+def _lowest_mean(intervals, metric: str, min_samples: int) -> tuple[float, int] | None:
+    """(the lowest of the intervals' means, their observations together); None where one
+    has no observation or all of them hold under min_samples."""
+    hists = [iv.hists.get(metric) for iv in intervals]
+    if any(h is None or h.count <= 0 for h in hists) or sum(h.count for h in hists) < max(1, min_samples):
+        return None
+    return min(_mean(h) for h in hists), int(sum(h.count for h in hists))
+
+
+def _total_work(intervals) -> Work:
+    total = Work()
+    for iv in intervals:
+        total = total.plus(iv.work)
+    return total
+
+
 # the statistics compared: name -> its value of a histogram
 STATS = {"p99": lambda h: h.quantile(0.99), "mean": _mean}
 
@@ -284,18 +300,15 @@ class LatencyBaseline:
         last = list(self.window)[-intervals:] if intervals > 0 else []
         if len(last) < intervals or len({iv.bucket for iv in last}) != 1:
             return []
-        hists = [iv.hists.get(metric) for iv in last]
-        if any(h is None or h.count <= 0 for h in hists) or sum(h.count for h in hists) < max(1, min_samples):
-            return []
+        lowest = _lowest_mean(last, metric, min_samples)
         bucket = last[0].bucket
-        if not self.has_normal(metric, bucket, normal_min_samples, normal_min_s):
+        if lowest is None or not self.has_normal(metric, bucket, normal_min_samples, normal_min_s):
             return []
         base = self.normal(metric, bucket)
-        now, normal = min(_mean(h) for h in hists), _mean(base)
+        normal = _mean(base)
         if normal is None:
             return []
-        return [Comparison(metric, "sustained", bucket, now, normal, int(sum(h.count for h in hists)),
-                           int(base.count))]
+        return [Comparison(metric, "sustained", bucket, lowest[0], normal, lowest[1], int(base.count))]
 
     def since(self, metric: str, t: float, before_s: float, intervals: int, min_samples: int,
               normal_min_samples: int, normal_min_s: float = 0.0) -> Comparison | None:
@@ -312,8 +325,8 @@ class LatencyBaseline:
         bucket = last[-1].bucket
         if self.has_normal(metric, bucket, normal_min_samples, normal_min_s):
             return None
-        hists = [iv.hists.get(metric) for iv in last]
-        if any(h is None or h.count <= 0 for h in hists) or sum(h.count for h in hists) < max(1, min_samples):
+        lowest = _lowest_mean(last, metric, min_samples)
+        if lowest is None:
             return None
         # the minute before counts whole: a regression since t taints it too (the window
         # spans both), and it stays the reference
@@ -324,23 +337,15 @@ class LatencyBaseline:
         normal = _mean(base)
         if normal is None or base.count < max(1, min_samples) or seconds < normal_min_s:
             return None
-        return Comparison(metric, "cause", bucket, min(_mean(h) for h in hists), normal,
-                          int(sum(h.count for h in hists)), int(base.count), since=t)
+        return Comparison(metric, "cause", bucket, lowest[0], normal, lowest[1], int(base.count), since=t)
 
     def work_between(self, lo: float, hi: float) -> Work:
         """The prompt work of the intervals that ended in (lo, hi]."""
-        total = Work()
-        for iv in self.recent:
-            if lo < iv.t <= hi:
-                total = total.plus(iv.work)
-        return total
+        return _total_work(iv for iv in self.recent if lo < iv.t <= hi)
 
     def last_work(self, intervals: int) -> Work:
         """The prompt work of the last `intervals` scrape intervals."""
-        total = Work()
-        for iv in list(self.recent)[-intervals:] if intervals > 0 else []:
-            total = total.plus(iv.work)
-        return total
+        return _total_work(list(self.recent)[-intervals:] if intervals > 0 else [])
 
     def normals(self) -> dict[str, dict[str, float | None]]:
         """{metric: {bucket: normal p99}} for /v1/engine."""
