@@ -41,7 +41,7 @@ from zerod.engine.tuning import Tuning  # noqa: E402
 
 FP8 = torch.float8_e4m3fn
 _LOG2E = 1.4426950408889634
-# (BLOCK_M, BLOCK_N, num_warps, num_stages): the fastest at 16K on the H100
+# (BLOCK_M, BLOCK_N, num_warps, num_stages): the fastest at 16K on the H100 and the H200
 CONFIG = (128, 128, 8, 3)
 
 
