@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields, replace
 ENV = "ZEROD_TUNING"
 # the least value of each integer field
 MINIMUM = {"prefill_graph_seqs": 1, "sdpa_flash_max_len": 0, "steps_in_flight": 1, "gil_switch_interval_us": 50,
-           "decode_graphs_by_cost": 0, "long_prompt_slack": 0.0}
+           "decode_graphs_by_cost": 0, "long_prompt_slack": 0.0, "fp8_tensorwise_max_m": 0}
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,12 @@ class Tuning:
     # per-channel weight scales on the output after (86.0 us a layer against W8A16's 95.7
     # at M = 1 on the H200; batch-1 293 against 268 tokens/s; docs/perf.md "FP8").
     fp8_one_token_tensorwise: bool = True
+    # FP8: products of more rows than W8A16 takes, up to this many, through the same
+    # tensorwise GEMM with unit scales, the tokens' and the weights' scales applied after
+    # (the same product as the row-wise GEMM, whose cuBLASLt kernels run slower at these
+    # row counts: one layer's projections 110-152 against 129-195 us at 16-200 rows on an
+    # H100, slower from 224; docs/perf.md "FP8"). 0: row-wise above W8A16's rows.
+    fp8_tensorwise_max_m: int = 0
     # FP8: per-token activations quantized by the kernel before the projection (the
     # RMSNorm before qkv and gate_up, SiLU·mul before down), not by a launch of their own:
     # at batch 1 those launches take 195 of a step's 3,474 us of kernels (docs/perf.md "FP8").

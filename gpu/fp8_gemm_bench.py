@@ -6,8 +6,9 @@ For qkv 6144x4096, o 4096x4096, gate_up 28672x4096, down 4096x14336 and M in
 (1, 4, 16, 64, 200, 512, 2048), through the engine's own code:
   bf16       the unquantized projection (engine/model/linear.py's Linear: F.linear)
   w8a8       per-channel weights: per-token activation quant + torch._scaled_mm (Fp8Linear.w8a8)
-  w8a8t      M = 1 only: the same through cuBLASLt's tensorwise FP8 GEMM, the per-channel
-             scales on the output after (Fp8Linear.w8a8_tensorwise)
+  w8a8t      the same through cuBLASLt's tensorwise FP8 GEMM with unit scales, the tokens'
+             and the channels' scales on its float32 output after (Fp8Linear.w8a8_tensorwise)
+  w8a8t16    the same with the GEMM's output in bf16 before the scales (a second rounding)
   w8a16      per-channel weights: the Triton W8A16 kernel "ab" (Fp8Linear.w8a16, x · Wᵀ tiles)
   sab        per-channel weights: the swap-AB W8A16 kernel "swap_ab" (yᵀ = W xᵀ), M <= 64 only
   w8a8-blk   128x128 block weights: per-token-group quant + the Triton block GEMM
@@ -90,11 +91,12 @@ if SMOKE:
 COLD_BYTES = 256 << 20     # weight copies per graph: more than L2 (50 MB on an H200) several times
 CHANNEL = QuantConfig("online", "channel", "token")
 BLOCK = QuantConfig("fp8", "block", "token", block=(128, 128))
-VARIANTS = ("bf16", "w8a8", "w8a8t", "w8a16", "sab", "w8a8-blk", "w8a16-blk", "sab-blk", "quant")
+VARIANTS = ("bf16", "w8a8", "w8a8t", "w8a8t16", "w8a16", "sab", "w8a8-blk", "w8a16-blk", "sab-blk", "quant")
 KERNEL = {"w8a16": "ab", "sab": "swap_ab"}   # the W8A16 variants' kernels (triton_w8a16)
 # W8A8 against the same activation quantization in float32 (the interpreter truncates
 # to e4m3 where the GPU rounds: up to a step, 1/8); W8A16: exact products, a bf16 output
-TOL = {"w8a8": 1.5e-1 if SMOKE else 2e-2, "w8a8t": 1.5e-1 if SMOKE else 2e-2, "w8a16": 5e-3, "sab": 5e-3}
+TOL = {"w8a8": 1.5e-1 if SMOKE else 2e-2, "w8a8t": 1.5e-1 if SMOKE else 2e-2, "w8a8t16": 2e-2,
+       "w8a16": 5e-3, "sab": 5e-3}
 
 
 def log(*a):
@@ -125,8 +127,8 @@ def copies(fp8_bytes: int) -> int:
 
 
 def timed(variant: str, m: int) -> bool:
-    if variant == "w8a8t":   # one token: its per-token scale is a tensorwise one
-        return m == 1 and not SMOKE   # (cuBLASLt: no CPU form)
+    if variant.startswith("w8a8t"):   # cuBLASLt: no CPU form
+        return not SMOKE
     return m <= SAB_MAX_M or not variant.startswith("sab")
 
 
@@ -140,6 +142,8 @@ def calls(lins: dict, variant: str, x: torch.Tensor) -> list:
         return [lambda lin=lin: lin.w8a8(x) for lin in lins[blk]]
     if kind == "w8a8t":
         return [lambda lin=lin: lin.w8a8_tensorwise(x) for lin in lins[blk]]
+    if kind == "w8a8t16":
+        return [lambda lin=lin: lin.w8a8_tensorwise(x, torch.bfloat16) for lin in lins[blk]]
     return [lambda lin=lin: lin.w8a16(x, KERNEL[kind]) for lin in lins[blk]]
 
 
@@ -191,11 +195,12 @@ def check(lins: dict, x: torch.Tensor) -> list[tuple[str, float, float]]:
     res = []
     for blk in ("", "-blk"):
         lin = lins[blk][0]
-        for kind in ("w8a8", "w8a8t", "w8a16", "sab"):
-            if not timed(kind, x.shape[0]) or (blk and kind == "w8a8t"):
+        for kind in ("w8a8", "w8a8t", "w8a8t16", "w8a16", "sab"):
+            if not timed(kind, x.shape[0]) or (blk and kind.startswith("w8a8t")):
                 continue
             ref = lin.reference(x.float(), quantize_activations=kind.startswith("w8a8"))
             y = (lin.w8a8(x) if kind == "w8a8" else lin.w8a8_tensorwise(x) if kind == "w8a8t"
+                 else lin.w8a8_tensorwise(x, torch.bfloat16) if kind == "w8a8t16"
                  else lin.w8a16(x, KERNEL[kind]))
             res.append((kind + blk, rel(y.float(), ref), TOL[kind]))
     return res

@@ -9,7 +9,8 @@
 #      200-request wave (kernels by name, per step);
 #   4. cuBLAS and the first skinny config at every row count 128..256 in steps of 8 (the
 #      decode graph buckets' neighbourhood; gpu/skinny_gemm_bench.py).
-# PARTS (default "tests fp8 mixtral msweep fp8-2") picks some of them.
+# PARTS (default "tests fp8 mixtral msweep fp8-2") picks some of them. TUNING_OFF and
+# TUNING_ON (ZEROD_TUNING objects) replace the two FP8 servers' tunings, to compare others.
 # Results: $OUT/tables.tgz (every log and JSON), a table last.
 set -u
 cd "$(dirname "$0")/.."
@@ -29,7 +30,7 @@ M=/tmp/zerod-dummy-8b
 $PY gpu/server_make_model.py "$M" --shape 8b > /dev/null || exit 1
 fp8_round() {   # fp8_round N: a server without the skinny table, then one with it
     for v in off on; do
-        tuning='{"skinny_gemm_table": false}'; [ $v = on ] && tuning='{"skinny_gemm_table": true}'
+        tuning=${TUNING_OFF:-'{"skinny_gemm_table": false}'}; [ $v = on ] && tuning=${TUNING_ON:-'{"skinny_gemm_table": true}'}
         ZEROD_TUNING=$tuning TRITON_CACHE_DIR=/tmp/triton-fp8 $PY -m zerod serve --model "$M" --load-format dummy \
             --port 8000 --dtype bfloat16 --quantization fp8 --max-model-len 4096 --max-num-seqs 256 \
             > "$W/serve-fp8-$v-$1.log" 2>&1 &

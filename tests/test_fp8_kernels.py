@@ -14,6 +14,8 @@ products and attention to 1e-2 relative (the references dequantize in float32).
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -61,6 +63,11 @@ def run_checks(device: torch.device) -> list[tuple[str, float, float]]:
         ref = (y * sc).to(adt) + (b if bias else 0)
         out.append((f"scale_columns T={T} N={N} bias={bias}",
                     _rel(triton_fp8.scale_columns(y, sc, adt, b).float(), ref.float()), 0.0))
+        # and each row's own scale (the tokens' of a tensorwise GEMM with unit scales)
+        rs = rnd(T).abs()
+        ref = (y * sc * rs[:, None]).to(adt) + (b if bias else 0)
+        out.append((f"scale_columns row scales T={T} N={N} bias={bias}",
+                    _rel(triton_fp8.scale_columns(y, sc, adt, b, row_scale=rs).float(), ref.float()), 1e-6))
     # the block GEMM against float32 on the same FP8 operands: exact products, the sums in
     # another order. Hopper's FP8 tensor cores (wgmma, taken from BLOCK_M=64, so M=70 here)
     # keep about 14 bits of the running sum inside one K tile (DeepSeek-V3 report, 3.3.2),
@@ -134,6 +141,21 @@ def run_checks(device: torch.device) -> list[tuple[str, float, float]]:
                             _rel(lin(x).float(), lin.reference(x, quantize_activations=way != "w8a16").float()), 1e-2))
                 if M == 1 and scheme.weights == "channel":   # the one-token product is the tensorwise one
                     assert way == ("tensorwise" if Tuning().fp8_one_token_tensorwise else "w8a16"), way
+                if scheme.weights == "channel" and scheme.activations == "token":
+                    # the tensorwise GEMM at any M, the tokens' scales after it: W8A8's product
+                    for dt in (torch.float32, torch.bfloat16):
+                        out.append((f"Fp8Linear channel/token M={M} tensorwise, {dt} before the scales",
+                                    _rel(lin.w8a8_tensorwise(x, dt).float(), lin.reference(x).float()), 1e-2))
+                    # and the engine's way to it: above W8A16's rows, up to fp8_tensorwise_max_m
+                    default = lin.tuning
+                    lin.tuning = dataclasses.replace(default, fp8_tensorwise_max_m=64)
+                    want = ("tensorwise" if M == 1 or small < M <= 64 else "w8a16" if M <= small else "w8a8")
+                    assert lin.way(x) == want, (M, lin.way(x))
+                    assert lin.takes_fp8(x) == (want in ("tensorwise", "w8a8"))
+                    out.append((f"Fp8Linear channel/token M={M} {want} with fp8_tensorwise_max_m 64",
+                                _rel(lin(x).float(), lin.reference(x, quantize_activations=want != "w8a16").float()),
+                                1e-2))
+                    lin.tuning = default
                 if lin.takes_fp8(x):   # the input quantized by the kernel before: the same product
                     out.append((f"Fp8Linear {scheme.weights}/{scheme.activations} M={M} {way} from Fp8Acts",
                                 _rel(lin(fp8.Fp8Acts(*triton_fp8.quantize_tokens(x))).float(), lin(x).float()), 0.0))

@@ -16,7 +16,9 @@ decision on the shape, so each captured decode graph keeps its path; `Fp8Linear.
   off by default; kernels/gemm_table.py), per-row weights and per-token activations: the
   activations quantized per token, the skinny Triton FP8 GEMM, scales in its epilogue.
 - M = 1 (batch-1 decode), per-row weights and per-token activations: the token quantized,
-  cuBLASLt's tensorwise FP8 GEMM, the weights' row scales on the output (Tuning.fp8_one_token_tensorwise).
+  cuBLASLt's tensorwise FP8 GEMM, the weights' row scales on the output (Tuning.fp8_one_token_tensorwise);
+  above W8A16's rows and up to Tuning.fp8_tensorwise_max_m, the same GEMM with unit scales,
+  the tokens' and the weights' scales on its float32 output.
 - M <= W8A16_MAX_M (decode), bf16 / fp16: triton_w8a16, the activations as they are times the e4m3
   weights, scales on the float32 accumulator; no activation quantization (more exact
   than W8A8, and what reads only the weight bytes). Weight-only checkpoints take it at
@@ -148,6 +150,9 @@ class Fp8Linear(Linear):
                 self.scheme.activations == "none"
                 or m <= W8A16_MAX_M["block" if self.scheme.weights == "block" else "row"]):
             return "w8a16"
+        if (m <= self.tuning.fp8_tensorwise_max_m and self.cublas_ok and self.scheme.weights != "block"
+                and self.scheme.activations == "token"):
+            return "tensorwise"
         if self.scheme.activations != "none" and (self.cublas_ok or self.scheme.weights == "block"):
             return "w8a8"
         return "reference"
@@ -185,19 +190,23 @@ class Fp8Linear(Linear):
                              out_dtype=self.act_dtype)
         return y if self.bias is None else y + self.bias
 
-    def w8a8_tensorwise(self, x: torch.Tensor | fp8.Fp8Acts) -> torch.Tensor:
-        """One token [1, K] (per-token dynamic activations, per-row weights): its scale is
-        the whole tensor's, so cuBLASLt's tensorwise FP8 GEMM, then the weights' per-row
+    def w8a8_tensorwise(self, x: torch.Tensor | fp8.Fp8Acts, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The same product as w8a8 (per-token dynamic activations, per-row weights) through
+        cuBLASLt's tensorwise FP8 GEMM with unit scales, then the tokens' and the weights'
         scales, the cast to the activations' dtype and the bias in one kernel after
         (triton_fp8.scale_columns: torch's mul into a bf16 output took 2.6 us a launch on
-        the H200, more than a float32 mul and a cast; docs/perf.md "FP8");
-        the same product as w8a8."""
+        the H200, more than a float32 mul and a cast; docs/perf.md "FP8"). One token's
+        scale is the whole tensor's, so it goes to the GEMM itself. out_dtype: the GEMM's
+        output before the scales (float32: one rounding, as w8a8's)."""
         from . import triton_fp8
 
         xq, xs = x if isinstance(x, fp8.Fp8Acts) else triton_fp8.quantize_tokens(x)
-        y = torch._scaled_mm(xq, self.weight.t(), scale_a=xs.reshape(()), scale_b=_one(xq.device),
-                             out_dtype=torch.float32)
-        return triton_fp8.scale_columns(y, self.weight_scale, self.act_dtype, self.bias)
+        one = _one(xq.device)
+        if xq.shape[0] == 1:
+            y = torch._scaled_mm(xq, self.weight.t(), scale_a=xs.reshape(()), scale_b=one, out_dtype=out_dtype)
+            return triton_fp8.scale_columns(y, self.weight_scale, self.act_dtype, self.bias)
+        y = torch._scaled_mm(xq, self.weight.t(), scale_a=one, scale_b=one, out_dtype=out_dtype)
+        return triton_fp8.scale_columns(y, self.weight_scale, self.act_dtype, self.bias, row_scale=xs.reshape(-1))
 
     def reference(self, x: torch.Tensor, quantize_activations: bool = True) -> torch.Tensor:
         """The CPU's product, and the check of the CUDA one: dequantized weights, and the

@@ -117,28 +117,32 @@ def quantize_token_groups(x: torch.Tensor, group: int) -> tuple[torch.Tensor, to
 
 
 @triton.jit
-def _scale_columns_kernel(y_ptr, s_ptr, b_ptr, o_ptr, N, stride_y, stride_o, BLOCK: tl.constexpr,
-                          HAS_BIAS: tl.constexpr):
+def _scale_columns_kernel(y_ptr, s_ptr, r_ptr, b_ptr, o_ptr, N, stride_y, stride_o, BLOCK: tl.constexpr,
+                          HAS_ROWS: tl.constexpr, HAS_BIAS: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
     y = tl.load(y_ptr + t * stride_y + offs, mask=mask, other=0.0) * tl.load(s_ptr + offs, mask=mask, other=0.0)
+    if HAS_ROWS:
+        y = y * tl.load(r_ptr + t)
     if HAS_BIAS:
         y = y.to(o_ptr.dtype.element_ty).to(tl.float32) + tl.load(b_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     tl.store(o_ptr + t * stride_o + offs, y.to(o_ptr.dtype.element_ty), mask=mask)
 
 
 def scale_columns(y: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype,
-                  bias: torch.Tensor | None = None) -> torch.Tensor:
-    """y float32 [T, N] * scale float32 [N] (+ bias [N], added after rounding to dtype, as
-    the unfused `(y * s).to(dtype) + bias` does) -> dtype [T, N]."""
+                  bias: torch.Tensor | None = None, row_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """y [T, N] (float32, or the GEMM's own dtype) * scale float32 [N] (* row_scale float32,
+    one per row) (+ bias [N], added after rounding to dtype, as the unfused
+    `(y * s).to(dtype) + bias` does) -> dtype [T, N]."""
     T, N = y.shape
     out = torch.empty((T, N), dtype=dtype, device=y.device)
     if T:
         block = 1024
         _scale_columns_kernel[(T, triton.cdiv(N, block))](
-            y, scale, bias if bias is not None else scale, out, N, y.stride(0), out.stride(0),
-            BLOCK=block, HAS_BIAS=bias is not None, num_warps=4)
+            y, scale, row_scale if row_scale is not None else scale, bias if bias is not None else scale,
+            out, N, y.stride(0), out.stride(0),
+            BLOCK=block, HAS_ROWS=row_scale is not None, HAS_BIAS=bias is not None, num_warps=4)
     return out
 
 
