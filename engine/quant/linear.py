@@ -17,13 +17,13 @@ decision on the shape, so each captured decode graph keeps its path; `Fp8Linear.
   activations quantized per token, the skinny Triton FP8 GEMM, scales in its epilogue.
 - M = 1 (batch-1 decode), per-row weights and per-token activations: the token quantized,
   cuBLASLt's tensorwise FP8 GEMM, the weights' row scales on the output (Tuning.fp8_one_token_tensorwise);
-  above W8A16's rows and up to Tuning.fp8_tensorwise_max_m, the same GEMM with unit scales,
-  the tokens' and the weights' scales on its float32 output.
+  above W8A16's rows and up to Tuning.fp8_tensorwise_max_m (200), the same GEMM with unit
+  scales, the tokens' and the weights' scales on its float32 output.
 - M <= W8A16_MAX_M (decode), bf16 / fp16: triton_w8a16, the activations as they are times the e4m3
   weights, scales on the float32 accumulator; no activation quantization (more exact
   than W8A8, and what reads only the weight bytes). Weight-only checkpoints take it at
   every M.
-- above: activations quantized per token by one Triton kernel, then `torch._scaled_mm`
+- above (prefill chunks): activations quantized per token by one Triton kernel, then `torch._scaled_mm`
   with per-row A and per-column B scales (cuBLASLt), or the Triton block kernel for block
   weights (the FP8 tensor cores' throughput, for prefill).
 Elsewhere, and for shapes cuBLASLt refuses (a dimension not a multiple of 16), the
