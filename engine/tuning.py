@@ -53,7 +53,7 @@ class Tuning:
     # FP8: products of more rows than W8A16 takes, up to this many, through the same
     # tensorwise GEMM with unit scales, the tokens' and the weights' scales applied after
     # (the same product as the row-wise GEMM, whose cuBLASLt kernels run slower at these
-    # row counts: one layer's projections 112-152 against 129-195 us at 17-200 rows, slower
+    # row counts: one layer's projections 112-152 against 129-195 us at 32-200 rows, slower
     # from 224). Servers served 32 and 64 streams 6-13 % faster and 200 streams 3-6 %,
     # batch-1 and 8 streams alike. Measured on an H100: no H200 came for those calls, and
     # the H200's row-wise costs show the same cliff from 136 rows (docs/perf.md "FP8").
