@@ -51,13 +51,10 @@ class Tuning:
     # at M = 1 on the H200; batch-1 293 against 268 tokens/s; docs/perf.md "FP8").
     fp8_one_token_tensorwise: bool = True
     # FP8: products of more rows than W8A16 takes, up to this many, through the same
-    # tensorwise GEMM with unit scales, the tokens' and the weights' scales applied after
-    # (the same product as the row-wise GEMM, whose cuBLASLt kernels run slower at these
-    # row counts: one layer's projections 112-152 against 129-195 us at 32-200 rows, slower
-    # from 224). Servers served 32 and 64 streams 6-13 % faster and 200 streams 3-6 %,
-    # batch-1 and 8 streams alike. Measured on an H100: no H200 came for those calls, and
-    # the H200's row-wise costs show the same cliff from 136 rows (docs/perf.md "FP8").
-    # 0: row-wise above W8A16's rows.
+    # tensorwise GEMM with unit scales, the tokens' and the weights' scales applied after:
+    # the row-wise GEMM's product, where cuBLASLt's row-wise kernels run slower. Servers
+    # with it served 32 to 200 streams faster, measured on an H100 (no H200 came for those
+    # calls; docs/perf.md "FP8"). 0: row-wise above W8A16's rows.
     fp8_tensorwise_max_m: int = 200
     # FP8: per-token activations quantized by the kernel before the projection (the
     # RMSNorm before qkv and gate_up, SiLU·mul before down), not by a launch of their own:
