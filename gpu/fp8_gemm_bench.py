@@ -27,7 +27,8 @@ hints off), each configuration checked before it is timed, one that does not com
 
 Last, a short table: per layer (the four projections) bf16 against both W8A16 kernels (at
 their default tiles and at the sweep's best), and the thresholds the sums imply, the
-largest M of the list up to which W8A16 beats W8A8 at every M. Everything into
+largest M of the list up to which W8A16 beats W8A8 at every M (and the tensorwise GEMM beats
+row-wise above it: Tuning.fp8_tensorwise_max_m). Everything into
 $OUT/fp8_gemm.json (also after each shape). About 2 min on an H200; SWEEP=0 skips the
 sweeps. SMOKE=1: tiny shapes on the CPU through Triton's interpreter (wall-clock, no
 graphs), to prove the script end to end.
@@ -62,6 +63,7 @@ from zerod.engine.quant import triton_fp8, triton_w8a16  # noqa: E402
 from zerod.engine.spec.quant import QuantConfig  # noqa: E402
 from zerod.engine.quant.linear import W8A16_MAX_M, Fp8Linear  # noqa: E402
 from zerod.engine.quant.triton_w8a16 import TILES, Tiles  # noqa: E402
+from zerod.engine.tuning import Tuning  # noqa: E402
 
 OUT = Path(os.environ.get("OUT", "/tmp/fp8_gemm"))
 OUT.mkdir(parents=True, exist_ok=True)
@@ -332,6 +334,15 @@ def main() -> int:
                "row swap_ab": threshold(per_layer, "sab", "w8a8"),
                "block swap_ab": threshold(per_layer, "sab-blk", "w8a8-blk")}
     result["implied W8A16_MAX_M"] = implied
+    # Tuning.fp8_tensorwise_max_m: from above W8A16's rows, the largest M of the list up to
+    # which the tensorwise GEMM beats row-wise at every M
+    above = [m for m in MS if m > W8A16_MAX_M["row"]]
+    tw = 0
+    for m in above:
+        if m not in per_layer["w8a8t"] or per_layer["w8a8t"][m] > per_layer["w8a8"][m]:
+            break
+        tw = m
+    result["implied fp8_tensorwise_max_m"] = tw
     (OUT / "fp8_gemm.json").write_text(json.dumps(result, indent=1))
 
     # the short table: a layer's weights at each kernel's speed
@@ -352,6 +363,7 @@ def main() -> int:
         log(f"  best {kernel} tiles: " + ", ".join(f"M={m}: {lab}" for m, (lab, _) in per_m.items()))
     log(f"implied W8A16_MAX_M = {implied} (engine/quant/linear.py has {W8A16_MAX_M}; from M in {MS}: "
         f"to place it between two of them, rerun with MS=...)")
+    log(f"implied Tuning.fp8_tensorwise_max_m = {tw} (the engine's default: {Tuning().fp8_tensorwise_max_m})")
     return 0
 
 
