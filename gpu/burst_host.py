@@ -9,6 +9,13 @@ the device's time passes as a sleep, with the GIL free: the H200's fitted step c
 (docs/perf.md "Step stalls"). The client is `zerod bench --scenario streams-200` (24
 prompt, OUTPUT_LEN output tokens) in its own process. Each round runs a fresh engine per
 GIL switch interval (Tuning.gil_switch_interval_us), two waves each; medians last.
+
+Each wave's steps with prompt chunks are also read back from the engine's step trace
+(ZEROD_STEP_TRACE): a launch's time beyond the device time modelled for its rows, which
+is the step thread's own work and its waits (for the GIL, for a core). The H200's waves
+showed those launches 10x longer while the requests arrive than after (docs/perf.md
+"The GIL and the step thread"): the figure a change to the serving path should bring
+down, here first.
 """
 
 from __future__ import annotations
@@ -62,8 +69,25 @@ class ModelledDevice:
         return self._logits[:hidden.shape[0]]
 
 
+def modelled_s(rows: list[int]) -> float:
+    """The device time ModelledDevice sleeps for a step's forwards (prefill rows, decode rows)."""
+    prefill, decode = rows
+    return (3.5e-3 + 22e-6 * prefill if prefill else 0.0) + (4.8e-3 + 15e-6 * decode if decode else 0.0)
+
+
+def prompt_extra_ms(trace: Path, t0: float, t1: float) -> list[float]:
+    """A launch's time beyond its modelled device time (ms), for the steps with prompt chunks
+    launched between t0 and t1 (time.monotonic(), as the trace's "at"). The trace is read once the
+    engine is down: the poller writes it buffered."""
+    steps = [json.loads(ln) for ln in trace.read_text().splitlines()[1:]]
+    return [s["launch_ms"] - 1e3 * modelled_s(s["rows"]) for s in steps
+            if t0 <= s["at"] <= t1 and s["chunks"] and sum(s["rows"])]
+
+
 def wave_ttfts(interval_us: int, waves: int) -> list[dict]:
     os.environ["ZEROD_TUNING"] = json.dumps({"gil_switch_interval_us": interval_us})
+    trace = Path(tempfile.mkdtemp(prefix="zerod-burst-")) / "steps.jsonl"
+    os.environ["ZEROD_STEP_TRACE"] = str(trace)
     from zerod.engine.api.server import ServerThread
     from zerod.engine.core.engine import Engine, EngineConfig
 
@@ -72,9 +96,10 @@ def wave_ttfts(interval_us: int, waves: int) -> list[dict]:
     eng.runner.model = dev = ModelledDevice(eng.runner.model, eng.vocab_size)
     eng.start()
     srv = ServerThread(eng).start()
-    out = []
+    out, spans = [], []
     try:
         for _ in range(waves):
+            t0 = time.monotonic()
             with tempfile.NamedTemporaryFile(suffix=".json") as f:
                 subprocess.run([sys.executable, "-m", "zerod", "bench", "--base-url", srv.url,
                                 "--scenario", "streams-200", "--output-len", str(OUTPUT_LEN), "--warmup", "0",
@@ -83,12 +108,17 @@ def wave_ttfts(interval_us: int, waves: int) -> list[dict]:
                 s = json.load(open(f.name))["scenarios"]["streams-200"]
             host = sorted(dev.host_s)
             dev.host_s.clear()
+            spans.append((t0, time.monotonic()))
             out.append({"ttft_p50": s["ttft_ms"]["p50"], "ttft_p99": s["ttft_ms"]["p99"],
                         "tokens_per_s": s["output_throughput"],
                         "host_p99_ms": 1e3 * host[int(0.99 * (len(host) - 1))], "host_max_ms": 1e3 * host[-1]})
     finally:
         srv.stop()
         eng.shutdown(0)
+    for w, (t0, t1) in zip(out, spans):
+        extra = prompt_extra_ms(trace, t0, t1)
+        w["extra_p50_ms"] = statistics.median(extra) if extra else float("nan")
+        w["extra_max_ms"] = max(extra, default=float("nan"))
     return out
 
 
@@ -107,16 +137,19 @@ def main() -> None:
             runs[u] += got
             print(f"round {r + 1}, {u} us: " + "; ".join(
                 f"TTFT p50 {w['ttft_p50']:.0f} / p99 {w['ttft_p99']:.0f} ms, {w['tokens_per_s']:.0f} tokens/s, "
-                f"host calls p99 {w['host_p99_ms']:.1f} / max {w['host_max_ms']:.1f} ms"
+                f"host calls p99 {w['host_p99_ms']:.1f} / max {w['host_max_ms']:.1f} ms, "
+                f"prompt launches beyond the device p50 {w['extra_p50_ms']:.1f} / max {w['extra_max_ms']:.1f} ms"
                 for w in got), flush=True)
     print(f"\n| GIL switch interval | 200-stream waves: TTFT p50 / p99 (median of {a.rounds * a.waves}) "
-          f"| output tokens/s | a forward's host calls: p99 / worst |")
-    print("|---|---|---|---|")
+          f"| output tokens/s | a forward's host calls: p99 / worst "
+          f"| prompt launches beyond the device time: p50 / worst |")
+    print("|---|---|---|---|---|")
     for u in intervals:
         w = runs[u]
         med = {k: statistics.median(x[k] for x in w) for k in w[0]}
         print(f"| {u} us | {med['ttft_p50']:.0f} / {med['ttft_p99']:.0f} ms | {med['tokens_per_s']:.0f} "
-              f"| {med['host_p99_ms']:.1f} / {max(x['host_max_ms'] for x in w):.1f} ms |")
+              f"| {med['host_p99_ms']:.1f} / {max(x['host_max_ms'] for x in w):.1f} ms "
+              f"| {med['extra_p50_ms']:.1f} / {max(x['extra_max_ms'] for x in w):.1f} ms |")
 
 
 if __name__ == "__main__":
