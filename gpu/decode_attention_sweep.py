@@ -24,10 +24,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))     # zerod from the checkout
 
 from graph_timing import capture_calls, replay_ms  # noqa: E402
+from step_breakdown import HBM, LLAMA3_8B  # noqa: E402
+from zerod.engine.config import EngineConfig  # noqa: E402
 from zerod.engine.kernels import decode_attention as da  # noqa: E402
 
-HQ, HK, D, PAGE = 32, 8, 128, 16
-COPY_GBS = 4245   # the H200's copy bandwidth (docs/perf.md, "Ceilings")
+HQ, HK, D = LLAMA3_8B.heads, LLAMA3_8B.kv_heads, LLAMA3_8B.head_dim
+PAGE = EngineConfig.block_size    # the engine's KV page
 
 
 def case(batch: int, lens: torch.Tensor, pool_pages: int = 8192, seed: int = 0):
@@ -57,7 +59,7 @@ def main() -> None:
     for name, (b, lens) in cases.items():
         q, kc, vc, bt, cl = case(b, lens)
         scale = D ** -0.5
-        bound_us = float(lens.sum()) * HK * D * 2 * 2 / COPY_GBS / 1e3
+        bound_us = float(lens.sum()) * HK * D * 2 * 2 / HBM * 1e6   # K and V, bf16, read once
         ref = da.decode_attention(q, kc, vc, bt, cl, scale)
         for bn, w, st in configs:
             fn = lambda: da.decode_attention(q, kc, vc, bt, cl, scale, block_n=bn, num_warps=w, num_stages=st)  # noqa: E731

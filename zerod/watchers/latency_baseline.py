@@ -143,6 +143,7 @@ def _lowest_mean(intervals, metric: str, min_samples: int) -> tuple[float, int] 
 
 
 def _total_work(intervals) -> Work:
+    """The prompt work of intervals (or normal slots) added up."""
     total = Work()
     for iv in intervals:
         total = total.plus(iv.work)
@@ -250,19 +251,12 @@ class LatencyBaseline:
         return self.normal(metric, bucket).count >= min_samples and self.normal_seconds(metric, bucket) >= min_s
 
     def normal_work(self, metric: str, bucket: str) -> Work:
-        total = Work()
-        for slot in self.slots[metric].get(bucket, ()):
-            total = total.plus(slot.work)
-        return total
+        return _total_work(self.slots[metric].get(bucket, ()))
 
     def window_work(self, bucket: str, recent_s: float | None = None) -> Work:
         """The window's work at that load (its last recent_s seconds only, if given)."""
-        total = Work()
         since = self.window[-1].t - recent_s if recent_s is not None and self.window else -math.inf
-        for iv in self.window:
-            if iv.bucket == bucket and iv.t > since:
-                total = total.plus(iv.work)
-        return total
+        return _total_work(iv for iv in self.window if iv.bucket == bucket and iv.t > since)
 
     def compare(self, metric: str, min_samples: int, normal_min_samples: int,
                 normal_min_s: float = 0.0, stat: str = "p99",
