@@ -34,8 +34,10 @@ import triton
 import triton.language as tl
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))     # zerod from the checkout
 
+from step_breakdown import LLAMA3_8B  # noqa: E402
 from zerod.engine.model.decoder import _sdpa_varlen  # noqa: E402
 from zerod.engine.tuning import Tuning  # noqa: E402
 
@@ -147,7 +149,7 @@ def fp8_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scal
     return out
 
 
-HQ, HK, D = 32, 8, 128
+HQ, HK, D = LLAMA3_8B.heads, LLAMA3_8B.kv_heads, LLAMA3_8B.head_dim
 CONFIGS = [(128, 64, 4, 3), (128, 64, 8, 3), (128, 64, 4, 4), (128, 128, 8, 3), (128, 128, 8, 4),
            (128, 128, 4, 3), (64, 64, 4, 3), (128, 32, 4, 4)]
 
