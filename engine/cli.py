@@ -144,10 +144,16 @@ def serve(**opts):
         click.echo(f"zerod serve: error: {exc.strerror}", err=True)
         sys.exit(1)
     try:
-        from zerod.engine.core.engine import Engine
-
         click.echo(f"zerod serve: loading {o.model} ...", err=True)
-        engine = Engine(config)
+        if o.engine_process:
+            from zerod.engine.process.client import EngineClient
+
+            engine = EngineClient(config, "debug" if o.log_level == "trace" else o.log_level,
+                                  o.log_format)
+        else:
+            from zerod.engine.core.engine import Engine
+
+            engine = Engine(config)
         if template is not None:
             engine.tokenizer.set_chat_template(template)
     except (EngineError, ValueError, OSError) as exc:

@@ -317,6 +317,10 @@ FLAGS: tuple[Flag, ...] = (
          "CUDA_VISIBLE_DEVICES), one process per GPU; on the CPU, N processes.", int, lo=1,
          aliases=("-tp",)),
     Flag("enforce_eager", "CUDA: no CUDA graphs.", bool),
+    Flag("engine_process", "Run the engine (scheduler, step loop, output poller) in a process "
+         "of its own beside the HTTP server's, so the two share no GIL (zerod's own flag; "
+         "vLLM always splits them).", bool, default=False, field=False, negatable=True,
+         envvar=("ZEROD_ENGINE_PROCESS",)),
     Flag("seed", "Seeds dummy weights and requests that carry no seed.", int),
     # the HTTP server
     Flag("host", "Bind address.", default="127.0.0.1", field=False, metavar="ADDR"),

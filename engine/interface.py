@@ -4,10 +4,21 @@ tests' fake engine both implement. The server reaches the engine through this al
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, runtime_checkable
 
 from .core.request import RequestOutput, SamplingParams
+
+
+class SubmitFuture(Future):
+    """What submit returns for an engine in another process: request_id is the request's
+    id at once (abort takes it); the result is the same id once the engine has queued it,
+    or the RequestRejected its submit raised."""
+
+    def __init__(self, request_id: str):
+        super().__init__()
+        self.request_id = request_id
 
 
 @dataclass
@@ -27,6 +38,10 @@ class EngineStats:
     # the step loop's last step (rows, prefill_tokens, decodes, seconds, at); None before
     # the first: what a stalled engine did last
     last_step: dict[str, Any] | None = None
+    # an engine in its own process (engine/process/): its pid and its threads' OS ids by
+    # name, which the daemon signals and reads; None for an engine in the server's process
+    engine_pid: int | None = None
+    engine_threads: dict[str, int] | None = None
 
 
 class TokenizerLike(Protocol):
@@ -69,8 +84,10 @@ class EngineLike(Protocol):
 
     def submit(self, prompt_ids: list[int], params: SamplingParams,
                on_output: Callable[[RequestOutput], None], after: str | None = None,
-               lora: str | None = None) -> str:
-        """Queue a request; returns its id. Raises RequestRejected (400/404/429/503).
+               lora: str | None = None) -> str | SubmitFuture:
+        """Queue a request; returns its id, or a SubmitFuture of it (an engine in another
+        process answers later; the Future then raises what submit would). Raises RequestRejected
+        (400/404/429/503).
         after: the id of a request with the same prompt (a sibling of n > 1), submitted
         just before: this one is admitted once that one's prompt is prefilled, so it
         shares the prompt's KV pages through the prefix cache. lora: the name of one of
@@ -98,5 +115,9 @@ class EngineLike(Protocol):
         ...
 
     def stats(self) -> EngineStats: ...
+
+    def metrics_text(self) -> bytes:
+        """The engine's metrics in Prometheus' text format (blocks: off the event loop)."""
+        ...
 
     def shutdown(self, drain_timeout: float = 0.0) -> None: ...

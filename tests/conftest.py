@@ -30,6 +30,7 @@ SLOW_MODULES = {
     "test_daemon_lifecycle.py",  # daemons started, crashed, hung and stopped
     "test_daemon_liveness.py",  # engines that stall and stop, judged over 10-15 s each
     "test_engine_agreement.py",  # transformers as the reference
+    "test_engine_process.py",  # `zerod serve --engine-process` subprocesses, killed and stopped
     "test_engine_tp.py",  # tensor-parallel ranks as processes (gloo), `zerod serve -tp 2`
     "test_families_gpu.py",  # every family against transformers, batched and alone (CPU variants)
     "test_fp8_checkpoints.py",  # FP8 checkpoints against transformers with W8A8 emulated
@@ -37,6 +38,7 @@ SLOW_MODULES = {
     "test_fp8_kv_and_config.py",  # engines with FP8 KV pages, teacher-forced
     "test_kernels_interpreter.py",  # Triton's CPU interpreter, one subprocess per group
     "test_lora_engine.py",  # transformers + peft as the reference
+    "test_openai_server.py",  # the demo engine in-process and in a process of its own
     "test_lora_server.py",  # servers with adapters loaded and unloaded under load
     "test_lora_kernels.py",  # the LoRA kernels in Triton's interpreter
     "test_server_cli.py",  # `zerod serve` subprocesses, SIGTERM drains
@@ -46,6 +48,20 @@ SLOW_MODULES = {
     "test_tui_real_daemon.py",  # the dashboard on a real daemon
     "test_tui_snapshots.py",  # SVG snapshots
 }
+
+
+def start_engine(kind: str, config):
+    """A started engine of `kind`: "in-process" (Engine) or "engine-process" (EngineClient,
+    the engine in a process of its own, as `zerod serve --engine-process` runs it)."""
+    if kind == "engine-process":
+        from zerod.engine.process.client import EngineClient
+
+        return EngineClient(config)
+    from zerod.engine.core.engine import Engine
+
+    eng = Engine(config)
+    eng.start()
+    return eng
 
 
 def _cuda_available() -> bool:

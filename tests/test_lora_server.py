@@ -15,24 +15,24 @@ import pytest
 
 from families_support import hf_greedy, prompts
 from lora_support import base_and_adapters, make_adapter
-from zerod.engine.core.engine import Engine, EngineConfig
+from conftest import start_engine
+from zerod.engine.config import EngineConfig
 from zerod.engine.api.server import ServerThread
 
 openai = pytest.importorskip("openai")
 NEW = 8
 
 
-@pytest.fixture(scope="module")
-def live(tmp_path_factory):
+@pytest.fixture(scope="module", params=["in-process", "engine-process"])
+def live(tmp_path_factory, request):
     d = tmp_path_factory.mktemp("lora-srv")
     base, paths, models = base_and_adapters(d)
     ps = prompts(300)[:4]
     want = {name: hf_greedy(m, ps, NEW) for name, m in models.items()}
-    eng = Engine(EngineConfig(model=str(base), served_model_name="base", block_size=4, kv_pages=800,
-                              enable_lora=True, max_loras=2, max_lora_rank=16,
-                              lora_modules=(("all8", str(paths["all8"]), None),
-                                            ("qv4", str(paths["qv4"]), "base"))))
-    eng.start()
+    eng = start_engine(request.param, EngineConfig(
+        model=str(base), served_model_name="base", block_size=4, kv_pages=800, enable_lora=True,
+        max_loras=2, max_lora_rank=16, lora_modules=(("all8", str(paths["all8"]), None),
+                                                     ("qv4", str(paths["qv4"]), "base"))))
     srv = ServerThread(eng, allow_runtime_lora=True).start()
     yield srv, eng, d, base, paths, ps, want
     srv.stop()
@@ -147,7 +147,7 @@ def test_load_and_unload_under_load_lose_no_request(live):
     with cf.ThreadPoolExecutor(32) as pool:
         futs = [pool.submit(run, m, i) for m in ("all8", "qv4", "base") for i in range(4) for _ in range(2)]
         deadline = time.monotonic() + 30
-        while len(eng.scheduler.by_id) < len(futs) and time.monotonic() < deadline:
+        while _in_engine(eng) < len(futs) and time.monotonic() < deadline:
             time.sleep(0.005)   # every request accepted before anything changes
         assert post(srv.url + "/v1/load_lora_adapter",
                     {"lora_name": "mlp16", "lora_path": str(paths["mlp16"])})[0] == 200
@@ -165,8 +165,16 @@ def test_load_and_unload_under_load_lose_no_request(live):
     assert post(srv.url + "/v1/unload_lora_adapter", {"lora_name": "mlp16"})[0] == 200
     metrics = urllib.request.urlopen(srv.url + "/metrics").read().decode()
     assert 'zerod_engine_lora_requests_total{lora_name="mlp16"} 8.0' in metrics
+    deadline = time.monotonic() + 5   # an engine in its own process reports 4 times a second
+    while _in_engine(eng) and time.monotonic() < deadline:
+        time.sleep(0.05)
     st = eng.stats()
     assert st.running == 0 and st.kv_pages_free == st.kv_pages_total
+
+
+def _in_engine(eng) -> int:
+    st = eng.stats()
+    return st.running + st.waiting
 
 
 def test_cli_takes_vllms_lora_module_forms():

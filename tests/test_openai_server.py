@@ -16,17 +16,18 @@ import pytest
 openai = pytest.importorskip("openai")
 
 from zerod.engine.api.server import ServerThread
+from conftest import start_engine
 
 MAX_LEN = 256
 
 
-@pytest.fixture(scope="session")
-def live():
-    from zerod.engine.core.engine import Engine, EngineConfig
+@pytest.fixture(scope="session", params=["in-process", "engine-process"])
+def live(request):
+    """The engine in the server's process, and in its own (`--engine-process`)."""
+    from zerod.engine.config import EngineConfig
 
-    eng = Engine(EngineConfig(model="demo", device="cpu", max_model_len=MAX_LEN, kv_pages=512,
-                              max_num_seqs=64, seed=0))
-    eng.start()
+    eng = start_engine(request.param, EngineConfig(model="demo", device="cpu", max_model_len=MAX_LEN,
+                                                   kv_pages=512, max_num_seqs=64, seed=0))
     srv = ServerThread(eng).start()
     yield eng, srv
     srv.stop()

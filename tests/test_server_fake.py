@@ -110,6 +110,9 @@ class FakeEngine:
                 healthy=self.healthy, device="cpu", model=self.model_name,
                 max_model_len=self.max_model_len, steps=0, cuda_graphs=False)
 
+    def metrics_text(self):
+        return generate_latest(self.registry)
+
     def _poller(self):
         while not self.stop.is_set():
             time.sleep(self.tick)

@@ -58,7 +58,7 @@ from zerod.engine.api.cors import CorsPolicy, request_id
 from zerod.engine.core.first_use import FIRST_USES
 from zerod.engine.generation_defaults import apply_defaults
 from zerod.engine.api.http_edge import EdgeLimits, EdgeRunner, bind_socket, edge_error
-from zerod.engine.interface import EngineLike
+from zerod.engine.interface import EngineLike, SubmitFuture
 from zerod.engine.metrics import CANARY_HEADER
 from zerod.engine.api.openapi import openapi_document
 from zerod.engine.api.response_size import check_response_size, encode_sliced
@@ -416,13 +416,15 @@ class OpenAIServer:
             if isinstance(v, (int, float, str, bool)) or v is None:
                 body.setdefault(k, v)
         body["last_step"] = stats.get("last_step")   # the daemon's EngineStalled evidence
+        if stats.get("engine_threads"):   # an engine in its own process (engine_pid): its threads
+            body["engine_threads"] = stats["engine_threads"]
         body["lora_adapters"] = [a.name for a in self._adapters()]   # the daemon shows them (zerod top)
         return _json(body, 200 if status == "ok" else 503)
 
     async def metrics(self, request: web.Request) -> web.Response:
-        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+        from prometheus_client import CONTENT_TYPE_LATEST
 
-        data = generate_latest(self.engine.metrics.registry)
+        data = await self.loop.run_in_executor(self.respond_pool, self.engine.metrics_text)
         return web.Response(body=data, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     # ----------------------------------------------------------------- generation
@@ -553,7 +555,7 @@ class OpenAIServer:
         st.rid = []
         self.inflight.add(st)
         try:
-            self._submit(request, plan, st, None if model in self.model_names else model)
+            await self._submit(request, plan, st, None if model in self.model_names else model)
             if req.stream and req.kind == "chat" and (req.tool_choice != "none"
                                                       or self.reasoning_parser):
                 return await self._stream_tools(request, req, st, model, plan)
@@ -565,19 +567,25 @@ class OpenAIServer:
             if not st.finished:
                 self._abort(st)
 
-    def _submit(self, request: web.Request, plan: _Choices, st: _Req, lora: str | None) -> None:
+    async def _submit(self, request: web.Request, plan: _Choices, st: _Req, lora: str | None) -> None:
         """Queue every choice's engine request (a sibling of n > 1 after its first, so it
         shares the prompt's KV pages), with LoRA adapter `lora` if not None; a refusal
-        aborts those already queued."""
+        aborts those already queued. An engine in another process answers each submit
+        with a Future: awaited, so a refusal is still this request's status."""
         multi = len(plan.choices) > 1
         kw = {"lora": lora} if lora is not None else {}
         try:
             for i, (ids, params, lead) in enumerate(plan.choices):
                 cb = request[TALLY].counting(i, self.router.callback(st, i if multi else None))
-                if lead is None:
-                    st.rid.append(self.engine.submit(ids, params, cb, **kw))
+                if lead is not None:
+                    kw["after"] = st.rid[lead]
+                rid = self.engine.submit(ids, params, cb, **kw)
+                kw.pop("after", None)
+                if isinstance(rid, SubmitFuture):
+                    st.rid.append(rid.request_id)   # abort takes it while the answer comes
+                    await asyncio.wrap_future(rid)
                 else:
-                    st.rid.append(self.engine.submit(ids, params, cb, after=st.rid[lead], **kw))
+                    st.rid.append(rid)
             log.debug("request %s is engine request(s) %s", request[REQUEST_ID], st.rid)
         except RequestRejected as exc:
             self._abort(st)

@@ -472,6 +472,11 @@ class Engine:
             steps=self._steps, cuda_graphs=bool(self.runner.graphs), error=self._error,
             last_step=self.poller.last_step)
 
+    def metrics_text(self) -> bytes:
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.metrics.registry)
+
     def shutdown(self, drain_timeout: float = 0.0) -> None:
         """Stop admitting; wait up to drain_timeout for running requests, abort the rest, join."""
         self._accepting = False

@@ -1,0 +1,240 @@
+"""The engine's process: `python -m zerod.engine.process.child FD`, started by
+EngineClient with its end of the socket pair as FD. It builds the Engine from the
+config the server sends, answers READY (or FAILED, with the reason), then serves the
+server's messages until the server says shutdown or its end closes.
+
+Three threads of its own beside the engine's: the reader (this module's main thread,
+messages in order: a submit before its abort), the sender (every event for the server
+in one ordered stream, batched as they come) and the stats pusher. Calls that block
+(a grammar's compile, an adapter's files, the shutdown's drain) run on a small pool, so
+submits and aborts behind them are not held up.
+
+The process ignores SIGINT and SIGTERM: a terminal's Ctrl-C and systemd's stop reach
+every process of the group, and the server drives the drain. It ends when the server
+closes its end, killed or not.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import os
+import queue
+import signal
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from ..config import EngineError, RequestRejected
+from ..sampling.structured import GrammarError
+from .channel import (ABORT, ACK, CALL, EVENTS, FAILED, OUTPUT, READY, REJECTED, REPLY,
+                      STATS, STATS_INTERVAL_S, SUBMIT, Channel, RemoteGrammar)
+
+log = logging.getLogger("zerod.engine.process")
+
+# compiled grammars kept for the submits that name them: a request's grammar is
+# compiled just before its submit, so the most recent few thousand are plenty
+GRAMMARS_KEPT = 4096
+
+
+def adapters_of(engine) -> list[tuple[str, str, str | None]]:
+    """The engine's adapters as /v1/models lists them (no weights cross the pipe)."""
+    return [(a.name, a.path, a.base_model_name) for a in engine.lora_adapters()]
+
+
+def error_of(exc: BaseException) -> tuple[str, str]:
+    """An exception as a REPLY carries it: the kind the server side re-raises, the message."""
+    for kind in (GrammarError, RequestRejected, EngineError, KeyError):
+        if isinstance(exc, kind):
+            return kind.__name__, exc.args[0] if kind is KeyError and exc.args else str(exc)
+    return "Error", f"{type(exc).__name__}: {exc}"
+
+
+class EngineHost:
+    """The engine's side of the channel."""
+
+    def __init__(self, engine, chan: Channel):
+        self.engine = engine
+        self.chan = chan
+        self.out: queue.SimpleQueue = queue.SimpleQueue()
+        self.rids: dict[str, str] = {}      # the server's key -> the engine's request id
+        self._lock = threading.Lock()       # rids: written by the reader and the poller
+        self.grammars: collections.OrderedDict[int, Any] = collections.OrderedDict()
+        self._grammar_ids = itertools.count(1)
+        self.calls = ThreadPoolExecutor(4, thread_name_prefix="zerod-engine-call")
+        self._stopping = threading.Event()
+
+    # ----------------------------------------------------------------- the server's messages
+    def serve(self) -> None:
+        e = self.engine
+        e.start()   # READY's stats then name the step and poller threads
+        self.chan.send((READY, dict(
+            model_name=e.model_name, model_path=e.model_path, model_dir=str(e.model_dir),
+            tokenizer=str(e.config.tokenizer or e.model_dir),
+            eos_token_ids=list(e.model_config.eos_token_ids or []),
+            max_model_len=e.max_model_len, vocab_size=e.vocab_size,
+            ready_seconds=e.ready_seconds, adapters=adapters_of(e), stats=self._stats(e.stats()))))
+        sender = threading.Thread(target=self._send_loop, name="zerod-engine-send", daemon=True)
+        sender.start()
+        threading.Thread(target=self._stats_loop, name="zerod-engine-stats", daemon=True).start()
+        try:
+            while True:
+                msg = self.chan.recv()
+                kind = msg[0]
+                if kind == SUBMIT:
+                    self._submit(*msg[1:])
+                elif kind == ABORT:
+                    rid = self.rids.get(msg[1])
+                    if rid is not None:
+                        e.abort(rid)
+                elif kind == CALL:
+                    self.calls.submit(self._call, *msg[1:])
+        except (EOFError, OSError):
+            pass   # the server closed its end (or is gone): stop
+        if not self._stopping.is_set():
+            log.info("the server's end of the channel closed: stopping the engine")
+            self._stopping.set()
+            e.shutdown(0)
+        self.out.put(None)
+        sender.join(timeout=10)
+
+    def _submit(self, key: str, ids: list[int], params, after: str | None, lora: str | None) -> None:
+        try:
+            if params is not None and isinstance(params.grammar, RemoteGrammar):
+                params.grammar = self._grammar(params.grammar.handle)
+            done = [False]
+            with self._lock:
+                rid = self.engine.submit(ids, params, self._on_output(key, done),
+                                         after=self.rids.get(after) if after else None, lora=lora)
+                if not done[0]:
+                    self.rids[key] = rid
+        except RequestRejected as exc:
+            self.out.put((REJECTED, key, exc.status, exc.message, exc.retry_after))
+            return
+        except Exception as exc:  # noqa: BLE001 - a bug: that client gets a 500, the rest go on
+            log.exception("submit of %s failed", key)
+            self.out.put((REJECTED, key, 500, f"the engine failed to queue the request: {exc}", None))
+            return
+        self.out.put((ACK, key))
+
+    def _on_output(self, key: str, done: list[bool]):
+        put, rids, lock = self.out.put, self.rids, self._lock
+
+        def on_output(out) -> None:   # the engine's poller thread
+            out.request_id = key
+            if out.finished:
+                with lock:
+                    done[0] = True
+                    rids.pop(key, None)
+            put((OUTPUT, key, out))
+
+        return on_output
+
+    def _grammar(self, handle: int):
+        compiled = self.grammars.get(handle)
+        if compiled is None:
+            raise RequestRejected(400, "the request's compiled grammar is no longer held by the "
+                                       "engine; send the request again")
+        self.grammars.move_to_end(handle)
+        return compiled
+
+    # ----------------------------------------------------------------- calls (pool threads)
+    def _call(self, call_id: int, method: str, args: tuple) -> None:
+        try:
+            value, ok = getattr(self, "call_" + method)(*args), True
+        except Exception as exc:  # noqa: BLE001 - the caller re-raises it
+            value, ok = error_of(exc), False
+        self.out.put((REPLY, call_id, ok, value))
+
+    def call_compile(self, spec) -> RemoteGrammar:
+        compiled = self.engine.grammar_compiler.compile(spec)
+        with self._lock:
+            handle = next(self._grammar_ids)
+            self.grammars[handle] = compiled
+            while len(self.grammars) > GRAMMARS_KEPT:
+                self.grammars.popitem(last=False)
+        return RemoteGrammar(handle)
+
+    def call_load_lora(self, name: str, path: str) -> list:
+        self.engine.load_lora(name, path)
+        return adapters_of(self.engine)
+
+    def call_unload_lora(self, name: str) -> list:
+        self.engine.unload_lora(name)
+        return adapters_of(self.engine)
+
+    def call_metrics(self) -> bytes:
+        return self.engine.metrics_text()
+
+    def call_shutdown(self, drain_timeout: float) -> None:
+        self._stopping.set()
+        self.engine.shutdown(drain_timeout)   # its last outputs are queued before the reply
+
+    # ----------------------------------------------------------------- to the server
+    def _send_loop(self) -> None:
+        q = self.out
+        while True:
+            ev = q.get()
+            batch = []
+            while ev is not None:
+                batch.append(ev)
+                try:
+                    ev = q.get_nowait()
+                except queue.Empty:
+                    break
+            if batch:
+                try:
+                    self.chan.send((EVENTS, batch))
+                except OSError:
+                    return   # the server is gone; the reader sees it too
+            if ev is None:
+                return
+
+    def _stats(self, st):
+        st.engine_pid = os.getpid()
+        st.engine_threads = {t.name: t.native_id for t in threading.enumerate()
+                             if t.native_id is not None}
+        return st
+
+    def _stats_loop(self) -> None:
+        while not self._stopping.wait(STATS_INTERVAL_S):
+            try:
+                self.out.put((STATS, self._stats(self.engine.stats())))
+            except Exception:  # noqa: BLE001 - the server judges a silent engine stale
+                log.exception("engine stats failed")
+
+
+def main(argv: list[str]) -> int:
+    chan = Channel(int(argv[1]))
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    try:
+        _, config, level, log_format = chan.recv()
+    except (EOFError, OSError):
+        return 1
+    from ..logs import setup_logging
+    from ..core.stack_dump import register_from_env
+
+    setup_logging(level, log_format, "zerod-engine")
+    register_from_env()   # the daemon's SIGUSR2 reaches the step thread here (/health's engine_pid)
+    threading.current_thread().name = "zerod-engine-read"
+    try:
+        from ..core.engine import Engine
+
+        engine = Engine(config)
+    except (EngineError, ValueError, OSError) as exc:
+        chan.send((FAILED, str(exc)))
+        return 1
+    except BaseException as exc:  # noqa: BLE001 - the server says why; the log has the traceback
+        log.exception("the engine did not start")
+        chan.send((FAILED, f"{type(exc).__name__}: {exc}"))
+        return 1
+    EngineHost(engine, chan).serve()
+    chan.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
