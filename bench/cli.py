@@ -318,8 +318,11 @@ async def _main(base_url, model, api_key, names, overrides, short_input_len, voc
     client.backend = backend
     client.dataset = dataset
     if pid is not None and pid == health.get("pid") and isinstance(health.get("threads"), dict):
-        client.thread_names = {int(tid): name for name, tid in health["threads"].items()
+        threads = {**health["threads"], **(health.get("engine_threads") or {})}
+        client.thread_names = {int(tid): name for name, tid in threads.items()
                                if isinstance(tid, int)}
+        if isinstance(health.get("engine_pid"), int) and os.path.exists(f"/proc/{health['engine_pid']}"):
+            client.engine_pid = health["engine_pid"]
     results: dict[str, dict] = {}
     for name in names:
         results[name] = await run_scenario(client, name, overrides, short_input_len)

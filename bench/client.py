@@ -213,6 +213,7 @@ class Client:
         self.progress = progress
         self.server_pid = server_pid
         self.thread_names: dict[int, str] = {}
+        self.engine_pid: int | None = None   # the engine's own process (--engine-process)
         self.workers = 0  # client processes; 0 = auto_workers()
         self.extra_body: dict[str, Any] = {}  # merged into every request (--extra-body)
         self.lora_modules: list[str] = []     # each request's model drawn from these (--lora-modules)
@@ -302,7 +303,7 @@ class Client:
                 prog.failed += not r.ok
                 return r
 
-            cpu = CpuWindow(self.server_pid, self.thread_names)
+            cpu = CpuWindow(self.server_pid, self.thread_names, self.engine_pid)
             cpu.start()
             prog.start()
             t0 = time.perf_counter()
@@ -350,7 +351,7 @@ class Client:
                 msg = await _get(q, 120)
                 assert msg[0] == "ready", msg
             prog.source = lambda: (done.value, failed.value, tokens.value)
-            cpu = CpuWindow(self.server_pid, self.thread_names)
+            cpu = CpuWindow(self.server_pid, self.thread_names, self.engine_pid)
             cpu.start()
             prog.start()
             t0 = time.perf_counter()

@@ -36,23 +36,39 @@ def read_cpu(pid: int) -> tuple[float, dict[int, tuple[str, float]]] | None:
     return total, threads
 
 
-class CpuWindow:
-    """CPU the server process used between start() and stop(), in cores."""
+def _read_all(pids: list[int]) -> tuple[float, dict[int, tuple[str, float]]] | None:
+    """read_cpu summed over the server's process and the engine's own (if any)."""
+    reads = [read_cpu(p) for p in pids]
+    if reads[0] is None:
+        return None
+    total, threads = 0.0, {}
+    for r in reads:
+        if r is not None:
+            total += r[0]
+            threads.update(r[1])
+    return total, threads
 
-    def __init__(self, pid: int | None, thread_names: dict[int, str] | None = None) -> None:
+
+class CpuWindow:
+    """CPU the server process used between start() and stop(), in cores; with
+    engine_pid (an engine in its own process), that process's CPU counts too."""
+
+    def __init__(self, pid: int | None, thread_names: dict[int, str] | None = None,
+                 engine_pid: int | None = None) -> None:
         self.pid = pid
+        self.pids = [pid] + ([engine_pid] if engine_pid and engine_pid != pid else [])
         self.thread_names = thread_names or {}  # tid -> name (the server's /health)
         self.t0 = 0.0
         self.c0: Any = None
 
     def start(self) -> None:
         self.t0 = time.perf_counter()
-        self.c0 = read_cpu(self.pid) if self.pid else None
+        self.c0 = _read_all(self.pids) if self.pid else None
 
     def stop(self) -> dict[str, Any] | None:
         if not self.pid or self.c0 is None:
             return None
-        c1 = read_cpu(self.pid)
+        c1 = _read_all(self.pids)
         wall = time.perf_counter() - self.t0
         if c1 is None or wall <= 0:
             return None
@@ -62,6 +78,7 @@ class CpuWindow:
             before = self.c0[1].get(tid, (name, 0.0))[1]
             by_name[name] = by_name.get(name, 0.0) + max(0.0, cpu - before)
         top = sorted(by_name.items(), key=lambda kv: -kv[1])[:8]
-        return {"pid": self.pid, "wall_s": wall, "cpu_s": c1[0] - self.c0[0],
+        return {"pid": self.pid, **({"engine_pid": self.pids[1]} if len(self.pids) > 1 else {}),
+                "wall_s": wall, "cpu_s": c1[0] - self.c0[0],
                 "cores": (c1[0] - self.c0[0]) / wall,
                 "threads_cores": {n: c / wall for n, c in top}}

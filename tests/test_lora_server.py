@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import json
+import re
 import time
 import urllib.error
 import urllib.request
@@ -147,7 +148,7 @@ def test_load_and_unload_under_load_lose_no_request(live):
     with cf.ThreadPoolExecutor(32) as pool:
         futs = [pool.submit(run, m, i) for m in ("all8", "qv4", "base") for i in range(4) for _ in range(2)]
         deadline = time.monotonic() + 30
-        while _in_engine(eng) < len(futs) and time.monotonic() < deadline:
+        while _in_engine(srv) < len(futs) and time.monotonic() < deadline:
             time.sleep(0.005)   # every request accepted before anything changes
         assert post(srv.url + "/v1/load_lora_adapter",
                     {"lora_name": "mlp16", "lora_path": str(paths["mlp16"])})[0] == 200
@@ -166,15 +167,17 @@ def test_load_and_unload_under_load_lose_no_request(live):
     metrics = urllib.request.urlopen(srv.url + "/metrics").read().decode()
     assert 'zerod_engine_lora_requests_total{lora_name="mlp16"} 8.0' in metrics
     deadline = time.monotonic() + 5   # an engine in its own process reports 4 times a second
-    while _in_engine(eng) and time.monotonic() < deadline:
+    while (eng.stats().running or _in_engine(srv)) and time.monotonic() < deadline:
         time.sleep(0.05)
     st = eng.stats()
     assert st.running == 0 and st.kv_pages_free == st.kv_pages_total
 
 
-def _in_engine(eng) -> int:
-    st = eng.stats()
-    return st.running + st.waiting
+def _in_engine(srv) -> int:
+    """The engine's running and waiting requests, as /metrics reads them now."""
+    text = urllib.request.urlopen(srv.url + "/metrics", timeout=10).read().decode()
+    return sum(int(float(v)) for v in re.findall(
+        r"^vllm:num_requests_(?:running|waiting)\{[^}]*\} (\S+)$", text, re.M))
 
 
 def test_cli_takes_vllms_lora_module_forms():

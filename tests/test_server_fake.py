@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import aiohttp
 import pytest
-from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from zerod.engine.config import RequestRejected
 from zerod.engine.interface import EngineLike, EngineStats
 from zerod.engine.core.request import RequestOutput

@@ -19,6 +19,7 @@ A request's key is the server's own id for it (the engine's ids stay in its proc
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ class Channel:
 
     def __init__(self, sock_or_fd: socket.socket | int):
         fd = sock_or_fd.detach() if isinstance(sock_or_fd, socket.socket) else sock_or_fd
+        self.fd = fd
         self.conn = Connection(fd)
         self._lock = threading.Lock()
 
@@ -48,6 +50,13 @@ class Channel:
         return self.conn.recv()
 
     def close(self) -> None:
+        """Both directions shut first: that wakes a recv() blocked on another thread (a
+        bare close does not) and the other end reads EOF."""
+        try:
+            with socket.socket(fileno=os.dup(self.fd)) as s:
+                s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         try:
             self.conn.close()
         except OSError:
