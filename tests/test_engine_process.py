@@ -167,3 +167,24 @@ def test_an_engine_that_cannot_start_is_one_line_and_exit_1(tmp_path):
                        stdin=subprocess.DEVNULL)
     assert r.returncode == 1
     assert "zerod serve: error:" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_structured_outputs_compile_in_the_engine_process(served):
+    """A grammar compiles in the engine's process and comes back as a handle; the output
+    follows it, and a schema that does not compile is the client's 400."""
+    _, port = served
+    c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    for _ in range(2):   # the second request reuses nothing it should not
+        r = c.chat.completions.create(
+            model="demo", messages=[{"role": "user", "content": "json"}], max_tokens=40,
+            response_format={"type": "json_schema", "json_schema": {"name": "s", "schema": schema}})
+        if r.choices[0].finish_reason == "stop":
+            assert isinstance(json.loads(r.choices[0].message.content)["ok"], bool)
+    r = c.completions.create(model="demo", prompt="pick", max_tokens=10,
+                             extra_body={"structured_outputs": {"choice": ["yes", "no"]}})
+    assert r.choices[0].text in ("yes", "no")
+    with pytest.raises(openai.BadRequestError):
+        c.completions.create(model="demo", prompt="x", max_tokens=5,
+                             extra_body={"structured_outputs": {"regex": "(unclosed"}})

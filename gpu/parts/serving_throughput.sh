@@ -3,7 +3,8 @@
 # .before/ (git archive of the reference commit, carried) against this tree. For each shape
 # of SHAPES (default "8b mixtral-8x7b"; also 8b-fp8: --quantization fp8) each variant of
 # VARIANTS (default "before after after2 before2": alternated pairs, a fresh server each,
-# names ending in 2 run their tree again) serves dummy weights and `zerod bench --scenario
+# names ending in 2 run their tree again; ARGS_<name> adds serve flags to a variant, e.g.
+# ARGS_split=--engine-process with VARIANTS="after split split2 after2") serves dummy weights and `zerod bench --scenario
 # throughput-table` drives it: two 200-stream bursts (24 in / 128 out), the same 200 as
 # closed-loop users, batch-1 decode, a 16K prompt. Mixtral-8x7B's 93 GB of weights need the H200's memory. ~1 min a server.
 # Results: $OUT/throughput.tgz (each server's log, step trace and bench output, packed as
@@ -19,7 +20,7 @@ ROOT=$PWD
 SHAPES=${SHAPES:-8b mixtral-8x7b}
 VARIANTS=${VARIANTS:-before after after2 before2}
 SERVE_X="--dtype bfloat16 --max-model-len 17408 --max-num-seqs 256 --gpu-memory-utilization 0.90"
-BENCH_X=""
+BENCH_X=${BENCH_X:-}
 if [ "${SMOKE:-0}" = 1 ]; then
     SHAPES=tiny; SERVE_X="--dtype float32 --device cpu --max-model-len 1024 --max-num-seqs 16 --kv-cache-memory-bytes 64MiB"
     BENCH_X="--num-prompts 4 --output-len 4 --input-len 8"
@@ -36,11 +37,12 @@ for shape in $SHAPES; do
     for v in $VARIANTS; do
         dir=$ROOT; [ "${v%2}" = before ] && dir=$ROOT/.before
         name=$shape-$v
+        vargs=ARGS_${v%2}; vargs=${!vargs:-}
         t0=$(date +%s.%N)
         # each tree its own Triton cache, warm from its first server on
         ( cd "$dir" && TRITON_CACHE_DIR=/tmp/triton-${v%2} ZEROD_STEP_TRACE=$W/steps-$name.jsonl \
             exec $PY -m zerod serve --model "$M" --load-format dummy \
-            --port 8000 $SERVE_X $extra ) > "$W/serve-$name.log" 2>&1 &
+            --port 8000 $SERVE_X $extra $vargs ) > "$W/serve-$name.log" 2>&1 &
         SPID=$!
         if [ "$($PY gpu/wait_health.py 8000 300 $SPID)" != ok ]; then
             tail -5 "$W/serve-$name.log"; kill $SPID 2>/dev/null; pack; continue
