@@ -9,6 +9,8 @@ the device's time passes as a sleep, with the GIL free: the H200's fitted step c
 (docs/perf.md "Step stalls"). The client is `zerod bench --scenario streams-200` (24
 prompt, OUTPUT_LEN output tokens) in its own process. Each round runs a fresh engine per
 GIL switch interval (Tuning.gil_switch_interval_us), two waves each; medians last.
+`--modes in-process,engine-process` compares the engine in the server's process with the
+engine in its own (`zerod serve --engine-process`), the device modelled the same way there.
 
 Each wave's steps with prompt chunks are also read back from the engine's step trace
 (ZEROD_STEP_TRACE): a launch's time beyond the device time modelled for its rows, which
@@ -84,17 +86,41 @@ def prompt_extra_ms(trace: Path, t0: float, t1: float) -> list[float]:
             if t0 <= s["at"] <= t1 and s["chunks"] and sum(s["rows"])]
 
 
-def wave_ttfts(interval_us: int, waves: int) -> list[dict]:
+def modelled_child(fd: str) -> int:
+    """The engine's process of --engine-process (engine/process/child.py) with the device
+    modelled: the runner's model is replaced as the engine starts."""
+    from zerod.engine.core import engine as core
+    from zerod.engine.process.child import main as child_main
+
+    start = core.Engine.start
+
+    def modelled_start(self) -> None:
+        self.runner.model = ModelledDevice(self.runner.model, self.vocab_size)
+        start(self)
+
+    torch.set_num_threads(1)
+    core.Engine.start = modelled_start
+    return child_main(["child", fd])
+
+
+def wave_ttfts(interval_us: int, waves: int, mode: str = "in-process") -> list[dict]:
     os.environ["ZEROD_TUNING"] = json.dumps({"gil_switch_interval_us": interval_us})
     trace = Path(tempfile.mkdtemp(prefix="zerod-burst-")) / "steps.jsonl"
     os.environ["ZEROD_STEP_TRACE"] = str(trace)
     from zerod.engine.api.server import ServerThread
     from zerod.engine.core.engine import Engine, EngineConfig
 
-    eng = Engine(EngineConfig(model="demo", device="cpu", max_model_len=512, kv_pages=4096,
-                              max_num_seqs=256, seed=0))
-    eng.runner.model = dev = ModelledDevice(eng.runner.model, eng.vocab_size)
-    eng.start()
+    cfg = EngineConfig(model="demo", device="cpu", max_model_len=512, kv_pages=4096,
+                       max_num_seqs=256, seed=0)
+    if mode == "engine-process":
+        from zerod.engine.process.client import EngineClient
+
+        eng = EngineClient(cfg, command=[sys.executable, __file__, "--child"])
+        dev = None   # the forwards' host calls are timed in the engine's process, not reported
+    else:
+        eng = Engine(cfg)
+        eng.runner.model = dev = ModelledDevice(eng.runner.model, eng.vocab_size)
+        eng.start()
     srv = ServerThread(eng).start()
     out, spans = [], []
     try:
@@ -106,8 +132,9 @@ def wave_ttfts(interval_us: int, waves: int) -> list[dict]:
                                 "--workers", "1", "--no-progress", "--out", f.name],
                                check=True, capture_output=True, timeout=300)
                 s = json.load(open(f.name))["scenarios"]["streams-200"]
-            host = sorted(dev.host_s)
-            dev.host_s.clear()
+            host = sorted(dev.host_s) if dev is not None else [float("nan")]
+            if dev is not None:
+                dev.host_s.clear()
             spans.append((t0, time.monotonic()))
             out.append({"ttft_p50": s["ttft_ms"]["p50"], "ttft_p99": s["ttft_ms"]["p99"],
                         "tokens_per_s": s["output_throughput"],
@@ -127,27 +154,32 @@ def main() -> None:
     ap.add_argument("--intervals-us", default="5000,500")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--waves", type=int, default=2)
+    ap.add_argument("--modes", default="in-process",
+                    help="in-process and/or engine-process (comma-separated)")
+    ap.add_argument("--child", help=argparse.SUPPRESS)   # the engine's process (modelled_child)
     a = ap.parse_args()
+    if a.child is not None:
+        sys.exit(modelled_child(a.child))
     torch.set_num_threads(1)
-    intervals = [int(u) for u in a.intervals_us.split(",")]
-    runs: dict[int, list[dict]] = {u: [] for u in intervals}
+    variants = [(u, m) for m in a.modes.split(",") for u in (int(u) for u in a.intervals_us.split(","))]
+    runs: dict[tuple[int, str], list[dict]] = {v: [] for v in variants}
     for r in range(a.rounds):
-        for u in intervals:   # alternated: the machine's drift falls on both
-            got = wave_ttfts(u, a.waves)
-            runs[u] += got
-            print(f"round {r + 1}, {u} us: " + "; ".join(
+        for u, m in variants:   # alternated: the machine's drift falls on all
+            got = wave_ttfts(u, a.waves, m)
+            runs[u, m] += got
+            print(f"round {r + 1}, {m}, {u} us: " + "; ".join(
                 f"TTFT p50 {w['ttft_p50']:.0f} / p99 {w['ttft_p99']:.0f} ms, {w['tokens_per_s']:.0f} tokens/s, "
                 f"host calls p99 {w['host_p99_ms']:.1f} / max {w['host_max_ms']:.1f} ms, "
                 f"prompt launches beyond the device p50 {w['extra_p50_ms']:.1f} / max {w['extra_max_ms']:.1f} ms"
                 for w in got), flush=True)
-    print(f"\n| GIL switch interval | 200-stream waves: TTFT p50 / p99 (median of {a.rounds * a.waves}) "
+    print(f"\n| engine, GIL switch interval | 200-stream waves: TTFT p50 / p99 (median of {a.rounds * a.waves}) "
           f"| output tokens/s | a forward's host calls: p99 / worst "
           f"| prompt launches beyond the device time: p50 / worst |")
     print("|---|---|---|---|---|")
-    for u in intervals:
-        w = runs[u]
+    for u, m in variants:
+        w = runs[u, m]
         med = {k: statistics.median(x[k] for x in w) for k in w[0]}
-        print(f"| {u} us | {med['ttft_p50']:.0f} / {med['ttft_p99']:.0f} ms | {med['tokens_per_s']:.0f} "
+        print(f"| {m}, {u} us | {med['ttft_p50']:.0f} / {med['ttft_p99']:.0f} ms | {med['tokens_per_s']:.0f} "
               f"| {med['host_p99_ms']:.1f} / {max(x['host_max_ms'] for x in w):.1f} ms "
               f"| {med['extra_p50_ms']:.1f} / {max(x['extra_max_ms'] for x in w):.1f} ms |")
 

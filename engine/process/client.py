@@ -76,7 +76,10 @@ class RemoteGrammars:
 
 
 class EngineClient:
-    def __init__(self, config: EngineConfig, log_level: str = "info", log_format: str = "text"):
+    def __init__(self, config: EngineConfig, log_level: str = "info", log_format: str = "text",
+                 command: list[str] | None = None):
+        """command: what starts the engine's process, its end of the pair appended
+        (default: this Python, -m CHILD_MODULE; gpu/burst_host.py models the device there)."""
         self.config = config
         self._ids = itertools.count()
         self._calls = itertools.count()
@@ -87,8 +90,8 @@ class EngineClient:
         self._accepting = True
         self.lost: str | None = None        # why the engine process is gone, once it is
         parent, child = socket.socketpair()
-        self.proc = subprocess.Popen([sys.executable, "-m", CHILD_MODULE, str(child.fileno())],
-                                     pass_fds=(child.fileno(),))
+        command = command or [sys.executable, "-m", CHILD_MODULE]
+        self.proc = subprocess.Popen([*command, str(child.fileno())], pass_fds=(child.fileno(),))
         child.close()
         self.chan = Channel(parent)
         self.chan.send((CONFIG, config, log_level, log_format))
