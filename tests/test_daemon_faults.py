@@ -17,6 +17,7 @@ import tarfile
 import time
 
 import aiohttp
+import pytest
 
 from test_daemon_lifecycle import free_port  # same folder
 from zerod.daemon import Daemon
@@ -24,8 +25,8 @@ from zerod.engine import metrics as names
 from zerod.event_store import EventStore
 
 
-def _config(tmp_path, port: int, fault: str, **daemon) -> dict:
-    return {"engine": {"port": port, "max_num_seqs": 4}, "doctor": {}, "alerts": {},
+def _config(tmp_path, port: int, fault: str, serve: dict | None = None, **daemon) -> dict:
+    return {"engine": {"port": port, "max_num_seqs": 4, **(serve or {})}, "doctor": {}, "alerts": {},
             "daemon": {"preflight": False, "numa": "off", "metrics_port": -1, "netlink": False,
                        "control_socket": str(tmp_path / "control.sock"), "watch_interval_s": 0.2,
                        "state_dir": str(tmp_path / "state"), "engine_env": {"ZEROD_FAULT": fault},
@@ -51,10 +52,13 @@ async def _stop(d: Daemon, run: asyncio.Task) -> None:
             await asyncio.gather(run, return_exceptions=True)
 
 
-async def test_a_stalled_engine_is_named_with_its_stack_and_restarted(tmp_path):
+@pytest.mark.parametrize("engine_process", [False, True], ids=["in-process", "engine-process"])
+async def test_a_stalled_engine_is_named_with_its_stack_and_restarted(tmp_path, engine_process):
+    """With --engine-process the step thread's stack comes from the engine's own process
+    (the pid /health names, a descendant of the one the daemon started)."""
     port = free_port()
-    d = Daemon(_config(tmp_path, port, "stall-after-steps:30", stall_after_s=2.0, bundle_min_interval_s=0),
-               demo=True)
+    d = Daemon(_config(tmp_path, port, "stall-after-steps:30", {"engine_process": engine_process},
+                       stall_after_s=2.0, bundle_min_interval_s=0), demo=True)
     run = asyncio.create_task(d.run())
     stuck = None
     try:

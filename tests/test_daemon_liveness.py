@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 from test_daemon_lifecycle import Daemon, firing, free_port
 from zerod import liveness
@@ -150,3 +151,30 @@ def test_evidence_tells_a_busy_process_from_a_stopped_one():
         for p in (busy, idle):
             p.kill()
             p.wait()
+
+
+def test_an_engine_in_its_own_process_is_judged_by_its_threads_there():
+    """`zerod serve --engine-process`: /health names the engine process's threads apart
+    (engine_threads); the evidence counts their CPU though they are a child's."""
+    code = ("import subprocess, sys, threading, time\n"
+            "child = subprocess.Popen([sys.executable, '-c', "
+            "'import threading\\nt = threading.Thread(target=lambda: [0 for _ in iter(int, 1)], name=\"zerod-step\")\\n"
+            "t.start(); print(t.native_id, flush=True); t.join()'], stdout=subprocess.PIPE, text=True)\n"
+            "print(child.pid, child.stdout.readline().strip(), flush=True)\n"
+            "time.sleep(60)\n")
+    server = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        child_pid, tid = (int(x) for x in server.stdout.readline().split())
+        names = liveness.thread_names({"threads": {"zerod-http": server.pid},
+                                       "engine_threads": {"zerod-step": tid}, "engine_pid": child_pid})
+        assert names == {server.pid: "zerod-http", tid: "zerod-step"}
+        stall = liveness.Stall(server.pid, names)
+        stall.failed()
+        time.sleep(0.5)
+        stall.failed()
+        assert stall.slow and "zerod-step +" in stall.evidence()
+    finally:
+        for p in psutil.Process(server.pid).children(recursive=True):
+            p.kill()
+        server.kill()
+        server.wait()

@@ -45,6 +45,9 @@ def sample(pid: int, thread_names: dict[int, str] | None = None) -> Sample:
         for child in proc.children(recursive=True):
             try:
                 cpu += sum(child.cpu_times()[:2])
+                for t in child.threads() if names else ():   # the engine's own process
+                    if t.id in names:
+                        threads[names[t.id]] = t.user_time + t.system_time
             except psutil.Error:
                 pass
     except psutil.Error:
@@ -95,9 +98,14 @@ class Stall:
 
 
 def thread_names(health: dict) -> dict[int, str]:
-    """tid -> thread name from a zerod serve /health answer's "threads" ({} otherwise)."""
-    threads = health.get("threads") if isinstance(health, dict) else None
-    if not isinstance(threads, dict):
+    """tid -> thread name from a zerod serve /health answer's "threads", and its
+    "engine_threads" when the engine runs in its own process ({} otherwise)."""
+    if not isinstance(health, dict):
         return {}
-    return {tid: name for name, tid in threads.items()
-            if isinstance(name, str) and isinstance(tid, int)}
+    out: dict[int, str] = {}
+    for key in ("threads", "engine_threads"):
+        threads = health.get(key)
+        if isinstance(threads, dict):
+            out.update({tid: name for name, tid in threads.items()
+                        if isinstance(name, str) and isinstance(tid, int)})
+    return out

@@ -24,6 +24,8 @@ import shutil
 import time
 from typing import Any, Callable
 
+import psutil
+
 from zerod.alerts import AlertBook
 from zerod.daemon_config import DaemonConfig
 from zerod.engine import metrics as names
@@ -148,6 +150,11 @@ class EngineStallWatcher(Watcher):
             ev["health"] = await self._health()
         except Exception as exc:  # noqa: BLE001 - evidence is best effort
             ev["health_error"] = f"{type(exc).__name__}: {exc}"
+        engine = _engine_process(pid, ev.get("health"))
+        if engine is not None:   # `zerod serve --engine-process`: the step thread is there
+            ev["server_stacks"] = ev.pop("stacks", None)
+            ev.pop("step_stack", None)
+            ev.update(await self._stacks(engine))
         try:
             ev["gpus"] = self.gpus()
         except Exception:  # noqa: BLE001
@@ -208,6 +215,18 @@ class EngineStallWatcher(Watcher):
         if not text:
             return {"stacks_error": f"pid {pid} wrote no stacks to {path} within {STACK_WAIT_S:.0f} s"}
         return {"stacks": text, "step_stack": step_thread_stack(text)}
+
+
+def _engine_process(pid: int, health: Any) -> int | None:
+    """The engine's own process that /health names (engine_pid), if it is one of pid's
+    descendants: no other process is ever signalled."""
+    engine = health.get("engine_pid") if isinstance(health, dict) else None
+    if not isinstance(engine, int) or engine == pid:
+        return None
+    try:
+        return engine if engine in {c.pid for c in psutil.Process(pid).children(recursive=True)} else None
+    except psutil.Error:
+        return None
 
 
 def _pct(v: float | None) -> str:
