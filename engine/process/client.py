@@ -21,6 +21,7 @@ refuses new ones with 503 and leaves /health unhealthy: the daemon restarts the 
 from __future__ import annotations
 
 import dataclasses
+import gc
 import itertools
 import logging
 import socket
@@ -130,7 +131,11 @@ class EngineClient:
         return self.proc.pid
 
     def start(self) -> None:
-        """The engine's process starts its step loop once built."""
+        """The engine's process starts its step loop once built. Here, as Engine.start
+        does in its process: what the server's process has built so far lives as long as
+        it does, so it leaves the garbage collector's full passes."""
+        gc.collect()
+        gc.freeze()
 
     # ----------------------------------------------------------------- requests
     def submit(self, prompt_ids: list[int], params: SamplingParams | None,
