@@ -35,10 +35,12 @@ class ServeCommand(click.Command):
     def parse_args(self, ctx, args):
         args, notes = normalize(args)
         ctx.meta[NOTES] = notes
+        ctx.meta[ARGV] = list(args)   # zerod's own flags: what --api-server-count's processes get
         return super().parse_args(ctx, args)
 
 
 NOTES = "zerod.serve.notes"
+ARGV = "zerod.serve.argv"
 
 
 def _lora_modules(ctx, param, values):
@@ -137,19 +139,40 @@ def serve(**opts):
                               served_model_name=names[0] if names else None)
     except EngineError as exc:
         raise click.UsageError(str(exc)) from None
-    _warn_exposure(o.host, o.api_key)
-    try:  # before loading anything: a taken port fails now, not after minutes of loading
-        sock = bind_socket(o.host, o.port)
-    except PortTaken as exc:
-        click.echo(f"zerod serve: error: {exc.strerror}", err=True)
-        sys.exit(1)
+    from zerod.engine.process.servers import ServerProcesses, attached
+
     try:
-        click.echo(f"zerod serve: loading {o.model} ...", err=True)
-        if o.engine_process:
+        place = attached()   # one of --api-server-count's processes after the first
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    engine_process = o.engine_process
+    if o.api_server_count > 1 or place is not None:
+        if not engine_process and ctx.get_parameter_source("engine_process") not in (
+                None, click.core.ParameterSource.DEFAULT):
+            raise click.UsageError("--api-server-count above 1 needs the engine in its own "
+                                   "process: drop --no-engine-process")
+        engine_process = True
+    if place is None:
+        _warn_exposure(o.host, o.api_key)
+        try:  # before loading anything: a taken port fails now, not after minutes of loading
+            sock = bind_socket(o.host, o.port)
+        except PortTaken as exc:
+            click.echo(f"zerod serve: error: {exc.strerror}", err=True)
+            sys.exit(1)
+    else:
+        import socket
+
+        place.die_with_parent()
+        sock = socket.socket(fileno=place.listen_fd)
+    try:
+        if place is None:
+            click.echo(f"zerod serve: loading {o.model} ...", err=True)
+        if engine_process:
             from zerod.engine.process.client import EngineClient
 
             engine = EngineClient(config, "debug" if o.log_level == "trace" else o.log_level,
-                                  o.log_format)
+                                  o.log_format, servers=o.api_server_count,
+                                  attach=(place.index, place.channel_fd) if place else None)
         else:
             from zerod.engine.core.engine import Engine
 
@@ -167,6 +190,11 @@ def serve(**opts):
                       tuple(o.allowed_headers), o.allow_credentials)
 
     def ready(bound: int) -> None:
+        if place is not None:
+            place.ready()
+            click.echo(f"zerod serve: HTTP server {place.index} ready on http://{o.host}:{bound} "
+                       f"(pid {os.getpid()})", err=True)
+            return
         st = engine.stats()
         click.echo(f"zerod serve: {engine.model_name} ready on http://{o.host}:{bound} "
                    f"(pid {os.getpid()}, max_model_len {engine.max_model_len}, "
@@ -182,9 +210,13 @@ def serve(**opts):
     import threading
 
     threading.current_thread().name = "zerod-http"  # the event loop's thread, in /health
+    others = None
     try:
         engine.start()
-        asyncio.run(serve_async(engine, sock,
+        if o.api_server_count > 1 and place is None:
+            others = ServerProcesses(ctx.meta[ARGV], engine.spare_channels, sock)
+            others.wait_ready()
+        asyncio.run(serve_async(engine, sock, on_stop=others.terminate if others else None,
                                 served_model_names=names or None, api_key=o.api_key,
                                 drain_timeout=o.drain_timeout,
                                 default_max_tokens=default_max_tokens, cors=cors,
@@ -201,6 +233,8 @@ def serve(**opts):
         click.echo(f"zerod serve: error: {exc}", err=True)
         code = 1
     finally:
+        if others is not None:   # their requests drain as this one's did
+            others.wait(o.drain_timeout + 10)
         try:
             engine.shutdown(0)
         except Exception as exc:  # shutting down must not hide the exit status

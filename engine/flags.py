@@ -321,6 +321,9 @@ FLAGS: tuple[Flag, ...] = (
          "of its own beside the HTTP server's, so the two share no GIL (zerod's own flag; "
          "vLLM always splits them).", bool, default=False, field=False, negatable=True,
          envvar=("ZEROD_ENGINE_PROCESS",)),
+    Flag("api_server_count", "HTTP server processes on the port, each its own event loop and "
+         "GIL, all in front of one engine; above 1 the engine runs in its own process "
+         "(--engine-process).", int, lo=1, hi=64, default=1, field=False, aliases=("-asc",)),
     Flag("seed", "Seeds dummy weights and requests that carry no seed.", int),
     # the HTTP server
     Flag("host", "Bind address.", default="127.0.0.1", field=False, metavar="ADDR"),

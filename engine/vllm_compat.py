@@ -91,8 +91,6 @@ FOREIGN: dict[str, Foreign] = {
     "--enable-ssl-refresh": _refuse("flag", _NO_TLS),
     "--uds": _refuse("value", "zerod listens on TCP (--host, --port)"),
     "--headless": _refuse("flag", _ONE_PROCESS),
-    "--api-server-count": _refuse("value", "one HTTP server process per engine", "1"),
-    "-asc": _refuse("value", "one HTTP server process per engine", "1"),
     # the model
     "--trust-remote-code": _noop("flag", "no remote code is ever run: model families are "
                                  "built in"),

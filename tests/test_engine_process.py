@@ -188,3 +188,108 @@ def test_structured_outputs_compile_in_the_engine_process(served):
     with pytest.raises(openai.BadRequestError):
         c.completions.create(model="demo", prompt="x", max_tokens=5,
                              extra_body={"structured_outputs": {"regex": "(unclosed"}})
+
+
+# --------------------------------------------------------------------- --api-server-count
+
+
+def test_several_http_server_processes_share_the_port_and_one_engine():
+    p, port = _serve("--api-server-count", "2")
+    try:
+        seen = {}
+        for _ in range(200):   # a new connection each: the kernel hands it to a free process
+            status, h = _health(port)
+            assert status == 200
+            seen[h["pid"]] = h["engine_pid"]
+            if len(seen) == 2:
+                break
+        assert len(seen) == 2, f"one process answered 200 connections: {seen}"
+        assert len(set(seen.values())) == 1 and p.pid in seen   # one engine; the first is the one started
+        children = {c.pid for c in psutil.Process(p.pid).children()}
+        assert set(seen) - {p.pid} <= children and set(seen.values()) <= children
+        c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
+        for i in range(8):   # keys of both processes meet in one engine
+            r = c.completions.create(model="demo", prompt=f"n{i}", max_tokens=3)
+            assert r.usage.completion_tokens == 3
+        streams = [c.completions.create(model="demo", prompt="drain", max_tokens=30, stream=True,
+                                        extra_body={"ignore_eos": True}) for _ in range(4)]
+        firsts = [next(iter(s)) for s in streams]
+        p.send_signal(signal.SIGTERM)   # the supervisor signals the first process only
+        for s in streams:                # every process drains its own requests
+            assert list(s)[-1].choices[0].finish_reason == "length"
+        assert len(firsts) == 4 and p.wait(60) == 0
+        assert not [q for q in psutil.process_iter(["cmdline"])
+                    if f"--port {port}" in " ".join(q.info["cmdline"] or [])
+                    or q.pid in seen.values()]
+    finally:
+        out = _stop(p)
+    assert "Traceback" not in out and out.count("zerod serve: stopped") == 2
+
+
+def test_a_server_process_that_dies_leaves_the_others_serving():
+    p, port = _serve("--api-server-count", "2")
+    try:
+        other = next(c.pid for c in psutil.Process(p.pid).children()
+                     if "zerod.engine.process.child" not in " ".join(c.cmdline()))
+        os.kill(other, signal.SIGKILL)
+        c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
+        for _ in range(10):
+            assert c.completions.create(model="demo", prompt="on", max_tokens=2).usage.completion_tokens == 2
+        assert _health(port)[0] == 200
+    finally:
+        out = _stop(p)
+    assert f"(pid {other}) exited" in out
+
+
+def test_api_server_count_refuses_an_engine_in_the_servers_process():
+    r = subprocess.run([sys.executable, "-m", "zerod", "serve", "demo", "--api-server-count", "2",
+                        "--no-engine-process", "--port", str(_free_port())],
+                       capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert r.returncode == 2 and "--no-engine-process" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, "-m", "zerod", "serve", "demo", "--api-server-count", "0"],
+                       capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert r.returncode == 2 and "api_server_count must be >= 1" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "zerod", "serve", "demo"], capture_output=True,
+                       text=True, timeout=60, stdin=subprocess.DEVNULL,
+                       env={**os.environ, "ZEROD_API_SERVER": "1:x"})
+    assert r.returncode == 2 and "not by hand" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_every_server_process_lists_an_adapter_another_loaded(tmp_path):
+    """LoRA adapters load through one server process; the engine tells every one."""
+    from lora_support import base_and_adapters
+    from zerod.engine.config import EngineConfig
+    from zerod.engine.process.client import EngineClient
+
+    base, paths, _ = base_and_adapters(tmp_path)
+    first = EngineClient(EngineConfig(model=str(base), block_size=4, kv_pages=200, enable_lora=True,
+                                      max_loras=2, max_lora_rank=16), servers=2)
+    second = EngineClient(None, attach=(1, first.spare_channels[0].detach()))
+    try:
+        assert first.lora_adapters() == second.lora_adapters() == []
+        first.load_lora("all8", str(paths["all8"]))
+        deadline = time.monotonic() + 10
+        while not second.lora_adapters() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert [a.name for a in second.lora_adapters()] == ["all8"]
+        second.unload_lora("all8")
+        assert second.lora_adapters() == []
+        while first.lora_adapters() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert first.lora_adapters() == []
+        with pytest.raises(KeyError):
+            first.unload_lora("all8")
+    finally:
+        second.shutdown()
+        first.shutdown()
+    assert first.proc.poll() is not None
+
+
+def test_the_server_processes_end_with_the_first_killed():
+    p, port = _serve("--api-server-count", "2")
+    kids = psutil.Process(p.pid).children()
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait(10)
+    gone, alive = psutil.wait_procs(kids, timeout=30)
+    _stop(p)
+    assert not alive, f"outlived the first server process: {alive}"

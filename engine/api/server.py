@@ -1072,9 +1072,10 @@ async def serve_async(engine: EngineLike, sock: socket.socket, *, served_model_n
                       stop_event: asyncio.Event | None = None,
                       handle_signals: bool = True,
                       tool_parser: str | None = None, allow_runtime_lora: bool = False,
-                      **options: Any) -> None:
-    """options: OpenAIServer's other keywords (generation_defaults, max_logprobs,
-    log_requests, access_log)."""
+                      on_stop: Callable[[], None] | None = None, **options: Any) -> None:
+    """on_stop: called once the stop comes, before the drain (the HTTP server processes
+    beside this one are told then). options: OpenAIServer's other keywords
+    (generation_defaults, max_logprobs, log_requests, access_log)."""
     server = OpenAIServer(engine, served_model_names=served_model_names, api_key=api_key,
                           drain_timeout=drain_timeout, default_max_tokens=default_max_tokens,
                           edge=edge, cors=cors, tool_parser=tool_parser,
@@ -1089,6 +1090,8 @@ async def serve_async(engine: EngineLike, sock: socket.socket, *, served_model_n
         on_ready(sock.getsockname()[1])
     try:
         await stop.wait()
+        if on_stop is not None:
+            on_stop()
         log.info("stopping: draining up to %.1fs", drain_timeout)
         await server.drain(drain_timeout)
     finally:

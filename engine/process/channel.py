@@ -13,8 +13,10 @@ Engine -> server:
   (EVENTS, [event, ...])                                one ordered stream, batched as it comes:
       (OUTPUT, key, RequestOutput) | (ACK, key) | (REJECTED, key, status, message, retry_after)
       | (STATS, EngineStats) | (REPLY, call_id, ok, value)   value: the result, or (kind, message)
+      | (ADAPTERS, [(name, path, base_model_name), ...])    after a load or unload, to every server
 
-A request's key is the server's own id for it (the engine's ids stay in its process).
+A request's key is the server's own id for it (the engine's ids stay in its process);
+with several server processes (`--api-server-count`), each has its own channel and keys.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from multiprocessing.connection import Connection
 
 CONFIG, SUBMIT, ABORT, CALL = "config", "submit", "abort", "call"
 READY, FAILED, EVENTS, REPLY = "ready", "failed", "events", "reply"
-OUTPUT, ACK, REJECTED, STATS = "output", "ack", "rejected", "stats"
+OUTPUT, ACK, REJECTED, STATS, ADAPTERS = "output", "ack", "rejected", "stats", "adapters"
 
 # the child's statistics, pushed this often: what /health and the daemon read of it
 STATS_INTERVAL_S = 0.25

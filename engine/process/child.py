@@ -3,9 +3,9 @@ EngineClient with its end of the socket pair as FD. It builds the Engine from th
 config the server sends, answers READY (or FAILED, with the reason), then serves the
 server's messages until the server says shutdown or its end closes.
 
-Three threads of its own beside the engine's: the reader (this module's main thread,
-messages in order: a submit before its abort), the sender (every event for the server
-in one ordered stream, batched as they come) and the stats pusher. Calls that block
+Its threads beside the engine's: a reader per server process (link 0's is this module's
+main thread; messages in order: a submit before its abort), a sender per server process
+(every event for it in one ordered stream, batched as they come) and the stats pusher. Calls that block
 (a grammar's compile, an adapter's files, the shutdown's drain) run on a small pool, so
 submits and aborts behind them are not held up.
 
@@ -29,8 +29,8 @@ from typing import Any
 
 from ..config import EngineError, RequestRejected
 from ..sampling.structured import GrammarError
-from .channel import (ABORT, ACK, CALL, EVENTS, FAILED, OUTPUT, READY, REJECTED, REPLY,
-                      STATS, STATS_INTERVAL_S, SUBMIT, Channel, RemoteGrammar)
+from .channel import (ABORT, ACK, ADAPTERS, CALL, EVENTS, FAILED, OUTPUT, READY, REJECTED,
+                      REPLY, STATS, STATS_INTERVAL_S, SUBMIT, Channel, RemoteGrammar)
 
 log = logging.getLogger("zerod.engine.process")
 
@@ -52,127 +52,18 @@ def error_of(exc: BaseException) -> tuple[str, str]:
     return "Error", f"{type(exc).__name__}: {exc}"
 
 
-class EngineHost:
-    """The engine's side of the channel."""
+class Link:
+    """One HTTP server process's channel: its own outbound stream and sender thread. The
+    keys of its requests in flight are there to abort when it goes."""
 
-    def __init__(self, engine, chan: Channel):
-        self.engine = engine
+    def __init__(self, index: int, chan: Channel):
+        self.index = index
         self.chan = chan
         self.out: queue.SimpleQueue = queue.SimpleQueue()
-        self.rids: dict[str, str] = {}      # the server's key -> the engine's request id
-        self._lock = threading.Lock()       # rids: written by the reader and the poller
-        self.grammars: collections.OrderedDict[int, Any] = collections.OrderedDict()
-        self._grammar_ids = itertools.count(1)
-        self.calls = ThreadPoolExecutor(4, thread_name_prefix="zerod-engine-call")
-        self._stopping = threading.Event()
+        self.keys: set[str] = set()
+        self.sender = threading.Thread(target=self._send_loop, name=f"zerod-engine-send-{index}",
+                                       daemon=True)
 
-    # ----------------------------------------------------------------- the server's messages
-    def serve(self) -> None:
-        e = self.engine
-        e.start()   # READY's stats then name the step and poller threads
-        self.chan.send((READY, dict(
-            model_name=e.model_name, model_path=e.model_path, model_dir=str(e.model_dir),
-            tokenizer=str(e.config.tokenizer or e.model_dir),
-            eos_token_ids=list(e.model_config.eos_token_ids or []),
-            max_model_len=e.max_model_len, vocab_size=e.vocab_size,
-            ready_seconds=e.ready_seconds, adapters=adapters_of(e), stats=self._stats(e.stats()))))
-        sender = threading.Thread(target=self._send_loop, name="zerod-engine-send", daemon=True)
-        sender.start()
-        threading.Thread(target=self._stats_loop, name="zerod-engine-stats", daemon=True).start()
-        try:
-            while True:
-                msg = self.chan.recv()
-                kind = msg[0]
-                if kind == SUBMIT:
-                    self._submit(*msg[1:])
-                elif kind == ABORT:
-                    rid = self.rids.get(msg[1])
-                    if rid is not None:
-                        e.abort(rid)
-                elif kind == CALL:
-                    self.calls.submit(self._call, *msg[1:])
-        except (EOFError, OSError):
-            pass   # the server closed its end (or is gone): stop
-        if not self._stopping.is_set():
-            log.info("the server's end of the channel closed: stopping the engine")
-            self._stopping.set()
-            e.shutdown(0)
-        self.out.put(None)
-        sender.join(timeout=10)
-
-    def _submit(self, key: str, ids: list[int], params, after: str | None, lora: str | None) -> None:
-        try:
-            if params is not None and isinstance(params.grammar, RemoteGrammar):
-                params.grammar = self._grammar(params.grammar.handle)
-            done = [False]
-            with self._lock:
-                rid = self.engine.submit(ids, params, self._on_output(key, done),
-                                         after=self.rids.get(after) if after else None, lora=lora)
-                if not done[0]:
-                    self.rids[key] = rid
-        except RequestRejected as exc:
-            self.out.put((REJECTED, key, exc.status, exc.message, exc.retry_after))
-            return
-        except Exception as exc:  # noqa: BLE001 - a bug: that client gets a 500, the rest go on
-            log.exception("submit of %s failed", key)
-            self.out.put((REJECTED, key, 500, f"the engine failed to queue the request: {exc}", None))
-            return
-        self.out.put((ACK, key))
-
-    def _on_output(self, key: str, done: list[bool]):
-        put, rids, lock = self.out.put, self.rids, self._lock
-
-        def on_output(out) -> None:   # the engine's poller thread
-            out.request_id = key
-            if out.finished:
-                with lock:
-                    done[0] = True
-                    rids.pop(key, None)
-            put((OUTPUT, key, out))
-
-        return on_output
-
-    def _grammar(self, handle: int):
-        compiled = self.grammars.get(handle)
-        if compiled is None:
-            raise RequestRejected(400, "the request's compiled grammar is no longer held by the "
-                                       "engine; send the request again")
-        self.grammars.move_to_end(handle)
-        return compiled
-
-    # ----------------------------------------------------------------- calls (pool threads)
-    def _call(self, call_id: int, method: str, args: tuple) -> None:
-        try:
-            value, ok = getattr(self, "call_" + method)(*args), True
-        except Exception as exc:  # noqa: BLE001 - the caller re-raises it
-            value, ok = error_of(exc), False
-        self.out.put((REPLY, call_id, ok, value))
-
-    def call_compile(self, spec) -> RemoteGrammar:
-        compiled = self.engine.grammar_compiler.compile(spec)
-        with self._lock:
-            handle = next(self._grammar_ids)
-            self.grammars[handle] = compiled
-            while len(self.grammars) > GRAMMARS_KEPT:
-                self.grammars.popitem(last=False)
-        return RemoteGrammar(handle)
-
-    def call_load_lora(self, name: str, path: str) -> list:
-        self.engine.load_lora(name, path)
-        return adapters_of(self.engine)
-
-    def call_unload_lora(self, name: str) -> list:
-        self.engine.unload_lora(name)
-        return adapters_of(self.engine)
-
-    def call_metrics(self) -> bytes:
-        return self.engine.metrics_text()
-
-    def call_shutdown(self, drain_timeout: float) -> None:
-        self._stopping.set()
-        self.engine.shutdown(drain_timeout)   # its last outputs are queued before the reply
-
-    # ----------------------------------------------------------------- to the server
     def _send_loop(self) -> None:
         q = self.out
         while True:
@@ -188,10 +79,163 @@ class EngineHost:
                 try:
                     self.chan.send((EVENTS, batch))
                 except OSError:
-                    return   # the server is gone; the reader sees it too
+                    return   # that server is gone; its reader sees it too
             if ev is None:
                 return
 
+    def close(self) -> None:
+        self.out.put(None)
+        self.sender.join(timeout=10)
+        self.chan.close()
+
+
+class EngineHost:
+    """The engine's side of the channels: link 0 is the `zerod serve` process that
+    started the engine (its CONFIG, its shutdown; the engine stops when it goes), links
+    1.. the HTTP server processes beside it (`--api-server-count`)."""
+
+    def __init__(self, engine, chans: list[Channel]):
+        self.engine = engine
+        self.links = [Link(i, c) for i, c in enumerate(chans)]
+        self.rids: dict[str, str] = {}      # a server's key -> the engine's request id
+        self._lock = threading.Lock()       # rids and the links' keys: readers and the poller
+        self.grammars: collections.OrderedDict[int, Any] = collections.OrderedDict()
+        self._grammar_ids = itertools.count(1)
+        self.calls = ThreadPoolExecutor(4, thread_name_prefix="zerod-engine-call")
+        self._stopping = threading.Event()
+
+    # ----------------------------------------------------------------- the servers' messages
+    def serve(self) -> None:
+        e = self.engine
+        e.start()   # READY's stats then name the step and poller threads
+        ready = (READY, dict(
+            model_name=e.model_name, model_path=e.model_path, model_dir=str(e.model_dir),
+            tokenizer=str(e.config.tokenizer or e.model_dir),
+            eos_token_ids=list(e.model_config.eos_token_ids or []),
+            max_model_len=e.max_model_len, vocab_size=e.vocab_size,
+            ready_seconds=e.ready_seconds, adapters=adapters_of(e), stats=self._stats(e.stats())))
+        for link in self.links:
+            link.chan.send(ready)
+            link.sender.start()
+        threading.Thread(target=self._stats_loop, name="zerod-engine-stats", daemon=True).start()
+        for link in self.links[1:]:
+            threading.Thread(target=self._read, args=(link,), name=f"zerod-engine-read-{link.index}",
+                             daemon=True).start()
+        self._read(self.links[0])
+        if not self._stopping.is_set():
+            log.info("the server's end of the channel closed: stopping the engine")
+            self._stopping.set()
+            e.shutdown(0)
+        for link in self.links:
+            link.close()
+
+    def _read(self, link: Link) -> None:
+        e = self.engine
+        try:
+            while True:
+                msg = link.chan.recv()
+                kind = msg[0]
+                if kind == SUBMIT:
+                    self._submit(link, *msg[1:])
+                elif kind == ABORT:
+                    rid = self.rids.get(msg[1])
+                    if rid is not None:
+                        e.abort(rid)
+                elif kind == CALL:
+                    self.calls.submit(self._call, link, *msg[1:])
+        except (EOFError, OSError):
+            pass   # that server closed its end (or is gone)
+        if link.index and not self._stopping.is_set():
+            with self._lock:
+                gone = [self.rids[k] for k in link.keys if k in self.rids]
+            log.warning("HTTP server %d closed its channel: aborting its %d requests", link.index,
+                        len(gone))
+            for rid in gone:
+                e.abort(rid)
+
+    def _submit(self, link: Link, key: str, ids: list[int], params, after: str | None,
+                lora: str | None) -> None:
+        try:
+            if params is not None and isinstance(params.grammar, RemoteGrammar):
+                params.grammar = self._grammar(params.grammar.handle)
+            done = [False]
+            with self._lock:
+                rid = self.engine.submit(ids, params, self._on_output(link, key, done),
+                                         after=self.rids.get(after) if after else None, lora=lora)
+                if not done[0]:
+                    self.rids[key] = rid
+                    link.keys.add(key)
+        except RequestRejected as exc:
+            link.out.put((REJECTED, key, exc.status, exc.message, exc.retry_after))
+            return
+        except Exception as exc:  # noqa: BLE001 - a bug: that client gets a 500, the rest go on
+            log.exception("submit of %s failed", key)
+            link.out.put((REJECTED, key, 500, f"the engine failed to queue the request: {exc}", None))
+            return
+        link.out.put((ACK, key))
+
+    def _on_output(self, link: Link, key: str, done: list[bool]):
+        put, rids, keys, lock = link.out.put, self.rids, link.keys, self._lock
+
+        def on_output(out) -> None:   # the engine's poller thread
+            out.request_id = key
+            if out.finished:
+                with lock:
+                    done[0] = True
+                    rids.pop(key, None)
+                    keys.discard(key)
+            put((OUTPUT, key, out))
+
+        return on_output
+
+    def _grammar(self, handle: int):
+        compiled = self.grammars.get(handle)
+        if compiled is None:
+            raise RequestRejected(400, "the request's compiled grammar is no longer held by the "
+                                       "engine; send the request again")
+        self.grammars.move_to_end(handle)
+        return compiled
+
+    # ----------------------------------------------------------------- calls (pool threads)
+    def _call(self, link: Link, call_id: int, method: str, args: tuple) -> None:
+        try:
+            value, ok = getattr(self, "call_" + method)(*args), True
+        except Exception as exc:  # noqa: BLE001 - the caller re-raises it
+            value, ok = error_of(exc), False
+        link.out.put((REPLY, call_id, ok, value))
+
+    def call_compile(self, spec) -> RemoteGrammar:
+        compiled = self.engine.grammar_compiler.compile(spec)
+        with self._lock:
+            handle = next(self._grammar_ids)
+            self.grammars[handle] = compiled
+            while len(self.grammars) > GRAMMARS_KEPT:
+                self.grammars.popitem(last=False)
+        return RemoteGrammar(handle)
+
+    def call_load_lora(self, name: str, path: str) -> list:
+        self.engine.load_lora(name, path)
+        return self._adapters_changed()
+
+    def call_unload_lora(self, name: str) -> list:
+        self.engine.unload_lora(name)
+        return self._adapters_changed()
+
+    def _adapters_changed(self) -> list:
+        """Every server process lists the adapters now (/v1/models, /health)."""
+        adapters = adapters_of(self.engine)
+        for link in self.links:
+            link.out.put((ADAPTERS, adapters))
+        return adapters
+
+    def call_metrics(self) -> bytes:
+        return self.engine.metrics_text()
+
+    def call_shutdown(self, drain_timeout: float) -> None:
+        self._stopping.set()
+        self.engine.shutdown(drain_timeout)   # its last outputs are queued before the reply
+
+    # ----------------------------------------------------------------- statistics
     def _stats(self, st):
         st.engine_pid = os.getpid()
         st.engine_threads = {t.name: t.native_id for t in threading.enumerate()
@@ -201,13 +245,18 @@ class EngineHost:
     def _stats_loop(self) -> None:
         while not self._stopping.wait(STATS_INTERVAL_S):
             try:
-                self.out.put((STATS, self._stats(self.engine.stats())))
-            except Exception:  # noqa: BLE001 - the server judges a silent engine stale
+                ev = (STATS, self._stats(self.engine.stats()))
+            except Exception:  # noqa: BLE001 - the servers judge a silent engine stale
                 log.exception("engine stats failed")
+                continue
+            for link in self.links:
+                link.out.put(ev)
 
 
 def main(argv: list[str]) -> int:
-    chan = Channel(int(argv[1]))
+    """argv[1]: the channels' descriptors, comma-separated, link 0 first."""
+    chans = [Channel(int(fd)) for fd in argv[1].split(",")]
+    chan = chans[0]
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     try:
@@ -231,8 +280,7 @@ def main(argv: list[str]) -> int:
         log.exception("the engine did not start")
         chan.send((FAILED, f"{type(exc).__name__}: {exc}"))
         return 1
-    EngineHost(engine, chan).serve()
-    chan.close()
+    EngineHost(engine, chans).serve()
     return 0
 
 

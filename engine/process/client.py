@@ -24,6 +24,7 @@ import dataclasses
 import gc
 import itertools
 import logging
+import os
 import socket
 import subprocess
 import sys
@@ -37,8 +38,8 @@ from ..config import EngineConfig, EngineError, RequestRejected
 from ..core.request import RequestOutput, SamplingParams
 from ..interface import EngineStats, SubmitFuture
 from ..sampling.structured import GrammarError
-from .channel import (ABORT, ACK, CALL, CONFIG, EVENTS, FAILED, OUTPUT, READY, REJECTED,
-                      REPLY, STATS, STATS_INTERVAL_S, SUBMIT, Channel)
+from .channel import (ABORT, ACK, ADAPTERS, CALL, CONFIG, EVENTS, FAILED, OUTPUT, READY,
+                      REJECTED, REPLY, STATS, STATS_INTERVAL_S, SUBMIT, Channel)
 
 log = logging.getLogger("zerod.engine.process")
 
@@ -50,6 +51,13 @@ CALL_TIMEOUT_S = 120.0
 
 Adapter = namedtuple("Adapter", "name path base_model_name")
 _ERRORS = {"GrammarError": GrammarError, "EngineError": EngineError, "KeyError": KeyError}
+
+
+def _alive(pid: int | None) -> bool:
+    try:
+        return pid is not None and (os.kill(pid, 0) or True)
+    except OSError:
+        return False
 
 
 def _settle(fut: Future | None, value: Any = None, error: BaseException | None = None) -> None:
@@ -77,11 +85,16 @@ class RemoteGrammars:
 
 
 class EngineClient:
-    def __init__(self, config: EngineConfig, log_level: str = "info", log_format: str = "text",
-                 command: list[str] | None = None):
-        """command: what starts the engine's process, its end of the pair appended
-        (default: this Python, -m CHILD_MODULE; gpu/burst_host.py models the device there)."""
+    def __init__(self, config: EngineConfig | None, log_level: str = "info", log_format: str = "text",
+                 command: list[str] | None = None, servers: int = 1, attach: tuple[int, int] | None = None):
+        """Start the engine's process from `config` (command: what starts it, the channels'
+        descriptors appended; default this Python, -m CHILD_MODULE; gpu/burst_host.py
+        models the device there). servers > 1: channels for that many HTTP server
+        processes, the others' ends in `spare_channels` (their processes attach to them).
+        attach=(index, fd): an HTTP server process's client of an engine another process
+        started, on its channel `fd`."""
         self.config = config
+        self.index = attach[0] if attach else 0
         self._ids = itertools.count()
         self._calls = itertools.count()
         self._callbacks: dict[str, Callable[[RequestOutput], None]] = {}
@@ -90,17 +103,26 @@ class EngineClient:
         self._lock = threading.Lock()
         self._accepting = True
         self.lost: str | None = None        # why the engine process is gone, once it is
-        parent, child = socket.socketpair()
-        command = command or [sys.executable, "-m", CHILD_MODULE]
-        self.proc = subprocess.Popen([*command, str(child.fileno())], pass_fds=(child.fileno(),))
-        child.close()
-        self.chan = Channel(parent)
-        self.chan.send((CONFIG, config, log_level, log_format))
+        self.proc: subprocess.Popen | None = None
+        self.spare_channels: list[socket.socket] = []
+        if attach is None:
+            pairs = [socket.socketpair() for _ in range(servers)]
+            ends = [child.fileno() for _, child in pairs]
+            command = command or [sys.executable, "-m", CHILD_MODULE]
+            self.proc = subprocess.Popen([*command, ",".join(map(str, ends))], pass_fds=ends)
+            for _, child in pairs:
+                child.close()
+            self.spare_channels = [parent for parent, _ in pairs[1:]]
+            self.chan = Channel(pairs[0][0])
+            self.chan.send((CONFIG, config, log_level, log_format))
+        else:
+            self.chan = Channel(attach[1])
         try:
             msg = self.chan.recv()   # the build: seconds to minutes
         except (EOFError, OSError):
-            msg = (FAILED, f"the engine process exited with code {self.proc.wait()} while "
-                           "starting (its log above says why)")
+            code = self.proc.wait() if self.proc is not None else "?"
+            msg = (FAILED, f"the engine process exited with code {code} while starting (its "
+                           "log above says why)")
         if msg[0] != READY:
             self._reap()
             raise EngineError(msg[1])
@@ -112,23 +134,21 @@ class EngineClient:
         self.max_model_len: int = facts["max_model_len"]
         self.vocab_size: int = facts["vocab_size"]
         self.ready_seconds: float = facts["ready_seconds"]
+        self._adapters = [Adapter(*a) for a in facts["adapters"]]
+        self._stats: EngineStats = facts["stats"]
+        self._stats_at = time.monotonic()
+        self.engine_pid: int = self._stats.engine_pid
         try:
             self.tokenizer = Tokenizer(facts["tokenizer"], extra_eos_ids=facts["eos_token_ids"])
         except BaseException:
             self.shutdown()
             raise
-        self._adapters = [Adapter(*a) for a in facts["adapters"]]
-        self._stats: EngineStats = facts["stats"]
-        self._stats_at = time.monotonic()
         self.grammar_compiler = RemoteGrammars(self)
         self.metrics = None   # the engine's registry lives in its process: metrics_text()
         self._reader = threading.Thread(target=self._read, name="zerod-engine-client", daemon=True)
         self._reader.start()
-        log.info("the engine runs in its own process, pid %d", self.proc.pid)
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
+        if attach is None:
+            log.info("the engine runs in its own process, pid %d", self.engine_pid)
 
     def start(self) -> None:
         """The engine's process starts its step loop once built. Here, as Engine.start
@@ -146,7 +166,7 @@ class EngineClient:
             raise RequestRejected(503, f"the engine is not healthy: {self.lost}", retry_after=10.0)
         if not self._accepting:
             raise RequestRejected(503, "the engine is shutting down", retry_after=5.0)
-        key = f"req-{next(self._ids)}"
+        key = f"req-{self.index}.{next(self._ids)}"
         fut = SubmitFuture(key)
         with self._lock:
             self._callbacks[key] = on_output
@@ -214,7 +234,7 @@ class EngineClient:
         age = time.monotonic() - self._stats_at
         if age > STALE_AFTER_S:
             return dataclasses.replace(st, healthy=False, error=(
-                f"the engine process (pid {self.proc.pid}) has sent nothing for {age:.0f} s"))
+                f"the engine process (pid {self.engine_pid}) has sent nothing for {age:.0f} s"))
         return st
 
     # ----------------------------------------------------------------- the engine's events
@@ -242,6 +262,8 @@ class EngineClient:
                         _settle(fut, error=RequestRejected(status, message, retry_after))
                     elif kind == STATS:
                         self._stats, self._stats_at = ev[1], time.monotonic()
+                    elif kind == ADAPTERS:
+                        self._adapters = [Adapter(*a) for a in ev[1]]
                     elif kind == REPLY:
                         _, call_id, ok, value = ev
                         with lock:
@@ -255,11 +277,14 @@ class EngineClient:
         self._on_lost()
 
     def _on_lost(self) -> None:
+        why = f"the engine process (pid {self.engine_pid}) closed its channel"
         try:
-            code = self.proc.wait(timeout=2)
-            why = f"the engine process (pid {self.proc.pid}) exited with code {code}"
+            if self.proc is not None:
+                why = f"the engine process (pid {self.engine_pid}) exited with code {self.proc.wait(timeout=2)}"
+            elif not _alive(self.engine_pid):
+                why = f"the engine process (pid {self.engine_pid}) exited"
         except subprocess.TimeoutExpired:
-            why = f"the engine process (pid {self.proc.pid}) closed its channel"
+            pass
         self.lost = why
         if self._accepting:
             log.error("%s: failing %d requests in flight", why, len(self._callbacks))
@@ -276,9 +301,10 @@ class EngineClient:
 
     # ----------------------------------------------------------------- stop
     def shutdown(self, drain_timeout: float = 0.0) -> None:
-        """Stop admitting; the engine's process drains for up to drain_timeout, then ends."""
+        """Stop admitting; the engine's process drains for up to drain_timeout, then ends
+        (an attached server's client only closes its channel: the engine is its starter's)."""
         self._accepting = False
-        if self.lost is None and self.proc.poll() is None:
+        if self.proc is not None and self.lost is None and self.proc.poll() is None:
             try:
                 self.call("shutdown", drain_timeout, timeout=drain_timeout + 60)
             except EngineError as exc:
@@ -287,6 +313,10 @@ class EngineClient:
 
     def _reap(self) -> None:
         self.chan.close()   # the engine's process ends when its reader sees this
+        for spare in self.spare_channels:
+            spare.close()
+        if self.proc is None:
+            return
         try:
             self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
