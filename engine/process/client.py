@@ -143,6 +143,10 @@ class EngineClient:
         except BaseException:
             self.shutdown()
             raise
+        try:   # before READY, as the engine does in its process: no chat request pays it
+            self.tokenizer.compile_chat_template()
+        except Exception as exc:  # noqa: BLE001 - a broken one fails its first chat request
+            log.warning("the chat template does not compile (%s); chat requests will fail", exc)
         self.grammar_compiler = RemoteGrammars(self)
         self.metrics = None   # the engine's registry lives in its process: metrics_text()
         self._reader = threading.Thread(target=self._read, name="zerod-engine-client", daemon=True)
