@@ -189,7 +189,23 @@ def serve(**opts):
     cors = CorsPolicy(tuple(o.allowed_origins), tuple(o.allowed_methods),
                       tuple(o.allowed_headers), o.allow_credentials)
 
+    # An engine in its own process that exits ends this server too, as the engine's end
+    # ends an in-process server: its requests have failed by then, and the daemon restarts
+    # a process that exits at once (one that answers 503 only after its probes fail).
+    stop = asyncio.Event()
+    loop_of: list[asyncio.AbstractEventLoop] = []
+
+    def engine_lost(why: str) -> None:   # the client's reader thread
+        if loop_of:
+            loop_of[0].call_soon_threadsafe(stop.set)
+
+    if engine_process:
+        engine.on_lost = engine_lost
+
     def ready(bound: int) -> None:
+        loop_of.append(asyncio.get_running_loop())
+        if getattr(engine, "lost", None):
+            stop.set()
         if place is not None:
             place.ready()
             click.echo(f"zerod serve: HTTP server {place.index} ready on http://{o.host}:{bound} "
@@ -217,6 +233,7 @@ def serve(**opts):
             others = ServerProcesses(ctx.meta[ARGV], engine.spare_channels, sock)
             others.wait_ready()
         asyncio.run(serve_async(engine, sock, on_stop=others.terminate if others else None,
+                                stop_event=stop,
                                 served_model_names=names or None, api_key=o.api_key,
                                 drain_timeout=o.drain_timeout,
                                 default_max_tokens=default_max_tokens, cors=cors,
@@ -229,6 +246,8 @@ def serve(**opts):
                                 access_log=not o.disable_uvicorn_access_log,
                                 reasoning_parser=o.reasoning_parser,
                                 max_log_len=o.max_log_len))
+        if getattr(engine, "lost", None):
+            raise EngineError(engine.lost)
     except EngineError as exc:
         click.echo(f"zerod serve: error: {exc}", err=True)
         code = 1

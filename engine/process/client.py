@@ -103,6 +103,7 @@ class EngineClient:
         self._lock = threading.Lock()
         self._accepting = True
         self.lost: str | None = None        # why the engine process is gone, once it is
+        self.on_lost: Callable[[str], None] | None = None   # told once it is (this reader thread)
         self.proc: subprocess.Popen | None = None
         self.spare_channels: list[socket.socket] = []
         if attach is None:
@@ -302,6 +303,8 @@ class EngineClient:
             _settle(fut, error=RequestRejected(503, f"the engine is not healthy: {why}", 10.0))
         for fut in replies.values():
             _settle(fut, error=EngineError(why))
+        if self._accepting and self.on_lost is not None:
+            self.on_lost(why)
 
     # ----------------------------------------------------------------- stop
     def shutdown(self, drain_timeout: float = 0.0) -> None:
