@@ -115,7 +115,10 @@ class EngineHost:
             max_model_len=e.max_model_len, vocab_size=e.vocab_size,
             ready_seconds=e.ready_seconds, adapters=adapters_of(e), stats=self._stats(e.stats())))
         for link in self.links:
-            link.chan.send(ready)
+            try:
+                link.chan.send(ready)
+            except OSError:
+                pass   # that server is gone already: its reader sees the channel closed
             link.sender.start()
         threading.Thread(target=self._stats_loop, name="zerod-engine-stats", daemon=True).start()
         for link in self.links[1:]:
@@ -253,6 +256,13 @@ class EngineHost:
                 link.out.put(ev)
 
 
+def _tell(chan: Channel, msg: tuple) -> None:
+    try:
+        chan.send(msg)
+    except OSError:
+        pass   # the server is gone: nobody to tell
+
+
 def main(argv: list[str]) -> int:
     """argv[1]: the channels' descriptors, comma-separated, link 0 first."""
     chans = [Channel(int(fd)) for fd in argv[1].split(",")]
@@ -274,11 +284,11 @@ def main(argv: list[str]) -> int:
 
         engine = Engine(config)
     except (EngineError, ValueError, OSError) as exc:
-        chan.send((FAILED, str(exc)))
+        _tell(chan, (FAILED, str(exc)))
         return 1
     except BaseException as exc:  # noqa: BLE001 - the server says why; the log has the traceback
         log.exception("the engine did not start")
-        chan.send((FAILED, f"{type(exc).__name__}: {exc}"))
+        _tell(chan, (FAILED, f"{type(exc).__name__}: {exc}"))
         return 1
     EngineHost(engine, chans).serve()
     return 0

@@ -14,8 +14,8 @@ What crosses the channel and when:
   this client; grammars compile in the engine's process and come back as handles.
 
 An engine process that exits fails every request in flight (finish_reason "error"),
-refuses new ones with 503 and leaves /health unhealthy: the daemon restarts the whole
-`zerod serve`.
+refuses new ones with 503, leaves /health unhealthy and tells `on_lost` (zerod serve then
+exits, and the daemon restarts it).
 """
 
 from __future__ import annotations
@@ -53,11 +53,21 @@ Adapter = namedtuple("Adapter", "name path base_model_name")
 _ERRORS = {"GrammarError": GrammarError, "EngineError": EngineError, "KeyError": KeyError}
 
 
+# each socket's buffer, asked for (the kernel caps it at net.core.wmem_max): a burst's
+# submits, long prompts among them, fit without the event loop waiting on a send
+SOCKET_BUFFER_BYTES = 8 << 20
+
+
 def _alive(pid: int | None) -> bool:
-    try:
-        return pid is not None and (os.kill(pid, 0) or True)
-    except OSError:
+    if pid is None:
         return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 def _settle(fut: Future | None, value: Any = None, error: BaseException | None = None) -> None:
@@ -108,6 +118,9 @@ class EngineClient:
         self.spare_channels: list[socket.socket] = []
         if attach is None:
             pairs = [socket.socketpair() for _ in range(servers)]
+            for sock in (x for pair in pairs for x in pair):
+                for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+                    sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER_BYTES)
             ends = [child.fileno() for _, child in pairs]
             command = command or [sys.executable, "-m", CHILD_MODULE]
             self.proc = subprocess.Popen([*command, ",".join(map(str, ends))], pass_fds=ends)
