@@ -103,6 +103,19 @@ def serve(**opts):
         raise click.UsageError("--enable-auto-tool-choice needs --tool-call-parser")
     if (o.lora_modules or o.allow_runtime_lora) and not o.enable_lora:
         raise click.UsageError("--lora-modules and --allow-runtime-lora need --enable-lora")
+    from zerod.engine.process.servers import ServerProcesses, attached
+
+    try:
+        place = attached()   # one of --api-server-count's processes after the first
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    engine_process = o.engine_process
+    if o.api_server_count > 1 or place is not None:
+        if not engine_process and ctx.get_parameter_source("engine_process") not in (
+                None, click.core.ParameterSource.DEFAULT):
+            raise click.UsageError("--api-server-count above 1 needs the engine in its own "
+                                   "process: drop --no-engine-process")
+        engine_process = True
     template = None
     if o.chat_template is not None:
         from zerod.engine.tokenizer import compile_chat_template
@@ -139,19 +152,6 @@ def serve(**opts):
                               served_model_name=names[0] if names else None)
     except EngineError as exc:
         raise click.UsageError(str(exc)) from None
-    from zerod.engine.process.servers import ServerProcesses, attached
-
-    try:
-        place = attached()   # one of --api-server-count's processes after the first
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from None
-    engine_process = o.engine_process
-    if o.api_server_count > 1 or place is not None:
-        if not engine_process and ctx.get_parameter_source("engine_process") not in (
-                None, click.core.ParameterSource.DEFAULT):
-            raise click.UsageError("--api-server-count above 1 needs the engine in its own "
-                                   "process: drop --no-engine-process")
-        engine_process = True
     if place is None:
         _warn_exposure(o.host, o.api_key)
         try:  # before loading anything: a taken port fails now, not after minutes of loading
