@@ -418,6 +418,9 @@ class OpenAIServer:
         body["last_step"] = stats.get("last_step")   # the daemon's EngineStalled evidence
         if stats.get("engine_threads"):   # an engine in its own process (engine_pid): its threads
             body["engine_threads"] = stats["engine_threads"]
+        else:   # the engine in this process: /health as it always was
+            body.pop("engine_pid", None)
+            body.pop("engine_threads", None)
         body["lora_adapters"] = [a.name for a in self._adapters()]   # the daemon shows them (zerod top)
         return _json(body, 200 if status == "ok" else 503)
 
