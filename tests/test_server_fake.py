@@ -215,6 +215,7 @@ async def test_models_and_health(fake):
             h = await r.json()
             assert r.status == 200 and h["status"] == "ok" and h["pid"] > 0
             assert h["kv_pages_total"] == 64 and h["vocab_size"] == 1000
+            assert "engine_pid" not in h and "engine_threads" not in h   # in this process
         async with s.get(srv.url + "/metrics") as r:
             assert r.status == 200
             assert "zerod_engine_kv_pages_free" in await r.text()
