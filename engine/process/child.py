@@ -192,11 +192,13 @@ class EngineHost:
         return on_output
 
     def _grammar(self, handle: int):
-        compiled = self.grammars.get(handle)
+        with self._lock:   # compiles add and evict on the pool's threads
+            compiled = self.grammars.get(handle)
+            if compiled is not None:
+                self.grammars.move_to_end(handle)
         if compiled is None:
             raise RequestRejected(400, "the request's compiled grammar is no longer held by the "
                                        "engine; send the request again")
-        self.grammars.move_to_end(handle)
         return compiled
 
     # ----------------------------------------------------------------- calls (pool threads)
