@@ -17,6 +17,7 @@ import tarfile
 import time
 
 import aiohttp
+import psutil
 import pytest
 
 from test_daemon_lifecycle import free_port  # same folder
@@ -40,6 +41,13 @@ async def _until(d: Daemon, what, seconds: float, why: str) -> float:
             return time.monotonic() - t0
         await asyncio.sleep(0.05)
     raise AssertionError(f"no {why} within {seconds} s")
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 async def _stop(d: Daemon, run: asyncio.Task) -> None:
@@ -86,8 +94,11 @@ async def test_a_stalled_engine_is_named_with_its_stack_and_restarted(tmp_path, 
         assert "step thread stack:" in desc and "_loop_body" in desc and "faults.py" in desc  # where it waits
         assert "no GPU reading" in desc  # the CPU: said, not invented
         # by policy, a restart: a new process, the restart's reason naming the stall
+        first_engine = [c.pid for c in psutil.Process(first_pid).children()] if engine_process else []
         await _until(d, lambda: d.supervisors[0].pid not in (None, first_pid) and d.supervisors[0].fig.restarts >= 1,
                      60, "a restart")
+        # the stalled engine's own process does not linger beside the new one
+        await _until(d, lambda: all(_gone(p) for p in first_engine), 10, "the stalled engine process gone")
         assert "stalled" in (d.supervisors[0].fig.last_exit or "")
         # the flight recorder's bundle, with the stack and the event in it
         await _until(d, lambda: bool(d.recorder.bundles_written), 60, "a bundle")

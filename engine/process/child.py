@@ -34,6 +34,8 @@ from .channel import (ABORT, ACK, ADAPTERS, CALL, EVENTS, FAILED, OUTPUT, READY,
 
 log = logging.getLogger("zerod.engine.process")
 
+# what an engine whose server is gone gets to stop before its process exits anyway
+SERVER_GONE_STOP_S = 5.0
 # compiled grammars kept for the submits that name them: a request's grammar is
 # compiled just before its submit, so the most recent few thousand are plenty
 GRAMMARS_KEPT = 4096
@@ -126,9 +128,18 @@ class EngineHost:
                              daemon=True).start()
         self._read(self.links[0])
         if not self._stopping.is_set():
+            # The server is gone (killed, or it exited): nobody is left to serve. A step
+            # thread stuck on the device would hold a plain shutdown for its join's 30 s
+            # while a restarted engine loads beside it, so this one gets a few seconds.
             log.info("the server's end of the channel closed: stopping the engine")
             self._stopping.set()
-            e.shutdown(0)
+            stop = threading.Thread(target=e.shutdown, args=(0,), name="zerod-engine-stop", daemon=True)
+            stop.start()
+            stop.join(SERVER_GONE_STOP_S)
+            if stop.is_alive():
+                log.error("the engine did not stop within %.0f s of its server's end; exiting",
+                          SERVER_GONE_STOP_S)
+                os._exit(1)
         for link in self.links:
             link.close()
 
