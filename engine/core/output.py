@@ -126,6 +126,10 @@ class OutputPoller(threading.Thread):
         self.eos = set(tokenizer.eos_token_ids)
         self.inflight = 0           # records queued and not yet handled
         self.last_step: dict | None = None
+        # called on this thread after each record's outputs, before it counts as handled:
+        # an engine in its own process sends the record's outputs from here, in one message
+        # and without a hand-off to another thread (engine/process/child.py)
+        self.after_record: Callable[[], None] | None = None
         self._lock = threading.Lock()
 
     def put(self, rec) -> None:
@@ -151,6 +155,11 @@ class OutputPoller(threading.Thread):
             except Exception:  # noqa: BLE001 - the poller must survive anything
                 log.exception("output poller: unexpected error")
             finally:
+                if self.after_record is not None:
+                    try:
+                        self.after_record()
+                    except Exception:  # noqa: BLE001
+                        log.exception("output poller: after_record failed")
                 with self._lock:
                     self.inflight -= 1
 

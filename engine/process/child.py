@@ -5,7 +5,9 @@ server's messages until the server says shutdown or its end closes.
 
 Its threads beside the engine's: a reader per server process (link 0's is this module's
 main thread; messages in order: a submit before its abort), a sender per server process
-(every event for it in one ordered stream, batched as they come) and the stats pusher. Calls that block
+(answers, refusals, replies, stats, batched as they come) and the stats pusher. Outputs
+leave from the engine's poller thread itself, one message per step record
+(OutputPoller.after_record): no hand-off on the way to the first token. Calls that block
 (a grammar's compile, an adapter's files, the shutdown's drain) run on a small pool, so
 submits and aborts behind them are not held up.
 
@@ -62,6 +64,7 @@ class Link:
         self.index = index
         self.chan = chan
         self.out: queue.SimpleQueue = queue.SimpleQueue()
+        self.outputs: list = []   # the poller's outputs of the record it is on (its thread only)
         self.keys: set[str] = set()
         self.sender = threading.Thread(target=self._send_loop, name=f"zerod-engine-send-{index}",
                                        daemon=True)
@@ -84,6 +87,15 @@ class Link:
                     return   # that server is gone; its reader sees it too
             if ev is None:
                 return
+
+    def flush_outputs(self) -> None:
+        """The poller's outputs of one record, one message, sent from the poller's thread."""
+        if self.outputs:
+            batch, self.outputs = self.outputs, []
+            try:
+                self.chan.send((EVENTS, batch))
+            except OSError:
+                pass   # that server is gone; its reader sees it too
 
     def close(self) -> None:
         self.out.put(None)
@@ -109,6 +121,7 @@ class EngineHost:
     # ----------------------------------------------------------------- the servers' messages
     def serve(self) -> None:
         e = self.engine
+        e.poller.after_record = self._flush_outputs
         e.start()   # READY's stats then name the step and poller threads
         ready = (READY, dict(
             model_name=e.model_name, model_path=e.model_path, model_dir=str(e.model_dir),
@@ -189,18 +202,22 @@ class EngineHost:
         link.out.put((ACK, key))
 
     def _on_output(self, link: Link, key: str, done: list[bool]):
-        put, rids, keys, lock = link.out.put, self.rids, link.keys, self._lock
+        rids, keys, lock = self.rids, link.keys, self._lock
 
-        def on_output(out) -> None:   # the engine's poller thread
+        def on_output(out) -> None:   # the engine's poller thread; sent after its record
             out.request_id = key
             if out.finished:
                 with lock:
                     done[0] = True
                     rids.pop(key, None)
                     keys.discard(key)
-            put((OUTPUT, key, out))
+            link.outputs.append((OUTPUT, key, out))
 
         return on_output
+
+    def _flush_outputs(self) -> None:
+        for link in self.links:
+            link.flush_outputs()
 
     def _grammar(self, handle: int):
         with self._lock:   # compiles add and evict on the pool's threads
