@@ -10,7 +10,8 @@ burst's requests are parsed, validated and tokenized side by side.
 
 The first process is the one the daemon supervises. On its stop (SIGTERM, SIGINT) it
 passes SIGTERM on to the others, drains its own requests, waits for theirs, then stops
-the engine. One that exits early is logged; the others serve on.
+the engine. One that exits early is logged; the others serve on. The others die with the
+first (PR_SET_PDEATHSIG), so none outlives it on the port.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from dataclasses import dataclass
 log = logging.getLogger("zerod.engine.process")
 
 ENV = "ZEROD_API_SERVER"   # "INDEX:CHANNEL_FD:LISTEN_FD:READY_FD:PARENT", for the servers after the first
-READY_WAIT_S = 120.0
-_PR_SET_PDEATHSIG = 1        # what the first process waits for the others to listen
+READY_WAIT_S = 120.0        # what the first process waits for the others to listen
+_PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
