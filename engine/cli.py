@@ -103,7 +103,7 @@ def serve(**opts):
         raise click.UsageError("--enable-auto-tool-choice needs --tool-call-parser")
     if (o.lora_modules or o.allow_runtime_lora) and not o.enable_lora:
         raise click.UsageError("--lora-modules and --allow-runtime-lora need --enable-lora")
-    from zerod.engine.process.servers import ServerProcesses, attached
+    from zerod.engine.process.servers import ServerProcesses, attached, ignore_further_stops
 
     try:
         place = attached()   # one of --api-server-count's processes after the first
@@ -232,7 +232,8 @@ def serve(**opts):
         if o.api_server_count > 1 and place is None:
             others = ServerProcesses(ctx.meta[ARGV], engine.spare_channels, sock)
             others.wait_ready()
-        asyncio.run(serve_async(engine, sock, on_stop=others.terminate if others else None,
+        on_stop = others.terminate if others else (ignore_further_stops if place else None)
+        asyncio.run(serve_async(engine, sock, on_stop=on_stop,
                                 stop_event=stop,
                                 served_model_names=names or None, api_key=o.api_key,
                                 drain_timeout=o.drain_timeout,

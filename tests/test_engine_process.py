@@ -155,7 +155,10 @@ def test_structured_outputs_compile_in_the_engine_process(served):
 # --------------------------------------------------------------------- --api-server-count
 
 
-def test_several_http_server_processes_share_the_port_and_one_engine():
+@pytest.mark.parametrize("stop", ["group", "first"])
+def test_several_http_server_processes_share_the_port_and_one_engine(stop):
+    """stop: systemd's (SIGTERM to every process of the group) or the daemon's (to the
+    process it started, which passes it on)."""
     p, port = _serve("--api-server-count", "2")
     try:
         seen = {}
@@ -176,7 +179,10 @@ def test_several_http_server_processes_share_the_port_and_one_engine():
         streams = [c.completions.create(model="demo", prompt="drain", max_tokens=30, stream=True,
                                         extra_body={"ignore_eos": True}) for _ in range(4)]
         firsts = [next(iter(s)) for s in streams]
-        p.send_signal(signal.SIGTERM)   # the supervisor signals the first process only
+        if stop == "group":
+            os.killpg(p.pid, signal.SIGTERM)
+        else:
+            p.send_signal(signal.SIGTERM)
         for s in streams:                # every process drains its own requests
             assert list(s)[-1].choices[0].finish_reason == "length"
         assert len(firsts) == 4 and p.wait(60) == 0

@@ -16,6 +16,7 @@ first (PR_SET_PDEATHSIG), so none outlives it on the port.
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import logging
 import os
@@ -73,6 +74,16 @@ def attached(env: dict[str, str] | None = None) -> Attached | None:
     return Attached(index, chan, listen, ready, parent)
 
 
+def ignore_further_stops() -> None:
+    """In one of the other server processes, once its stop has come (on its event loop):
+    a second SIGTERM (systemd's to the whole group beside the first process's) changes
+    nothing, and one landing while the loop closes would find its wakeup pipe gone."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.remove_signal_handler(sig)
+        signal.signal(sig, signal.SIG_IGN)
+
+
 class ServerProcesses:
     """The HTTP server processes after the first: started, watched, stopped."""
 
@@ -121,7 +132,9 @@ class ServerProcesses:
                       index, p.pid, code)
 
     def terminate(self) -> None:
-        """SIGTERM to each: they drain as this one does."""
+        """SIGTERM to each, once: they drain as this one does."""
+        if self.stopping:
+            return
         self.stopping = True
         for p in self.procs:
             if p.poll() is None:
