@@ -580,10 +580,8 @@ class OpenAIServer:
         try:
             for i, (ids, params, lead) in enumerate(plan.choices):
                 cb = request[TALLY].counting(i, self.router.callback(st, i if multi else None))
-                if lead is not None:
-                    kw["after"] = st.rid[lead]
-                rid = self.engine.submit(ids, params, cb, **kw)
-                kw.pop("after", None)
+                after = {} if lead is None else {"after": st.rid[lead]}
+                rid = self.engine.submit(ids, params, cb, **kw, **after)
                 if isinstance(rid, SubmitFuture):
                     st.rid.append(rid.request_id)   # abort takes it while the answer comes
                     await asyncio.wrap_future(rid)

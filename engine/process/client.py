@@ -9,7 +9,7 @@ What crosses the channel and when:
 - outputs arrive on this side's reader thread, which calls each request's on_output as
   the engine's poller does in-process;
 - stats() is the engine's last push (every STATS_INTERVAL_S); a push older than
-  STALE_AFTER_S is reported unhealthy, as is an engine process that exited;
+  STALE_AFTER_S (40 pushes) is reported unhealthy, as is an engine process that exited;
 - LoRA adapters are known here from the start and from each load and unload through
   this client; grammars compile in the engine's process and come back as handles.
 
@@ -39,13 +39,13 @@ from ..core.request import RequestOutput, SamplingParams
 from ..interface import EngineStats, SubmitFuture
 from ..sampling.structured import GrammarError
 from .channel import (ABORT, ACK, ADAPTERS, CALL, CONFIG, EVENTS, FAILED, OUTPUT, READY,
-                      REJECTED, REPLY, STATS, STATS_INTERVAL_S, SUBMIT, Channel)
+                      REJECTED, REPLY, STATS, SUBMIT, Channel)
 
 log = logging.getLogger("zerod.engine.process")
 
 CHILD_MODULE = "zerod.engine.process.child"
 # an engine process whose last stats push is older than this is reported unhealthy
-STALE_AFTER_S = max(10.0, 40 * STATS_INTERVAL_S)
+STALE_AFTER_S = 10.0
 # what the reply of a call may take (a compile, an adapter's files, /metrics)
 CALL_TIMEOUT_S = 120.0
 
