@@ -204,7 +204,7 @@ def serve(**opts):
 
     def ready(bound: int) -> None:
         loop_of.append(asyncio.get_running_loop())
-        if getattr(engine, "lost", None):
+        if engine_process and engine.lost:
             stop.set()
         if place is not None:
             place.ready()
@@ -247,7 +247,7 @@ def serve(**opts):
                                 access_log=not o.disable_uvicorn_access_log,
                                 reasoning_parser=o.reasoning_parser,
                                 max_log_len=o.max_log_len))
-        if getattr(engine, "lost", None):
+        if engine_process and engine.lost:
             raise EngineError(engine.lost)
     except EngineError as exc:
         click.echo(f"zerod serve: error: {exc}", err=True)
