@@ -58,5 +58,5 @@ for shape in $SHAPES; do
 done
 echo "== $(cat "$W/commit.txt" 2>/dev/null), $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
 for f in "$W"/bench-*.txt; do
-    echo "-- $(basename "$f" .txt)"; grep -E "^throughput-table:" "$f" | sed "s/^throughput-table://"
+    echo "-- $(basename "$f" .txt)"; grep -E "^(throughput-table:|hello-ttft )" "$f" | sed "s/^throughput-table://"
 done
