@@ -23,7 +23,7 @@ SERVE_X="--dtype bfloat16 --max-model-len 17408 --max-num-seqs 256 --gpu-memory-
 BENCH_X=${BENCH_X:-}
 if [ "${SMOKE:-0}" = 1 ]; then
     SHAPES=tiny; SERVE_X="--dtype float32 --device cpu --max-model-len 1024 --max-num-seqs 16 --kv-cache-memory-bytes 64MiB"
-    BENCH_X="--num-prompts 4 --output-len 4 --input-len 8"
+    BENCH_X="--num-prompts 4 --output-len 4 --input-len 8 $BENCH_X"
 fi
 pack() { tar czf "$OUTD/throughput.tgz" -C "$W" .; }
 git log --oneline -1 > "$W/commit.txt" 2>/dev/null
