@@ -40,7 +40,8 @@ from ..runner.warmup import key_triton_cache
 from ..tp.parallel import TPGroup, Workers, check_tp
 from .faults import FaultInjector
 from .step_trace import StepTrace, step_shape, trace_header
-from .output import FinishRecord, OutputPoller, StepRecord, set_os_thread_name
+from ..prctl import set_os_thread_name
+from .output import FinishRecord, OutputPoller, StepRecord
 from .request import Request, RequestOutput, SamplingParams
 from ..sampling.sampler import row_class
 from .scheduler import Batch, Scheduler, ring_window

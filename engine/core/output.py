@@ -18,22 +18,13 @@ from typing import Callable
 
 import torch
 
+from ..prctl import set_os_thread_name
 from ..sampling import prompt_logprobs
 from ..sampling.logprobs import MAX_LOGPROBS, TokenLogprob, rows_from_host
 from .request import Request, RequestOutput
 from ..tokenizer import IncrementalDetokenizer, Tokenizer
 
 log = logging.getLogger("zerod.engine")
-
-
-def set_os_thread_name(name: str) -> None:
-    """Name the calling OS thread (what /proc/PID/task/*/comm shows); Linux only, best effort."""
-    try:
-        import ctypes
-        libc = ctypes.CDLL(None)
-        libc.prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
-    except Exception:  # noqa: BLE001
-        pass
 
 
 @dataclass

@@ -17,7 +17,6 @@ first (PR_SET_PDEATHSIG), so none outlives it on the port.
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import logging
 import os
 import signal
@@ -27,11 +26,12 @@ import sys
 import threading
 from dataclasses import dataclass
 
+from ..prctl import kill_with_parent
+
 log = logging.getLogger("zerod.engine.process")
 
 ENV = "ZEROD_API_SERVER"   # "INDEX:CHANNEL_FD:LISTEN_FD:READY_FD:PARENT", for the servers after the first
 READY_WAIT_S = 120.0        # what the first process waits for the others to listen
-_PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
@@ -45,10 +45,7 @@ class Attached:
     def die_with_parent(self) -> None:
         """This process ends with the first one, killed or not (PR_SET_PDEATHSIG): no HTTP
         server outlives it on the port."""
-        try:
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        except (OSError, AttributeError):   # not Linux
-            pass
+        kill_with_parent()
         if os.getppid() != self.parent:     # it died before the prctl took effect
             os._exit(1)
 

@@ -14,7 +14,6 @@ which rank 0 notices (the engine fails its health and exits).
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import os
@@ -27,20 +26,16 @@ from pathlib import Path
 import torch
 
 from ..config import EngineConfig
+from ..prctl import kill_with_parent
 from ..core.engine import build_rank
 from .parallel import TPGroup
 from .tp_channel import StepChannel
 
 log = logging.getLogger("zerod.engine")
 
-_PR_SET_PDEATHSIG = 1
-
 
 def _die_with_parent(parent: int) -> None:
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):   # not Linux: the watch below still ends it
-        pass
+    kill_with_parent()   # where it does nothing (not Linux), the watch below still ends it
     signal.signal(signal.SIGINT, signal.SIG_IGN)    # Ctrl-C reaches the whole process group:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)   # rank 0 handles it and stops the workers
 
