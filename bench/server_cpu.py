@@ -36,8 +36,31 @@ def read_cpu(pid: int) -> tuple[float, dict[int, tuple[str, float]]] | None:
     return total, threads
 
 
+def _parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            s = f.read()
+        return int(s[s.rfind(b")") + 2:].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def serving_processes(pid: int, engine_pid: int | None) -> list[int]:
+    """The processes that serve beside pid (the one whose /health answered): with the engine
+    in a process of its own, the process that started it (the first HTTP server) and every
+    child of that one: the engine and, with --api-server-count N, the other HTTP servers."""
+    first = _parent(engine_pid) if engine_pid and engine_pid != pid else None
+    if first is None:
+        return [pid]
+    kids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and _parent(int(entry)) == first:
+            kids.append(int(entry))
+    return [first] + sorted(kids)
+
+
 def _read_all(pids: list[int]) -> tuple[float, dict[int, tuple[str, float]]] | None:
-    """read_cpu summed over the server's process and the engine's own (if any)."""
+    """read_cpu summed over the serving processes (the first must be readable)."""
     reads = [read_cpu(p) for p in pids]
     if reads[0] is None:
         return None
@@ -50,19 +73,21 @@ def _read_all(pids: list[int]) -> tuple[float, dict[int, tuple[str, float]]] | N
 
 
 class CpuWindow:
-    """CPU the server process used between start() and stop(), in cores; with
-    engine_pid (an engine in its own process), that process's CPU counts too."""
+    """CPU the server used between start() and stop(), in cores; with engine_pid (an engine
+    in its own process), the engine's and every HTTP server process's CPU counts too."""
 
     def __init__(self, pid: int | None, thread_names: dict[int, str] | None = None,
                  engine_pid: int | None = None) -> None:
         self.pid = pid
-        self.pids = [pid] + ([engine_pid] if engine_pid and engine_pid != pid else [])
+        self.engine_pid = engine_pid
+        self.pids: list[int] = []
         self.thread_names = thread_names or {}  # tid -> name (the server's /health)
         self.t0 = 0.0
         self.c0: Any = None
 
     def start(self) -> None:
         self.t0 = time.perf_counter()
+        self.pids = serving_processes(self.pid, self.engine_pid) if self.pid else []
         self.c0 = _read_all(self.pids) if self.pid else None
 
     def stop(self) -> dict[str, Any] | None:
@@ -78,7 +103,8 @@ class CpuWindow:
             before = self.c0[1].get(tid, (name, 0.0))[1]
             by_name[name] = by_name.get(name, 0.0) + max(0.0, cpu - before)
         top = sorted(by_name.items(), key=lambda kv: -kv[1])[:8]
-        return {"pid": self.pid, **({"engine_pid": self.pids[1]} if len(self.pids) > 1 else {}),
+        return {"pid": self.pid, **({"engine_pid": self.engine_pid, "pids": self.pids}
+                                    if len(self.pids) > 1 else {}),
                 "wall_s": wall, "cpu_s": c1[0] - self.c0[0],
                 "cores": (c1[0] - self.c0[0]) / wall,
                 "threads_cores": {n: c / wall for n, c in top}}

@@ -18,6 +18,8 @@ import urllib.request
 import psutil
 import pytest
 
+from zerod.bench.server_cpu import CpuWindow
+
 openai = pytest.importorskip("openai")
 
 
@@ -201,6 +203,10 @@ def test_a_server_process_that_dies_leaves_the_others_and_all_end_with_the_first
     kids = psutil.Process(p.pid).children()
     servers = [k for k in kids if "zerod.engine.process.child" not in " ".join(k.cmdline())]
     assert len(servers) == 2 and len(kids) == 3
+    engine = next(k for k in kids if k not in servers)
+    cpu = CpuWindow(servers[1].pid, engine_pid=engine.pid)   # zerod bench's, answered by any server
+    cpu.start()
+    assert cpu.stop()["pids"] == [p.pid] + sorted(k.pid for k in kids)
     os.kill(servers[0].pid, signal.SIGKILL)
     c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
     for _ in range(10):
