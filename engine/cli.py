@@ -111,11 +111,13 @@ def serve(**opts):
         raise click.UsageError(str(exc)) from None
     engine_process = o.engine_process
     if o.api_server_count > 1 or place is not None:
-        if not engine_process and ctx.get_parameter_source("engine_process") not in (
-                None, click.core.ParameterSource.DEFAULT):
+        if engine_process is False:
             raise click.UsageError("--api-server-count above 1 needs the engine in its own "
-                                   "process: drop --no-engine-process")
+                                   "process: drop --no-engine-process (ZEROD_ENGINE_PROCESS=0, "
+                                   "engine_process = false)")
         engine_process = True
+    elif engine_process is None:
+        engine_process = _on_gpu(o.device)
     template = None
     if o.chat_template is not None:
         from zerod.engine.tokenizer import compile_chat_template
@@ -262,6 +264,18 @@ def serve(**opts):
     if code:
         sys.exit(code)
     click.echo("zerod serve: stopped", err=True)
+
+
+def _on_gpu(device: str | None) -> bool:
+    """Whether the engine will run on a GPU, which is where its own process pays: the HTTP
+    server's Python no longer delays the step thread's launches (docs/perf.md, *The engine
+    in its own process*). On the CPU the measured gain is none and each start pays a second
+    interpreter."""
+    if device in (None, "auto"):
+        import torch
+
+        return torch.cuda.is_available()
+    return device.startswith("cuda")
 
 
 def _warn_exposure(host: str, api_key: str | None) -> None:

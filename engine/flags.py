@@ -319,7 +319,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("enforce_eager", "CUDA: no CUDA graphs.", bool),
     Flag("engine_process", "Run the engine (scheduler, step loop, output poller) in a process "
          "of its own beside the HTTP server's, so the two share no GIL (zerod's own flag; "
-         "vLLM always splits them).", bool, default=False, field=False, negatable=True,
+         "vLLM always splits them). Default: on where the engine runs on a GPU, off on the "
+         "CPU.", bool, default=None, field=False, negatable=True,
          envvar=("ZEROD_ENGINE_PROCESS",)),
     Flag("api_server_count", "HTTP server processes on the port, each its own event loop and "
          "GIL, all in front of one engine; above 1 the engine runs in its own process "

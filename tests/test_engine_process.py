@@ -234,6 +234,15 @@ def test_api_server_count_refuses_an_engine_in_the_servers_process(monkeypatch):
     assert r.exit_code == 2 and "not by hand" in r.output
 
 
+def test_the_engine_gets_its_own_process_by_default_where_it_runs_on_a_gpu():
+    import torch
+
+    from zerod.engine.cli import _on_gpu
+
+    assert _on_gpu("cuda") and _on_gpu("cuda:1") and not _on_gpu("cpu")
+    assert _on_gpu("auto") == _on_gpu(None) == torch.cuda.is_available()
+
+
 def test_every_server_process_lists_an_adapter_another_loaded(tmp_path):
     """LoRA adapters load through one server process; the engine tells every one."""
     from lora_support import base_and_adapters
