@@ -175,8 +175,11 @@ class EngineHost:
         if link.index and not self._stopping.is_set():
             with self._lock:
                 gone = [self.rids[k] for k in link.keys if k in self.rids]
-            log.warning("HTTP server %d closed its channel: aborting its %d requests", link.index,
-                        len(gone))
+            if gone:   # a server that stopped has drained: one with requests left died
+                log.warning("HTTP server %d closed its channel: aborting its %d requests",
+                            link.index, len(gone))
+            else:
+                log.info("HTTP server %d closed its channel", link.index)
             for rid in gone:
                 e.abort(rid)
 
