@@ -7,14 +7,19 @@ import time
 from typing import Any
 
 
+def _stat_fields(path: str) -> list[bytes]:
+    """A /proc stat file's fields after the command name (state, ppid, ...)."""
+    with open(path, "rb") as f:
+        s = f.read()
+    return s[s.rfind(b")") + 2:].split()
+
+
 def read_cpu(pid: int) -> tuple[float, dict[int, tuple[str, float]]] | None:
     """(process cpu seconds, {tid: (thread name, cpu seconds)}) from /proc, or None."""
     tick = os.sysconf("SC_CLK_TCK")
 
     def stat_cpu(path: str) -> float:
-        with open(path, "rb") as f:
-            s = f.read()
-        rest = s[s.rfind(b")") + 2:].split()  # fields after the command name
+        rest = _stat_fields(path)
         return (int(rest[11]) + int(rest[12])) / tick  # utime, stime
 
     try:
@@ -38,9 +43,7 @@ def read_cpu(pid: int) -> tuple[float, dict[int, tuple[str, float]]] | None:
 
 def _parent(pid: int) -> int | None:
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            s = f.read()
-        return int(s[s.rfind(b")") + 2:].split()[1])
+        return int(_stat_fields(f"/proc/{pid}/stat")[1])
     except (OSError, ValueError, IndexError):
         return None
 
@@ -52,10 +55,7 @@ def serving_processes(pid: int, engine_pid: int | None) -> list[int]:
     first = _parent(engine_pid) if engine_pid and engine_pid != pid else None
     if first is None:
         return [pid]
-    kids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and _parent(int(entry)) == first:
-            kids.append(int(entry))
+    kids = [int(e) for e in os.listdir("/proc") if e.isdigit() and _parent(int(e)) == first]
     return [first] + sorted(kids)
 
 

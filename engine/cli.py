@@ -20,7 +20,7 @@ from types import SimpleNamespace
 import click
 from zerod import CONTEXT_SETTINGS
 from zerod.engine.core.stack_dump import register_from_env as register_stack_dump
-from zerod.engine.config import EngineConfig, EngineError
+from zerod.engine.config import EngineConfig, EngineError, device_type
 from zerod.engine.flags import FLAGS, engine_config_kwargs, read_chat_template
 from zerod.engine.generation_defaults import (describe_defaults, generation_defaults,
                                               split_max_tokens)
@@ -271,11 +271,7 @@ def _on_gpu(device: str | None) -> bool:
     server's Python no longer delays the step thread's launches (docs/perf.md, *The engine
     in its own process*). On the CPU the measured gain is none and each start pays a second
     interpreter."""
-    if device in (None, "auto"):
-        import torch
-
-        return torch.cuda.is_available()
-    return device.startswith("cuda")
+    return device_type(device or "auto") == "cuda"
 
 
 def _warn_exposure(host: str, api_key: str | None) -> None:

@@ -61,6 +61,16 @@ MAX_NUM_SEQS = 16384
 MAX_COUNT = (1 << 31) - 1   # every other count: what an int32 index holds
 
 
+def device_type(name: str) -> str:
+    """"cuda" or "cpu": the kind of device an EngineConfig.device names, auto resolved to
+    cuda where torch sees a GPU (torch is imported for that case alone)."""
+    if name == "auto":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name.split(":")[0]
+
+
 @dataclass
 class EngineConfig:
     model: str = "demo"                    # HF checkpoint dir, or "demo" (built-in tiny model)

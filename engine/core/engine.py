@@ -25,7 +25,7 @@ from typing import Callable
 
 import torch
 
-from ..config import EngineConfig, EngineError, RequestRejected
+from ..config import EngineConfig, EngineError, RequestRejected, device_type
 from ..spec.hf_config import load_model_config
 from ..interface import EngineStats
 from .kv_pool import KVPool, kv_torch_dtype
@@ -76,9 +76,7 @@ EXIT_RANK_LOST = 3    # the process's exit status when a tensor-parallel rank is
 
 
 def _resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    d = torch.device(name)
+    d = torch.device(device_type(name) if name == "auto" else name)
     if d.type == "cuda":
         if not torch.cuda.is_available():
             raise EngineError("device cuda asked for, but torch sees no CUDA GPU")
