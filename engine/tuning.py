@@ -60,6 +60,11 @@ class Tuning:
     # RMSNorm before qkv and gate_up, SiLU·mul before down), not by a launch of their own:
     # at batch 1 those launches take 195 of a step's 3,474 us of kernels (docs/perf.md "FP8").
     fp8_fused_act_quant: bool = True
+    # FP8: cuBLASLt's FP8 GEMMs (tensorwise and row-wise) with fast accumulation
+    # (`use_fast_accum`): the sums stay in the tensor cores' own accumulator instead of
+    # being promoted to float32 every few K steps, as vLLM's CUTLASS FP8 kernels run. Off
+    # until a GPU measures its speed and its error (docs/perf.md "FP8").
+    fp8_fast_accum: bool = False
 
     # A step with prompt chunks and decodes runs them in one forward (the weights read
     # once, not twice) when the rows fit a prefill graph: the decodes are its last rows,

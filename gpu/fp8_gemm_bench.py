@@ -9,6 +9,8 @@ For qkv 6144x4096, o 4096x4096, gate_up 28672x4096, down 4096x14336 and M in
   w8a8t      the same through cuBLASLt's tensorwise FP8 GEMM with unit scales, the tokens'
              and the channels' scales on its float32 output after (Fp8Linear.w8a8_tensorwise)
   w8a8t16    the same with the GEMM's output in bf16 before the scales (a second rounding)
+  w8a8f, w8a8tf  w8a8 and w8a8t with cuBLASLt's fast accumulation (Tuning.fp8_fast_accum:
+             no promotion of the sums to float32), their error beside the promoted ones'
   w8a16      per-channel weights: the Triton W8A16 kernel "ab" (Fp8Linear.w8a16, x · Wᵀ tiles)
   sab        per-channel weights: the swap-AB W8A16 kernel "swap_ab" (yᵀ = W xᵀ), M <= 64 only
   w8a8-blk   128x128 block weights: per-token-group quant + the Triton block GEMM
@@ -30,7 +32,7 @@ their default tiles and at the sweep's best), and the thresholds the sums imply,
 largest M of the list up to which W8A16 beats W8A8 at every M (and the tensorwise GEMM beats
 row-wise above it: Tuning.fp8_tensorwise_max_m). Everything into
 $OUT/fp8_gemm.json (also after each shape). About 2 min on an H200; SWEEP=0 skips the
-sweeps. SMOKE=1: tiny shapes on the CPU through Triton's interpreter (wall-clock, no
+sweeps; ONLY=w8a8,w8a8f,... times those variants alone. SMOKE=1: tiny shapes on the CPU through Triton's interpreter (wall-clock, no
 graphs), to prove the script end to end.
 """
 
@@ -93,12 +95,16 @@ if SMOKE:
 COLD_BYTES = 256 << 20     # weight copies per graph: more than L2 (50 MB on an H200) several times
 CHANNEL = QuantConfig("online", "channel", "token")
 BLOCK = QuantConfig("fp8", "block", "token", block=(128, 128))
-VARIANTS = ("bf16", "w8a8", "w8a8t", "w8a8t16", "w8a16", "sab", "w8a8-blk", "w8a16-blk", "sab-blk", "quant")
+VARIANTS = ("bf16", "w8a8", "w8a8t", "w8a8t16", "w8a8f", "w8a8tf", "w8a16", "sab", "w8a8-blk", "w8a16-blk",
+            "sab-blk", "quant")
+if os.environ.get("ONLY"):
+    VARIANTS = tuple(v for v in VARIANTS if v in os.environ["ONLY"].split(","))
+FAST = {"w8a8f": "w8a8", "w8a8tf": "w8a8t"}   # fast accumulation's variants, and their promoted twins
 KERNEL = {"w8a16": "ab", "sab": "swap_ab"}   # the W8A16 variants' kernels (triton_w8a16)
 # W8A8 against the same activation quantization in float32 (the interpreter truncates
 # to e4m3 where the GPU rounds: up to a step, 1/8); W8A16: exact products, a bf16 output
 TOL = {"w8a8": 1.5e-1 if SMOKE else 2e-2, "w8a8t": 1.5e-1 if SMOKE else 2e-2, "w8a8t16": 2e-2,
-       "w8a16": 5e-3, "sab": 5e-3}
+       "w8a8f": 2e-2, "w8a8tf": 2e-2, "w8a16": 5e-3, "sab": 5e-3}
 
 
 def log(*a):
@@ -129,7 +135,7 @@ def copies(fp8_bytes: int) -> int:
 
 
 def timed(variant: str, m: int) -> bool:
-    if variant.startswith("w8a8t"):   # cuBLASLt: no CPU form
+    if variant.startswith("w8a8t") or variant in FAST:   # cuBLASLt: no CPU form
         return not SMOKE
     return m <= SAB_MAX_M or not variant.startswith("sab")
 
@@ -140,6 +146,8 @@ def calls(lins: dict, variant: str, x: torch.Tensor) -> list:
     if variant == "quant":
         return [lambda: triton_fp8.quantize_tokens(x)] * len(lins[""])
     kind, blk = variant.split("-")[0], "-blk" if variant.endswith("-blk") else ""
+    if kind in FAST:
+        return [lambda lin=lin: product(lin, kind, x) for lin in lins[blk]]
     if kind == "w8a8":
         return [lambda lin=lin: lin.w8a8(x) for lin in lins[blk]]
     if kind == "w8a8t":
@@ -147,6 +155,18 @@ def calls(lins: dict, variant: str, x: torch.Tensor) -> list:
     if kind == "w8a8t16":
         return [lambda lin=lin: lin.w8a8_tensorwise(x, torch.bfloat16) for lin in lins[blk]]
     return [lambda lin=lin: lin.w8a16(x, KERNEL[kind]) for lin in lins[blk]]
+
+
+def product(lin: Fp8Linear, kind: str, x: torch.Tensor) -> torch.Tensor:
+    """One of the W8A8 products, the fast-accumulation ones under that tuning."""
+    default = lin.tuning
+    if kind in FAST:
+        lin.tuning, kind = dataclasses.replace(default, fp8_fast_accum=True), FAST[kind]
+    try:
+        return (lin.w8a8(x) if kind == "w8a8" else lin.w8a8_tensorwise(x) if kind == "w8a8t"
+                else lin.w8a8_tensorwise(x, torch.bfloat16))
+    finally:
+        lin.tuning = default
 
 
 def time_us(fns: list) -> float:
@@ -197,13 +217,12 @@ def check(lins: dict, x: torch.Tensor) -> list[tuple[str, float, float]]:
     res = []
     for blk in ("", "-blk"):
         lin = lins[blk][0]
-        for kind in ("w8a8", "w8a8t", "w8a8t16", "w8a16", "sab"):
-            if not timed(kind, x.shape[0]) or (blk and kind.startswith("w8a8t")):
+        for kind in ("w8a8", "w8a8t", "w8a8t16", "w8a8f", "w8a8tf", "w8a16", "sab"):
+            if (not timed(kind, x.shape[0]) or (blk and (kind.startswith("w8a8t") or kind in FAST))
+                    or not any(v.split("-")[0] == kind for v in VARIANTS)):
                 continue
             ref = lin.reference(x.float(), quantize_activations=kind.startswith("w8a8"))
-            y = (lin.w8a8(x) if kind == "w8a8" else lin.w8a8_tensorwise(x) if kind == "w8a8t"
-                 else lin.w8a8_tensorwise(x, torch.bfloat16) if kind == "w8a8t16"
-                 else lin.w8a16(x, KERNEL[kind]))
+            y = product(lin, kind, x) if kind.startswith("w8a8") else lin.w8a16(x, KERNEL[kind])
             res.append((kind + blk, rel(y.float(), ref), TOL[kind]))
     return res
 
@@ -268,8 +287,8 @@ def main() -> int:
             "torch": torch.__version__, "smoke": SMOKE, "current W8A16_MAX_M": W8A16_MAX_M,
             "W8A16 KERNEL": triton_w8a16.KERNEL, "TILES": {k: dataclasses.asdict(t) for k, t in TILES.items()}}
     log(json.dumps(info))
-    rows, sweeps, bad = [], [], []
-    result = {"info": info, "rows": rows, "sweep": sweeps, "bad": bad}   # saved after each shape
+    rows, sweeps, bad, checks = [], [], [], []
+    result = {"info": info, "rows": rows, "sweep": sweeps, "bad": bad, "checks": checks}   # saved after each shape
     g = torch.Generator(device=DEV).manual_seed(2)
     t0 = time.perf_counter()
     for shape, (n, k) in SHAPES.items():
@@ -278,6 +297,7 @@ def main() -> int:
             x = torch.randn(m, k, generator=g, device=DEV).to(ADT)
             if m in (MS[0], MS[-1], max((m_ for m_ in MS if m_ <= SAB_MAX_M), default=0)):
                 for name, err, tol in check(lins, x):
+                    checks.append((shape, m, name, err))
                     log(f"check {shape} M={m} {name}: {err:.2e} (tol {tol:.2g}) {'ok' if err <= tol else 'BAD'}")
                     if not err <= tol:
                         bad.append((shape, m, name, err))
@@ -311,12 +331,24 @@ def main() -> int:
                      for v in VARIANTS]
             log(f"{shape:8} {m:>5} " + " ".join(f"{c:>16}" for c in cells))
     per_layer = {v: {m: sum(t[s, m, v]["us"] for s in SHAPES) for m in MS if timed(v, m)} for v in VARIANTS}
-    # fused into the RMSNorm, the quantization before qkv and gate_up would go
-    per_layer["fusable"] = {m: t["qkv", m, "quant"]["us"] + t["gate_up", m, "quant"]["us"] for m in MS}
-    del per_layer["quant"]
+    if "quant" in per_layer:   # fused into the RMSNorm, the quantization before qkv and gate_up would go
+        per_layer["fusable"] = {m: t["qkv", m, "quant"]["us"] + t["gate_up", m, "quant"]["us"] for m in MS}
+        del per_layer["quant"]
     log("\nper layer (the four projections), us; fusable: the activation quant before qkv and gate_up")
     for m in MS:
         log(f"  M={m:>5} " + " ".join(f"{v}={us[m]:.1f}" for v, us in per_layer.items() if m in us))
+    fast = [(f, p) for f, p in FAST.items() if per_layer.get(f) and per_layer.get(p)]
+    if fast:
+        log("\nfast accumulation (Tuning.fp8_fast_accum) against promoted sums: a layer's us, and the"
+            " worst error of the checks against the float32 reference")
+        for f, p in fast:
+            errs = {name: max(e for _, _, n_, e in checks if n_ == name) for name in (f, p)
+                    if any(n_ == name for _, _, n_, _ in checks)}
+            log(f"  {p:>6}: " + ", ".join(f"M={m} {per_layer[p][m]:.1f} -> {per_layer[f][m]:.1f} "
+                                          f"({per_layer[p][m] / per_layer[f][m]:.2f}x)" for m in MS if m in per_layer[f])
+                + "; error " + " -> ".join(f"{errs[n]:.2e}" for n in (p, f) if n in errs))
+    if os.environ.get("ONLY"):   # the thresholds below need every variant
+        return 0
 
     best = {}
     if sweeps:

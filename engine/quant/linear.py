@@ -19,6 +19,7 @@ decision on the shape, so each captured decode graph keeps its path; `Fp8Linear.
   cuBLASLt's tensorwise FP8 GEMM, the weights' row scales on the output (Tuning.fp8_one_token_tensorwise);
   above W8A16's rows and up to Tuning.fp8_tensorwise_max_m (200), the same GEMM with unit
   scales, the tokens' and the weights' scales on its float32 output.
+- cuBLASLt's GEMMs accumulate fast (no float32 promotion) under Tuning.fp8_fast_accum.
 - M <= W8A16_MAX_M (decode), bf16 / fp16: triton_w8a16, the activations as they are times the e4m3
   weights, scales on the float32 accumulator; no activation quantization (more exact
   than W8A8, and what reads only the weight bytes). Weight-only checkpoints take it at
@@ -187,7 +188,7 @@ class Fp8Linear(Linear):
             return gemm_table.kernels().skinny_matmul_fp8(xq, xs, self.weight, self.weight_scale, bias=self.bias,
                                                           out_dtype=self.act_dtype, cfg=cfg)
         y = torch._scaled_mm(xq, self.weight.t(), scale_a=xs, scale_b=self.weight_scale.view(1, -1),
-                             out_dtype=self.act_dtype)
+                             out_dtype=self.act_dtype, use_fast_accum=self.tuning.fp8_fast_accum)
         return y if self.bias is None else y + self.bias
 
     def w8a8_tensorwise(self, x: torch.Tensor | fp8.Fp8Acts, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -203,9 +204,11 @@ class Fp8Linear(Linear):
         xq, xs = x if isinstance(x, fp8.Fp8Acts) else triton_fp8.quantize_tokens(x)
         one = _one(xq.device)
         if xq.shape[0] == 1:
-            y = torch._scaled_mm(xq, self.weight.t(), scale_a=xs.reshape(()), scale_b=one, out_dtype=out_dtype)
+            y = torch._scaled_mm(xq, self.weight.t(), scale_a=xs.reshape(()), scale_b=one, out_dtype=out_dtype,
+                                 use_fast_accum=self.tuning.fp8_fast_accum)
             return triton_fp8.scale_columns(y, self.weight_scale, self.act_dtype, self.bias)
-        y = torch._scaled_mm(xq, self.weight.t(), scale_a=one, scale_b=one, out_dtype=out_dtype)
+        y = torch._scaled_mm(xq, self.weight.t(), scale_a=one, scale_b=one, out_dtype=out_dtype,
+                             use_fast_accum=self.tuning.fp8_fast_accum)
         return triton_fp8.scale_columns(y, self.weight_scale, self.act_dtype, self.bias, row_scale=xs.reshape(-1))
 
     def reference(self, x: torch.Tensor, quantize_activations: bool = True) -> torch.Tensor:

@@ -6,7 +6,8 @@
 # names ending in 2 run their tree again; ARGS_<name> adds serve flags to a variant, e.g.
 # ARGS_split=--engine-process with VARIANTS="after split split2 after2") serves dummy weights and `zerod bench --scenario
 # throughput-table` drives it: two 200-stream bursts (24 in / 128 out), the same 200 as
-# closed-loop users, batch-1 decode, a 16K prompt. Mixtral-8x7B's 93 GB of weights need the H200's memory. ~1 min a server.
+# closed-loop users, batch-1 decode, a 16K prompt. TUNING_<name> sets a variant's ZEROD_TUNING
+# (engine/tuning.py), e.g. TUNING_fast='{"fp8_fast_accum": true}'. Mixtral-8x7B's 93 GB of weights need the H200's memory. ~1 min a server.
 # Results: $OUT/throughput.tgz (each server's log, step trace and bench output, packed as
 # each ends), a table last. SMOKE=1: the script on the CPU, a tiny shape (checks it, measures nothing).
 set -u
@@ -38,9 +39,10 @@ for shape in $SHAPES; do
         dir=$ROOT; [ "${v%2}" = before ] && dir=$ROOT/.before
         name=$shape-$v
         vargs=ARGS_${v%2}; vargs=${!vargs:-}
+        vtuning=TUNING_${v%2}; vtuning=${!vtuning:-}
         t0=$(date +%s.%N)
         # each tree its own Triton cache, warm from its first server on
-        ( cd "$dir" && TRITON_CACHE_DIR=/tmp/triton-${v%2} ZEROD_STEP_TRACE=$W/steps-$name.jsonl \
+        ( cd "$dir" && ZEROD_TUNING=$vtuning TRITON_CACHE_DIR=/tmp/triton-${v%2} ZEROD_STEP_TRACE=$W/steps-$name.jsonl \
             exec $PY -m zerod serve --model "$M" --load-format dummy \
             --port 8000 $SERVE_X $extra $vargs ) > "$W/serve-$name.log" 2>&1 &
         SPID=$!
