@@ -120,12 +120,13 @@ def _logprobs(d, seq, **kw) -> torch.Tensor:
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt,path", [("channel", "w8a16"), ("channel", "w8a8"), ("channel", "tensorwise"),
-                                      ("block", "w8a8"), ("block", "w8a16")])
+                                      ("channel", "fast"), ("block", "w8a8"), ("block", "w8a16")])
 def test_fp8_on_gpu_matches_the_cpu_reference(base, tmp_path, monkeypatch, fmt, path):
     """The real kernels in bf16 with CUDA graphs and FP8 KV pages, every step on one path
     (W8A16_MAX_M and Tuning.fp8_one_token_tensorwise / fp8_tensorwise_max_m set so): the
     Triton W8A16 GEMM, or per-token quant + torch._scaled_mm (channel: row-wise, one-token
-    steps through the tensorwise GEMM; or every step through the tensorwise GEMM) / the
+    steps through the tensorwise GEMM; or every step through the tensorwise GEMM; or "fast":
+    the tensorwise GEMM to 200 rows and row-wise above, both with fast accumulation) / the
     Triton block GEMM (block). Against the CPU's float32 run of the same product with the same FP8
     KV pages: for W8A8 the checkpoint on the CPU's reference path, for W8A16 its
     dequantized weights (activations unquantized).
@@ -143,8 +144,9 @@ def test_fp8_on_gpu_matches_the_cpu_reference(base, tmp_path, monkeypatch, fmt, 
         monkeypatch.setitem(W8A16_MAX_M, scales, 1 << 20 if path == "w8a16" else 0)
     # one-token steps too: the tensorwise GEMM is W8A8 (the H200 showed 0.136 against a
     # 0.109 bound with it under the W8A16 reference: the other path's cost)
-    monkeypatch.setenv("ZEROD_TUNING", json.dumps({"fp8_one_token_tensorwise": path != "w8a16",
-                                                   "fp8_tensorwise_max_m": 1 << 20 if path == "tensorwise" else 0}))
+    monkeypatch.setenv("ZEROD_TUNING", json.dumps({
+        "fp8_one_token_tensorwise": path != "w8a16", "fp8_fast_accum": path == "fast",
+        "fp8_tensorwise_max_m": 1 << 20 if path == "tensorwise" else 200 if path == "fast" else 0}))
     same = S.dequantized(q, tmp_path / "deq") if path == "w8a16" else q
     truth = _logprobs(same, seq, kv_cache_dtype="fp8", device="cpu")
     bf16_cost = _mean(_logprobs(same, seq, kv_cache_dtype="fp8", dtype="bfloat16", device="cpu"), truth)
@@ -159,7 +161,7 @@ def test_fp8_on_gpu_matches_the_cpu_reference(base, tmp_path, monkeypatch, fmt, 
             for m in (1, 24):
                 h = torch.empty(m, L.qkv.in_features, dtype=torch.bfloat16, device="cuda")
                 assert [p.takes_fp8(h) for p in (L.qkv, L.gate_up, L.down)] == [True] * 3
-                assert L.down.way(h) == ("tensorwise" if path == "tensorwise" or m == 1 else "w8a8")
+                assert L.down.way(h) == ("tensorwise" if path in ("tensorwise", "fast") or m == 1 else "w8a8")
         got = S.engine_logprobs(gpu, seq)
         out = generate(gpu, [seq[:5], seq[:9]], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))
     finally:
