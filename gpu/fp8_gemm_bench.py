@@ -32,8 +32,8 @@ their default tiles and at the sweep's best), and the thresholds the sums imply,
 largest M of the list up to which W8A16 beats W8A8 at every M (and the tensorwise GEMM beats
 row-wise above it: Tuning.fp8_tensorwise_max_m). Everything into
 $OUT/fp8_gemm.json (also after each shape). About 2 min on an H200; SWEEP=0 skips the
-sweeps; ONLY=w8a8,w8a8f,... times those variants alone. SMOKE=1: tiny shapes on the CPU through Triton's interpreter (wall-clock, no
-graphs), to prove the script end to end.
+sweeps; ONLY=w8a8,w8a8f,... times those variants alone. SMOKE=1: tiny shapes on the
+CPU through Triton's interpreter (wall-clock, no graphs), to prove the script end to end.
 """
 
 from __future__ import annotations
@@ -98,7 +98,10 @@ BLOCK = QuantConfig("fp8", "block", "token", block=(128, 128))
 VARIANTS = ("bf16", "w8a8", "w8a8t", "w8a8t16", "w8a8f", "w8a8tf", "w8a16", "sab", "w8a8-blk", "w8a16-blk",
             "sab-blk", "quant")
 if os.environ.get("ONLY"):
-    VARIANTS = tuple(v for v in VARIANTS if v in os.environ["ONLY"].split(","))
+    _only = os.environ["ONLY"].split(",")
+    if set(_only) - set(VARIANTS):
+        sys.exit(f"ONLY: no variant {sorted(set(_only) - set(VARIANTS))}; the variants are {', '.join(VARIANTS)}")
+    VARIANTS = tuple(v for v in VARIANTS if v in _only)
 FAST = {"w8a8f": "w8a8", "w8a8tf": "w8a8t"}   # fast accumulation's variants, and their promoted twins
 KERNEL = {"w8a16": "ab", "sab": "swap_ab"}   # the W8A16 variants' kernels (triton_w8a16)
 # W8A8 against the same activation quantization in float32 (the interpreter truncates
