@@ -19,7 +19,6 @@ decision on the shape, so each captured decode graph keeps its path; `Fp8Linear.
   cuBLASLt's tensorwise FP8 GEMM, the weights' row scales on the output (Tuning.fp8_one_token_tensorwise);
   above W8A16's rows and up to Tuning.fp8_tensorwise_max_m (200), the same GEMM with unit
   scales, the tokens' and the weights' scales on its float32 output.
-- cuBLASLt's GEMMs accumulate fast (no float32 promotion) under Tuning.fp8_fast_accum.
 - M <= W8A16_MAX_M (decode), bf16 / fp16: triton_w8a16, the activations as they are times the e4m3
   weights, scales on the float32 accumulator; no activation quantization (more exact
   than W8A8, and what reads only the weight bytes). Weight-only checkpoints take it at
@@ -29,7 +28,8 @@ decision on the shape, so each captured decode graph keeps its path; `Fp8Linear.
   weights (the FP8 tensor cores' throughput, for prefill).
 Elsewhere, and for shapes cuBLASLt refuses (a dimension not a multiple of 16), the
 reference: weights dequantized, activations quantized and dequantized the same way
-(W8A8 emulated), one F.linear.
+(W8A8 emulated), one F.linear. Under Tuning.fp8_fast_accum every cuBLASLt GEMM above keeps
+its sums in the tensor cores' accumulator, never promoted to float32.
 """
 
 from __future__ import annotations
