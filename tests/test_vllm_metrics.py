@@ -5,6 +5,7 @@ series; zerod_build_info."""
 
 from __future__ import annotations
 
+import time
 import urllib.request
 
 import pytest
@@ -28,6 +29,11 @@ def scrape():
         for _ in range(3):
             c.completions.create(model=eng.model_name, prompt="the same prompt " * 4,
                                  max_tokens=6, extra_body={"ignore_eos": True})
+        # the poller counts a step's gaps after it hands the step's tokens on, so the
+        # last answer can reach the client first: scrape once it has handled every step
+        deadline = time.monotonic() + 10
+        while eng.poller.inflight and time.monotonic() < deadline:
+            time.sleep(0.01)
         text = urllib.request.urlopen(srv.url + "/metrics", timeout=10).read().decode()
         yield eng, text, {f.name: f for f in text_string_to_metric_families(text)}
     finally:
