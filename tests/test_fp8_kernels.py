@@ -14,6 +14,7 @@ products and attention to 1e-2 relative (the references dequantize in float32).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import pytest
@@ -23,6 +24,17 @@ from kernel_checks import report, run_in_interpreter
 
 pytest.importorskip("triton")
 
+
+
+@contextlib.contextmanager
+def _tuned(lin, **fields):
+    """lin with these Tuning fields changed, its own tuning back after."""
+    default = lin.tuning
+    lin.tuning = dataclasses.replace(default, **fields)
+    try:
+        yield lin
+    finally:
+        lin.tuning = default
 
 
 def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -147,22 +159,18 @@ def run_checks(device: torch.device) -> list[tuple[str, float, float]]:
                         out.append((f"Fp8Linear channel/token M={M} tensorwise, {dt} before the scales",
                                     _rel(lin.w8a8_tensorwise(x, dt).float(), lin.reference(x).float()), 1e-2))
                     # and the engine's way to it: above W8A16's rows, up to fp8_tensorwise_max_m
-                    default = lin.tuning
-                    lin.tuning = dataclasses.replace(default, fp8_tensorwise_max_m=64)
-                    want = ("tensorwise" if M == 1 or small < M <= 64 else "w8a16" if M <= small else "w8a8")
-                    assert lin.way(x) == want, (M, lin.way(x))
-                    assert lin.takes_fp8(x) == (want in ("tensorwise", "w8a8"))
-                    out.append((f"Fp8Linear channel/token M={M} {want} with fp8_tensorwise_max_m 64",
-                                _rel(lin(x).float(), lin.reference(x, quantize_activations=want != "w8a16").float()),
-                                1e-2))
-                    lin.tuning = default
+                    with _tuned(lin, fp8_tensorwise_max_m=64):
+                        want = ("tensorwise" if M == 1 or small < M <= 64 else "w8a16" if M <= small else "w8a8")
+                        assert lin.way(x) == want, (M, lin.way(x))
+                        assert lin.takes_fp8(x) == (want in ("tensorwise", "w8a8"))
+                        out.append((f"Fp8Linear channel/token M={M} {want} with fp8_tensorwise_max_m 64",
+                                    _rel(lin(x).float(), lin.reference(x, quantize_activations=want != "w8a16").float()),
+                                    1e-2))
                 if way in ("tensorwise", "w8a8") and scheme.weights != "block":
                     # cuBLASLt's fast accumulation (Tuning.fp8_fast_accum): the same product
-                    default = lin.tuning
-                    lin.tuning = dataclasses.replace(default, fp8_fast_accum=True)
-                    out.append((f"Fp8Linear {scheme.weights}/{scheme.activations} M={M} {way}, fast accumulation",
-                                _rel(lin(x).float(), lin.reference(x).float()), 1e-2))
-                    lin.tuning = default
+                    with _tuned(lin, fp8_fast_accum=True):
+                        out.append((f"Fp8Linear {scheme.weights}/{scheme.activations} M={M} {way}, fast accumulation",
+                                    _rel(lin(x).float(), lin.reference(x).float()), 1e-2))
                 if lin.takes_fp8(x):   # the input quantized by the kernel before: the same product
                     out.append((f"Fp8Linear {scheme.weights}/{scheme.activations} M={M} {way} from Fp8Acts",
                                 _rel(lin(fp8.Fp8Acts(*triton_fp8.quantize_tokens(x))).float(), lin(x).float()), 0.0))
