@@ -181,7 +181,7 @@ def test_engine_on_cuda_serves_adapters_through_graphs(adapters):
     graphs = dict(eng.runner.lora_graphs)
     padded = []   # (padded tokens, adapter rows) of each prefill through a graph
     run = eng.runner._prefill_padded
-    eng.runner._prefill_padded = lambda p: (padded.append((p.padded, p.lora_rows is not None)), run(p))[1]
+    eng.runner._prefill_padded = lambda p, *a: (padded.append((p.padded, p.lora_rows is not None)), run(p, *a))[1]
     eng.start()
     try:
         sp = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, logprobs=5)

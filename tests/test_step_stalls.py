@@ -127,7 +127,7 @@ def test_cached_prefix_prefill_replays_its_graph_without_host_sync(tmp_path):
     assert e.runner.pgraphs, "prefill CUDA graphs were not captured"
     padded, eager = [], []
     run, fwd = e.runner._prefill_padded, e.runner._prefill_padded_forward
-    e.runner._prefill_padded = lambda p: (padded.append(p.padded), run(p))[1]
+    e.runner._prefill_padded = lambda p, *a: (padded.append(p.padded), run(p, *a))[1]
     e.runner._prefill_padded_forward = lambda T, lora=False: (eager.append(T), fwd(T, lora))[1]   # no graph for T
     e.start()
     try:
