@@ -149,22 +149,17 @@ def calls(lins: dict, variant: str, x: torch.Tensor) -> list:
     if variant == "quant":
         return [lambda: triton_fp8.quantize_tokens(x)] * len(lins[""])
     kind, blk = variant.split("-")[0], "-blk" if variant.endswith("-blk") else ""
-    if kind in FAST:
+    if kind.startswith("w8a8"):
         return [lambda lin=lin: product(lin, kind, x) for lin in lins[blk]]
-    if kind == "w8a8":
-        return [lambda lin=lin: lin.w8a8(x) for lin in lins[blk]]
-    if kind == "w8a8t":
-        return [lambda lin=lin: lin.w8a8_tensorwise(x) for lin in lins[blk]]
-    if kind == "w8a8t16":
-        return [lambda lin=lin: lin.w8a8_tensorwise(x, torch.bfloat16) for lin in lins[blk]]
     return [lambda lin=lin: lin.w8a16(x, KERNEL[kind]) for lin in lins[blk]]
 
 
 def product(lin: Fp8Linear, kind: str, x: torch.Tensor) -> torch.Tensor:
-    """One of the W8A8 products, the fast-accumulation ones under that tuning."""
+    """One of the W8A8 products: the fast-accumulation variants with fast accumulation, the
+    others with the sums promoted to float32, whatever the engine's default."""
     default = lin.tuning
-    if kind in FAST:
-        lin.tuning, kind = dataclasses.replace(default, fp8_fast_accum=True), FAST[kind]
+    lin.tuning = dataclasses.replace(default, fp8_fast_accum=kind in FAST)
+    kind = FAST.get(kind, kind)
     try:
         return (lin.w8a8(x) if kind == "w8a8" else lin.w8a8_tensorwise(x) if kind == "w8a8t"
                 else lin.w8a8_tensorwise(x, torch.bfloat16))

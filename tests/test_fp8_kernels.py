@@ -167,10 +167,13 @@ def run_checks(device: torch.device) -> list[tuple[str, float, float]]:
                                     _rel(lin(x).float(), lin.reference(x, quantize_activations=want != "w8a16").float()),
                                     1e-2))
                 if way in ("tensorwise", "w8a8") and scheme.weights != "block":
-                    # cuBLASLt's fast accumulation (Tuning.fp8_fast_accum): the same product
-                    with _tuned(lin, fp8_fast_accum=True):
-                        out.append((f"Fp8Linear {scheme.weights}/{scheme.activations} M={M} {way}, fast accumulation",
-                                    _rel(lin(x).float(), lin.reference(x).float()), 1e-2))
+                    # cuBLASLt's sums kept in the tensor cores' accumulator (Tuning.fp8_fast_accum,
+                    # the default) or promoted to float32: the same product either way
+                    for fast in (True, False):
+                        with _tuned(lin, fp8_fast_accum=fast):
+                            out.append((f"Fp8Linear {scheme.weights}/{scheme.activations} M={M} {way}, "
+                                        f"{'fast' if fast else 'promoted'} accumulation",
+                                        _rel(lin(x).float(), lin.reference(x).float()), 1e-2))
                 if lin.takes_fp8(x):   # the input quantized by the kernel before: the same product
                     out.append((f"Fp8Linear {scheme.weights}/{scheme.activations} M={M} {way} from Fp8Acts",
                                 _rel(lin(fp8.Fp8Acts(*triton_fp8.quantize_tokens(x))).float(), lin(x).float()), 0.0))
