@@ -15,7 +15,8 @@ from dataclasses import dataclass, fields, replace
 ENV = "ZEROD_TUNING"
 # the least value of each integer field
 MINIMUM = {"prefill_graph_seqs": 1, "sdpa_flash_max_len": 0, "steps_in_flight": 1, "gil_switch_interval_us": 50,
-           "decode_graphs_by_cost": 0, "long_prompt_slack": 0.0, "fp8_tensorwise_max_m": 0}
+           "decode_graphs_by_cost": 0, "long_prompt_slack": 0.0, "fp8_tensorwise_max_m": 0,
+           "prefill_graph_chunk_tokens": 0}
 
 
 @dataclass(frozen=True)
@@ -26,8 +27,13 @@ class Tuning:
     # exceeds the device work of a chunk, and every decoding stream waits for it
     # (docs/perf.md "Prefill CUDA graphs", "Step stalls").
     prefill_graph_tokens: tuple[int, ...] = (16, 32, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
-    # Up to this many chunks in one prefill graph.
+    # A prefill graph of T tokens holds up to max(prefill_graph_seqs, T //
+    # prefill_graph_chunk_tokens) chunks (0: prefill_graph_seqs at every T). A burst of short
+    # prompts puts 40-150 chunks in a step: at 32 a graph those steps ran eager, 20-120 ms of
+    # host time on an H100 against 8-28 ms from a graph; 256 chunks at every size cost each
+    # smaller step's attention ~0.4-0.8 ms of empty programs (docs/perf.md "Prefill CUDA graphs").
     prefill_graph_seqs: int = 32
+    prefill_graph_chunk_tokens: int = 8
     # Whether steps that also decode take the prefill graphs (else only an idle engine's):
     # 8 LoRA adapters at 200 streams ran at 89.8 % of the base with it, 68.2 % without
     # (docs/perf.md "Prefill CUDA graphs").

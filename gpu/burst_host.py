@@ -38,14 +38,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # zerod from t
 
 GRAPH_CALLS = 30      # a graph step's host calls: input copies, the replay, sampling
 EAGER_CALLS = 600     # an eager prefill forward's launches
-GRAPH_SEQS = 32       # Tuning.prefill_graph_seqs
 OUTPUT_LEN = 32
 
 
 class ModelledDevice:
     """The runner's model: the launch's host calls, then the device's time, asleep."""
 
-    def __init__(self, model, vocab: int):
+    def __init__(self, runner, vocab: int):
+        model = runner.model
+        # a prefill runs from a graph where one holds its tokens and chunks (the runner's rule)
+        self.graph_holds = lambda rows, seqs: any(t > rows and runner.pgraph_seqs[t] >= seqs
+                                                  for t in runner.pgraph_sizes)
         self.ops, self.dtype, self.cos_sin = model.ops, model.dtype, model.cos_sin
         self._hidden = torch.zeros(16384, 8)
         self._logits = torch.randn(1024, vocab)
@@ -56,7 +59,7 @@ class ModelledDevice:
         rows = tokens.shape[0]
         if meta.cu_seqlens_q is not None:
             seqs = meta.cu_seqlens_q.numel() - 1
-            calls = EAGER_CALLS if seqs > GRAPH_SEQS else GRAPH_CALLS
+            calls = GRAPH_CALLS if self.graph_holds(rows, seqs) else EAGER_CALLS
             device_s = 3.5e-3 + 22e-6 * rows
         else:
             calls, device_s = GRAPH_CALLS, 4.8e-3 + 15e-6 * rows
@@ -95,7 +98,7 @@ def modelled_child(fd: str) -> int:
     start = core.Engine.start
 
     def modelled_start(self) -> None:
-        self.runner.model = ModelledDevice(self.runner.model, self.vocab_size)
+        self.runner.model = ModelledDevice(self.runner, self.vocab_size)
         start(self)
 
     torch.set_num_threads(1)
@@ -119,7 +122,7 @@ def wave_ttfts(interval_us: int, waves: int, mode: str = "in-process") -> list[d
         dev = None   # the forwards' host calls are timed in the engine's process, not reported
     else:
         eng = Engine(cfg)
-        eng.runner.model = dev = ModelledDevice(eng.runner.model, eng.vocab_size)
+        eng.runner.model = dev = ModelledDevice(eng.runner, eng.vocab_size)
         eng.start()
     srv = ServerThread(eng).start()
     out, spans = [], []

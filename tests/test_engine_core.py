@@ -388,6 +388,43 @@ def test_padded_prefill_of_more_chunks_than_the_default_graph_holds(ckpt, monkey
     assert all(len(t) == 16 for t in out[True])
 
 
+def test_a_larger_prefill_graph_holds_more_chunks(ckpt, monkeypatch):
+    """A graph of T tokens holds max(32, T // 8) chunks (Tuning.prefill_graph_chunk_tokens):
+    a burst's step of 48 short prompts runs padded (the code a CUDA graph captures; eager on
+    the CPU) in the smallest graph that holds both its tokens and its chunks, with exactly
+    the tokens of the plain path; at 0 every graph holds 32 and that step runs eager."""
+    from types import SimpleNamespace
+
+    from zerod.engine.runner.graphs import prefill_graph_seqs
+    from zerod.engine.tuning import Tuning
+
+    assert [prefill_graph_seqs(Tuning(), t) for t in (16, 256, 384, 1024, 2048)] == [32, 32, 48, 128, 256]
+    assert prefill_graph_seqs(Tuning(prefill_graph_chunk_tokens=0), 2048) == 32
+    wave = [_prompt(8 + n % 5, seed=n) for n in range(48)]
+    out = {}
+    for per in (8, 0, None):   # None: the plain path
+        monkeypatch.setenv("ZEROD_TUNING", json.dumps({"prefill_graph_chunk_tokens": per or 0}))
+        e = Engine(EngineConfig(model=str(ckpt), block_size=4, kv_pages=800, max_model_len=1024,
+                                max_num_batched_tokens=1024, max_prefill_tokens_idle=1024, max_num_seqs=64))
+        e.runner.pad_prefill = per is not None
+        if per == 8:   # 40 chunks of 2 tokens: not the 128-token graph (32 chunks), the 384's (48)
+            assert e.runner._prefill_bucket([SimpleNamespace(n=2)] * 40) == 384
+            assert e.runner._prefill_bucket([SimpleNamespace(n=2)] * 20) == 64
+        chunks = []   # the chunk count of each padded prefill
+        run = e.runner._prefill_padded
+        e.runner._prefill_padded = lambda p, *a: (chunks.append(len(p.seqlens)), run(p, *a))[1]
+        e.start()
+        try:
+            out[per] = [r["token_ids"] for r in generate(e, wave, GREEDY)]
+        finally:
+            e.shutdown(0)
+        if per == 8:
+            assert max(chunks) > 32, chunks
+        else:
+            assert all(c <= 32 for c in chunks), chunks
+    assert out[8] == out[None] and out[0] == out[None]
+
+
 def test_long_prompt_goes_in_whole_only_while_nothing_decodes(ckpt):
     """Chunked prefill exists so a long prompt cannot stall running streams; with nothing
     decoding there is nothing to stall, and the prompt goes in one step."""

@@ -30,6 +30,15 @@ def prefill_graph_sizes(tuning: Tuning, cap: int, max_model_len: int, decode_row
     return [t for t in sizes if t < max_model_len]
 
 
+def prefill_graph_seqs(tuning: Tuning, T: int) -> int:
+    """The prompt chunks a prefill graph of T tokens holds (Tuning.prefill_graph_seqs and
+    prefill_graph_chunk_tokens): each graph's attention launches a program per sequence
+    slot and head, so a small graph keeps few slots and a large one room for a burst's
+    many short chunks."""
+    per = tuning.prefill_graph_chunk_tokens
+    return max(tuning.prefill_graph_seqs, T // per if per else 0)
+
+
 def graph_sets(r, plain: dict, with_lora: dict) -> tuple[tuple[bool, dict], ...]:
     """(LoRA path, where its graphs go) for each set a capture makes: the LoRA one only
     with --enable-lora."""
@@ -86,8 +95,10 @@ def capture(r) -> None:
         return  # the padded batch needs the paged prefill kernel (graph-safe, no host sync)
     try:
         capture_prefill(r)
-        log.info("captured prefill CUDA graphs for %s padded tokens, up to %d prompt chunks%s",
-                 sorted(r.pgraphs), r.tuning.prefill_graph_seqs, " (and with LoRA rows)" if r.lora_pgraphs else "")
+        seqs = sorted({r.pgraph_seqs[t] for t in r.pgraphs})
+        log.info("captured prefill CUDA graphs for %s padded tokens, up to %s prompt chunks%s",
+                 sorted(r.pgraphs), f"{seqs[0]}-{seqs[-1]}" if len(seqs) > 1 else seqs[0] if seqs else 0,
+                 " (and with LoRA rows)" if r.lora_pgraphs else "")
     except Exception as exc:  # noqa: BLE001
         if r.model.tp is not None:
             raise
@@ -101,17 +112,18 @@ def capture(r) -> None:
 def capture_prefill(r) -> None:
     """A graph per padded token count (and per LoRA path), in a memory pool of their
     own, captured on a dummy prompt of one token."""
-    G, pool = r.tuning.prefill_graph_seqs, None
+    pool = None
     ways = graph_sets(r, r.pgraphs, r.lora_pgraphs)
     kinds = r.model.layer_kinds()
     for T in r.pgraph_sizes:
+        G = r.pgraph_seqs[T]
         r.p_toks[:T].zero_()
         r.p_pos[:T].copy_(torch.cat([torch.zeros(1, dtype=torch.int64, device=r.device),
                                         torch.arange(T - 1, dtype=torch.int64, device=r.device)]))
         r.p_smap[:T].copy_(r.p_pos[:T] % r.ps)
         r.p_lora[:T].zero_()
-        r.p_cu.copy_(torch.tensor([0] + [1] * G + [T], dtype=torch.int32))
-        r.p_ctx.copy_(torch.tensor([1] + [0] * (G - 1) + [T - 1], dtype=torch.int32))
+        r.p_cu[:G + 2].copy_(torch.tensor([0] + [1] * G + [T], dtype=torch.int32))
+        r.p_ctx[:G + 1].copy_(torch.tensor([1] + [0] * (G - 1) + [T - 1], dtype=torch.int32))
         r.p_bt.zero_()
         r.p_dctx.zero_()    # one forward a step: the decode kernel's tail, no decode in it
         for lora, graphs in ways:

@@ -47,7 +47,7 @@ from ..core.scheduler import Batch, Chunk
 from ..sampling.grammar_mask import GrammarRows, MaskStaging, apply_bitmask
 
 from . import graphs
-from .graphs import prefill_graph_sizes
+from .graphs import prefill_graph_seqs, prefill_graph_sizes
 from .slot_tables import SlotTables
 from .staging import (DecodeInputs, LogitRules, LogprobRows, Packer, PrefillInputs, SlotUpload, Staging,
                       StepInputs)
@@ -83,6 +83,11 @@ class ModelRunner:
         depth = min(cfg.ring_depth, self.tuning.steps_in_flight)
         self.ring = HostRing(depth, S, device, prompt_rows=cfg.prefill_token_cap)
         self.masks = MaskStaging(depth, S, device)
+        # prefill graph sizes: padded token counts, and the chunks each holds
+        self.pgraph_sizes = prefill_graph_sizes(self.tuning, cfg.max_num_batched_tokens, max_model_len,
+                                                S if self.tuning.one_forward_mixed_steps else 0)
+        self.pgraph_seqs = {t: prefill_graph_seqs(self.tuning, t) for t in self.pgraph_sizes}
+        G = max(self.pgraph_seqs.values(), default=self.tuning.prefill_graph_seqs)
         T = cfg.prefill_token_cap
         # words: uploads 2.5 per page + 8.5 per request + 451 per logit_bias; prefill 4 per
         # token + 4 per chunk (chunks <= tokens) + 2 per prompt-logprob row (rows <= tokens);
@@ -93,7 +98,7 @@ class ModelRunner:
         # 2 per row of the decode kernel's tail (at most max_num_seqs);
         # + alignment of each field
         self.staging = Staging(3 * pool.num_pages + (15 + 2 + 2 + 1 + 451 + 1 + 8 + 2) * S + 11 * T
-                               + 2 * self.tuning.prefill_graph_seqs + 128,
+                               + 2 * G + 128,
                                depth, dev, self.cuda)
         # decode graph buffers
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
@@ -104,16 +109,13 @@ class ModelRunner:
         # the rows the last launched step's forwards ran, padding included: (the prefill
         # forward's, the decode forward's); a one-forward step's are all the first
         self.forward_rows = (0, 0)
-        # prefill graph buffers: a padded batch of G + 1 sequences, the step's chunks (C <=
-        # G, each after its cached prefix, if any), G - C empty ones, and a dummy one (the
-        # padding: block-table row of zeros, it reads and writes only the scratch page 0),
-        # so the shapes are fixed per T and the real rows are exact. The block table has
-        # every column of a context: the kernel reads only the pages below each sequence's
-        # context length, none for an empty one.
-        self.pgraph_sizes = prefill_graph_sizes(self.tuning, cfg.max_num_batched_tokens, max_model_len,
-                                                S if self.tuning.one_forward_mixed_steps else 0)
+        # prefill graph buffers: a graph of T tokens runs a padded batch of G + 1 sequences
+        # (G = pgraph_seqs[T]), the step's chunks (C <= G, each after its cached prefix, if
+        # any), G - C empty ones, and a dummy one (the padding: block-table row of zeros, it
+        # reads and writes only the scratch page 0), so the shapes are fixed per T and the
+        # real rows are exact. The block table has every column of a context: the kernel
+        # reads only the pages below each sequence's context length, none for an empty one.
         Tp = max(self.pgraph_sizes, default=0)
-        G = self.tuning.prefill_graph_seqs
         self.pgraphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.lora_pgraphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pad_prefill = False   # set when the graphs are captured (tests set it on the CPU)
@@ -256,7 +258,7 @@ class ModelRunner:
         if padded:
             # the graph's shapes: empty sequences up to prefill_graph_seqs, then the dummy
             # one over the rows left before the decodes', on the scratch page (adapter slot 0)
-            G, pad_n = self.tuning.prefill_graph_seqs, padded - n_real - B
+            G, pad_n = self.pgraph_seqs[padded], padded - n_real - B
             dummy = np.arange(pad_n, dtype=np.int64)
             toks = np.concatenate([toks, np.zeros(pad_n, dtype=np.int64)])
             pos = np.concatenate([pos, dummy])
@@ -497,10 +499,10 @@ class ModelRunner:
         """The padded token count of a step's chunks (after their cached prefixes, if any)
         and of its decodes' rows when they share the forward; 0 = the general path (eager).
         At least one row of padding: the dummy sequence's."""
-        if not self.pad_prefill or len(chunks) > self.tuning.prefill_graph_seqs:
+        if not self.pad_prefill:
             return 0
-        n = sum(c.n for c in chunks) + decodes
-        return next((t for t in self.pgraph_sizes if t > n), 0)
+        n, C = sum(c.n for c in chunks) + decodes, len(chunks)
+        return next((t for t in self.pgraph_sizes if t > n and self.pgraph_seqs[t] >= C), 0)
 
     def _decode_tail(self, T: int) -> int:
         """The rows at the end of a prefill graph of T tokens that the decode kernel reads
@@ -515,8 +517,8 @@ class ModelRunner:
             self.p_toks.index_copy_(0, p.decode_rows, self.tables.last_tokens.index_select(0, decode_slots))
         self.p_pos[:T].copy_(p.positions)
         self.p_smap[:T].copy_(p.slot_mapping)
-        self.p_cu.copy_(p.cu_seqlens)
-        self.p_ctx.copy_(p.context_lens)
+        self.p_cu[:p.cu_seqlens.numel()].copy_(p.cu_seqlens)
+        self.p_ctx[:p.context_lens.numel()].copy_(p.context_lens)
         # rows past the chunks: stale, never read (their sequences are empty; the dummy's
         # row, the last, stays zero)
         torch.index_select(self.tables.block_table, 0, p.slots, out=self.p_bt[:p.slots.numel()])
@@ -537,9 +539,9 @@ class ModelRunner:
         return hidden
 
     def _prefill_padded_forward(self, T: int, lora: bool = False, layers: list[int] | None = None) -> torch.Tensor:
-        tail = self._decode_tail(T)
-        meta = AttnMeta(slot_mapping=self.p_smap[:T], block_tables=self.p_bt,
-                        context_lens=self.p_ctx, cu_seqlens_q=self.p_cu, decode_tail=tail,
+        tail, G = self._decode_tail(T), self.pgraph_seqs[T]
+        meta = AttnMeta(slot_mapping=self.p_smap[:T], block_tables=self.p_bt[:G + 1],
+                        context_lens=self.p_ctx[:G + 1], cu_seqlens_q=self.p_cu[:G + 2], decode_tail=tail,
                         decode_block_tables=self.p_dbt[:tail] if tail else None,
                         decode_context_lens=self.p_dctx[:tail] if tail else None)
         return self._forward(self.p_toks[:T], self.p_pos[:T], meta, self.p_lora[:T] if lora else None, layers)
