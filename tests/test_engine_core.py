@@ -372,20 +372,30 @@ def test_padded_prefill_of_more_chunks_than_the_default_graph_holds(ckpt, monkey
     wave = [_prompt(2 + n % 5, seed=n) for n in range(48)]
     out = {}
     for pad in (False, True):
-        e = Engine(EngineConfig(model=str(ckpt), block_size=4, kv_pages=600, max_model_len=256,
-                                max_num_batched_tokens=256, max_prefill_tokens_idle=256, max_num_seqs=64))
-        e.runner.pad_prefill = pad
-        chunks = []   # the chunk count of each padded prefill
-        run = e.runner._prefill_padded
-        e.runner._prefill_padded = lambda p, *a: (chunks.append(len(p.seqlens)), run(p, *a))[1]
-        e.start()
-        try:
-            out[pad] = [r["token_ids"] for r in generate(e, wave, GREEDY)]
-        finally:
-            e.shutdown(0)
+        out[pad], chunks = _wave(ckpt, wave, pad, kv_pages=600, max_model_len=256, budget=256)
         assert (max(chunks) > 32) if pad else chunks == [], chunks
     assert out[True] == out[False]
     assert all(len(t) == 16 for t in out[True])
+
+
+def _wave(ckpt, wave: list, pad: bool, kv_pages: int, max_model_len: int, budget: int,
+          check=None) -> tuple[list, list[int]]:
+    """A wave's tokens through a fresh engine, with the padded prefill (the code a CUDA
+    graph captures; eager on the CPU) or without, and the chunk count of each padded step.
+    check(engine) runs before it starts."""
+    e = Engine(EngineConfig(model=str(ckpt), block_size=4, kv_pages=kv_pages, max_model_len=max_model_len,
+                            max_num_batched_tokens=budget, max_prefill_tokens_idle=budget, max_num_seqs=64))
+    e.runner.pad_prefill = pad
+    if check is not None:
+        check(e)
+    chunks = []
+    run = e.runner._prefill_padded
+    e.runner._prefill_padded = lambda p, *a: (chunks.append(len(p.seqlens)), run(p, *a))[1]
+    e.start()
+    try:
+        return [r["token_ids"] for r in generate(e, wave, GREEDY)], chunks
+    finally:
+        e.shutdown(0)
 
 
 def test_a_larger_prefill_graph_holds_more_chunks(ckpt, monkeypatch):
@@ -402,22 +412,14 @@ def test_a_larger_prefill_graph_holds_more_chunks(ckpt, monkeypatch):
     assert prefill_graph_seqs(Tuning(prefill_graph_chunk_tokens=0), 2048) == 32
     wave = [_prompt(8 + n % 5, seed=n) for n in range(48)]
     out = {}
+    def buckets(e):   # 40 chunks of 2 tokens: not the 128-token graph (32 chunks), the 384's (48)
+        assert e.runner._prefill_bucket([SimpleNamespace(n=2)] * 40) == 384
+        assert e.runner._prefill_bucket([SimpleNamespace(n=2)] * 20) == 64
+
     for per in (8, 0, None):   # None: the plain path
         monkeypatch.setenv("ZEROD_TUNING", json.dumps({"prefill_graph_chunk_tokens": per or 0}))
-        e = Engine(EngineConfig(model=str(ckpt), block_size=4, kv_pages=800, max_model_len=1024,
-                                max_num_batched_tokens=1024, max_prefill_tokens_idle=1024, max_num_seqs=64))
-        e.runner.pad_prefill = per is not None
-        if per == 8:   # 40 chunks of 2 tokens: not the 128-token graph (32 chunks), the 384's (48)
-            assert e.runner._prefill_bucket([SimpleNamespace(n=2)] * 40) == 384
-            assert e.runner._prefill_bucket([SimpleNamespace(n=2)] * 20) == 64
-        chunks = []   # the chunk count of each padded prefill
-        run = e.runner._prefill_padded
-        e.runner._prefill_padded = lambda p, *a: (chunks.append(len(p.seqlens)), run(p, *a))[1]
-        e.start()
-        try:
-            out[per] = [r["token_ids"] for r in generate(e, wave, GREEDY)]
-        finally:
-            e.shutdown(0)
+        out[per], chunks = _wave(ckpt, wave, per is not None, kv_pages=800, max_model_len=1024, budget=1024,
+                                 check=buckets if per == 8 else None)
         if per == 8:
             assert max(chunks) > 32, chunks
         else:
