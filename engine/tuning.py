@@ -28,10 +28,11 @@ class Tuning:
     # (docs/perf.md "Prefill CUDA graphs", "Step stalls").
     prefill_graph_tokens: tuple[int, ...] = (16, 32, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
     # A prefill graph of T tokens holds up to max(prefill_graph_seqs, T //
-    # prefill_graph_chunk_tokens) chunks (0: prefill_graph_seqs at every T). A burst of short
-    # prompts puts 40-150 chunks in a step: at 32 a graph those steps ran eager, 20-120 ms of
-    # host time on an H100 against 8-28 ms from a graph; 256 chunks at every size cost each
-    # smaller step's attention ~0.4-0.8 ms of empty programs (docs/perf.md "Prefill CUDA graphs").
+    # prefill_graph_chunk_tokens) chunks (0: prefill_graph_seqs at every T), at most
+    # max_num_seqs. A burst of short prompts puts 40-150 chunks in a step: at 32 a graph
+    # those steps ran eager, 20-120 ms of host time on an H100 against 8-28 ms from a graph;
+    # 256 chunks at every size cost each smaller step's attention ~0.4-0.8 ms of empty
+    # programs (docs/perf.md "Prefill CUDA graphs").
     prefill_graph_seqs: int = 32
     prefill_graph_chunk_tokens: int = 8
     # Whether steps that also decode take the prefill graphs (else only an idle engine's):
@@ -69,7 +70,7 @@ class Tuning:
     # FP8: cuBLASLt's FP8 GEMMs (tensorwise and row-wise) with fast accumulation
     # (`use_fast_accum`): the sums stay in the tensor cores' own accumulator instead of
     # being promoted to float32 every few K steps, as vLLM's CUTLASS FP8 kernels run. The
-    # H200 measured 200 streams +2-4 % and the 16K prompt -6 %, at twice the promoted
+    # H200 measured 200 streams +3-5 % (two calls) and the 16K prompt -6 %, at twice the promoted
     # error (0.33 % against 0.17 %, relative to float32) (docs/perf.md "FP8").
     fp8_fast_accum: bool = True
 

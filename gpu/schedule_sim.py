@@ -142,7 +142,8 @@ class Graphs:
         """The prefill graph's token count for these chunks (ModelRunner._prefill_bucket);
         the tokens themselves where none holds them (eager)."""
         sizes = prefill_graph_sizes(self.tuning, self.budget, self.max_model_len)
-        return next((t for t in sizes if t > tokens and prefill_graph_seqs(self.tuning, t) >= chunks), tokens)
+        return next((t for t in sizes if t > tokens and prefill_graph_seqs(self.tuning, t, self.max_num_seqs) >= chunks),
+                    tokens)
 
     def decode_rows(self, rows: int) -> int:
         buckets = graph_buckets(self.max_num_seqs)

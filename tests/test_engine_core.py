@@ -408,8 +408,9 @@ def test_a_larger_prefill_graph_holds_more_chunks(ckpt, monkeypatch):
     from zerod.engine.runner.graphs import prefill_graph_seqs
     from zerod.engine.tuning import Tuning
 
-    assert [prefill_graph_seqs(Tuning(), t) for t in (16, 256, 384, 1024, 2048)] == [32, 32, 48, 128, 256]
-    assert prefill_graph_seqs(Tuning(prefill_graph_chunk_tokens=0), 2048) == 32
+    assert [prefill_graph_seqs(Tuning(), t, 256) for t in (16, 256, 384, 1024, 2048, 2320)] == [32, 32, 48, 128, 256, 256]
+    assert prefill_graph_seqs(Tuning(prefill_graph_chunk_tokens=0), 2048, 256) == 32
+    assert prefill_graph_seqs(Tuning(), 2048, 64) == 64 and prefill_graph_seqs(Tuning(), 16, 8) == 8
     wave = [_prompt(8 + n % 5, seed=n) for n in range(48)]
     out = {}
     def buckets(e):   # 40 chunks of 2 tokens: not the 128-token graph (32 chunks), the 384's (48)

@@ -30,13 +30,13 @@ def prefill_graph_sizes(tuning: Tuning, cap: int, max_model_len: int, decode_row
     return [t for t in sizes if t < max_model_len]
 
 
-def prefill_graph_seqs(tuning: Tuning, T: int) -> int:
+def prefill_graph_seqs(tuning: Tuning, T: int, max_num_seqs: int) -> int:
     """The prompt chunks a prefill graph of T tokens holds (Tuning.prefill_graph_seqs and
-    prefill_graph_chunk_tokens): each graph's attention launches a program per sequence
-    slot and head, so a small graph keeps few slots and a large one room for a burst's
-    many short chunks."""
+    prefill_graph_chunk_tokens), never more than a step can have (one a request): each
+    graph's attention launches a program per sequence slot and head, so a small graph
+    keeps few slots and a large one room for a burst's many short chunks."""
     per = tuning.prefill_graph_chunk_tokens
-    return max(tuning.prefill_graph_seqs, T // per if per else 0)
+    return min(max(tuning.prefill_graph_seqs, T // per if per else 0), max_num_seqs)
 
 
 def graph_sets(r, plain: dict, with_lora: dict) -> tuple[tuple[bool, dict], ...]:

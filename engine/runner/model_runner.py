@@ -86,8 +86,8 @@ class ModelRunner:
         # prefill graph sizes: padded token counts, and the chunks each holds
         self.pgraph_sizes = prefill_graph_sizes(self.tuning, cfg.max_num_batched_tokens, max_model_len,
                                                 S if self.tuning.one_forward_mixed_steps else 0)
-        self.pgraph_seqs = {t: prefill_graph_seqs(self.tuning, t) for t in self.pgraph_sizes}
-        G = max(self.pgraph_seqs.values(), default=self.tuning.prefill_graph_seqs)
+        self.pgraph_seqs = {t: prefill_graph_seqs(self.tuning, t, S) for t in self.pgraph_sizes}
+        G = max(self.pgraph_seqs.values(), default=0)
         T = cfg.prefill_token_cap
         # words: uploads 2.5 per page + 8.5 per request + 451 per logit_bias; prefill 4 per
         # token + 4 per chunk (chunks <= tokens) + 2 per prompt-logprob row (rows <= tokens);
@@ -256,7 +256,7 @@ class ModelRunner:
         s_idx = cu[1:][done] - 1
         lora_rows = np.repeat([c.req.lora_slot for c in chunks], lens) if with_lora else None
         if padded:
-            # the graph's shapes: empty sequences up to prefill_graph_seqs, then the dummy
+            # the graph's shapes: empty sequences up to the graph's chunk slots, then the dummy
             # one over the rows left before the decodes', on the scratch page (adapter slot 0)
             G, pad_n = self.pgraph_seqs[padded], padded - n_real - B
             dummy = np.arange(pad_n, dtype=np.int64)
