@@ -224,6 +224,7 @@ CHANGES = {
     "budget4k": lambda v: replace(v, cfg=v.cfg + (("max_num_batched_tokens", 4096),)),
     "ttft-slack0": lambda v: replace(v, tuning=replace(v.tuning, long_prompt_slack=0.0)),
     "graph-seqs-256": lambda v: replace(v, tuning=replace(v.tuning, prefill_graph_seqs=256)),
+    "graph-seqs-32": lambda v: replace(v, tuning=replace(v.tuning, prefill_graph_chunk_tokens=0)),
     "batch-before-slot": lambda v: replace(v, lag=5),
     "no-lag": lambda v: replace(v, lag=1),
 }
