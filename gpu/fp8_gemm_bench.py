@@ -9,8 +9,9 @@ For qkv 6144x4096, o 4096x4096, gate_up 28672x4096, down 4096x14336 and M in
   w8a8t      the same through cuBLASLt's tensorwise FP8 GEMM with unit scales, the tokens'
              and the channels' scales on its float32 output after (Fp8Linear.w8a8_tensorwise)
   w8a8t16    the same with the GEMM's output in bf16 before the scales (a second rounding)
-  w8a8f, w8a8tf  w8a8 and w8a8t with cuBLASLt's fast accumulation (Tuning.fp8_fast_accum:
-             no promotion of the sums to float32), their error beside the promoted ones'
+  w8a8f, w8a8tf  w8a8 and w8a8t with cuBLASLt's fast accumulation (Tuning.fp8_fast_accum,
+             the engine's default: no promotion of the sums to float32; the other w8a8
+             variants promote them), their error beside the promoted ones'
   w8a16      per-channel weights: the Triton W8A16 kernel "ab" (Fp8Linear.w8a16, x · Wᵀ tiles)
   sab        per-channel weights: the swap-AB W8A16 kernel "swap_ab" (yᵀ = W xᵀ), M <= 64 only
   w8a8-blk   128x128 block weights: per-token-group quant + the Triton block GEMM
