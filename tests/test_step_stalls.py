@@ -118,6 +118,36 @@ def test_a_collection_in_another_thread_counts_as_the_launch_s_gc_elsewhere():
 
 
 @pytest.mark.gpu
+def test_a_burst_of_many_chunks_replays_prefill_graphs(tmp_path, monkeypatch):
+    """48 short prompts at once: the steps of more than 32 chunks replay the prefill graph
+    that holds them (Tuning.prefill_graph_chunk_tokens), none runs eager, and the tokens
+    are those of the engine whose graphs hold 32 chunks (those steps eager)."""
+    d = tmp_path / "f32"
+    make_checkpoint(d, "llama", hidden_size=256, num_heads=4, num_kv_heads=2, intermediate_size=512,
+                    dtype="float32", seed=4)
+    wave = [_prompt(8 + n % 5, n) for n in range(48)]
+    out, steps = {}, {}
+    for per in (8, 0):
+        monkeypatch.setenv("ZEROD_TUNING", f'{{"prefill_graph_chunk_tokens": {per}}}')
+        e = Engine(EngineConfig(model=str(d), device="cuda", dtype="float32", block_size=16, kv_pages=256,
+                                max_model_len=1024, max_num_batched_tokens=1024, max_num_seqs=64))
+        assert e.runner.pgraphs, "prefill CUDA graphs were not captured"
+        padded, eager = [], []
+        run, fwd = e.runner._prefill_padded, e.runner._prefill_padded_forward
+        e.runner._prefill_padded = lambda p, *a: (padded.append((p.padded, len(p.seqlens))), run(p, *a))[1]
+        e.runner._prefill_padded_forward = lambda T, lora=False: (eager.append(T), fwd(T, lora))[1]
+        e.start()
+        try:
+            out[per] = [r["token_ids"] for r in generate(e, wave, GREEDY)]
+        finally:
+            e.shutdown(0)
+        assert eager == [], eager   # every padded step had its graph
+        steps[per] = max((c for _, c in padded), default=0)
+    assert steps[8] > 32 >= steps[0], steps
+    assert out[8] == out[0]
+
+
+@pytest.mark.gpu
 def test_cached_prefix_prefill_replays_its_graph_without_host_sync(tmp_path):
     d = tmp_path / "bf16"
     make_checkpoint(d, "llama", hidden_size=256, num_heads=4, num_kv_heads=2, intermediate_size=512,
