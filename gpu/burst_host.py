@@ -36,6 +36,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # zerod from the checkout
 
+from zerod.engine.runner.graphs import prefill_graph_for  # noqa: E402
+
 GRAPH_CALLS = 30      # a graph step's host calls: input copies, the replay, sampling
 EAGER_CALLS = 600     # an eager prefill forward's launches
 OUTPUT_LEN = 32
@@ -46,9 +48,7 @@ class ModelledDevice:
 
     def __init__(self, runner, vocab: int):
         model = runner.model
-        # a prefill runs from a graph where one holds its tokens and chunks (the runner's rule)
-        self.graph_holds = lambda rows, seqs: any(t > rows and runner.pgraph_seqs[t] >= seqs
-                                                  for t in runner.pgraph_sizes)
+        self.graph_slots = runner.pgraph_seqs   # a prefill runs from a graph where one holds it
         self.ops, self.dtype, self.cos_sin = model.ops, model.dtype, model.cos_sin
         self._hidden = torch.zeros(16384, 8)
         self._logits = torch.randn(1024, vocab)
@@ -59,7 +59,7 @@ class ModelledDevice:
         rows = tokens.shape[0]
         if meta.cu_seqlens_q is not None:
             seqs = meta.cu_seqlens_q.numel() - 1
-            calls = GRAPH_CALLS if self.graph_holds(rows, seqs) else EAGER_CALLS
+            calls = GRAPH_CALLS if prefill_graph_for(self.graph_slots, rows, seqs) else EAGER_CALLS
             device_s = 3.5e-3 + 22e-6 * rows
         else:
             calls, device_s = GRAPH_CALLS, 4.8e-3 + 15e-6 * rows

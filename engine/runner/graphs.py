@@ -39,6 +39,13 @@ def prefill_graph_seqs(tuning: Tuning, T: int, max_num_seqs: int) -> int:
     return min(max(tuning.prefill_graph_seqs, T // per if per else 0), max_num_seqs)
 
 
+def prefill_graph_for(slots: dict[int, int], rows: int, chunks: int) -> int:
+    """The smallest prefill graph (slots: its chunk slots per padded token count, in
+    ascending order) with a row of padding past `rows` and a slot for each of `chunks`:
+    its token count, 0 where none holds them (eager)."""
+    return next((t for t, n in slots.items() if t > rows and n >= chunks), 0)
+
+
 def graph_sets(r, plain: dict, with_lora: dict) -> tuple[tuple[bool, dict], ...]:
     """(LoRA path, where its graphs go) for each set a capture makes: the LoRA one only
     with --enable-lora."""
@@ -95,9 +102,9 @@ def capture(r) -> None:
         return  # the padded batch needs the paged prefill kernel (graph-safe, no host sync)
     try:
         capture_prefill(r)
-        seqs = sorted({r.pgraph_seqs[t] for t in r.pgraphs})
-        log.info("captured prefill CUDA graphs for %s padded tokens, up to %s prompt chunks%s",
-                 sorted(r.pgraphs), f"{seqs[0]}-{seqs[-1]}" if len(seqs) > 1 else seqs[0] if seqs else 0,
+        slots = [r.pgraph_seqs[t] for t in r.pgraphs]
+        log.info("captured prefill CUDA graphs for %s padded tokens, up to %d-%d prompt chunks%s",
+                 sorted(r.pgraphs), min(slots, default=0), max(slots, default=0),
                  " (and with LoRA rows)" if r.lora_pgraphs else "")
     except Exception as exc:  # noqa: BLE001
         if r.model.tp is not None:

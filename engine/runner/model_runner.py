@@ -47,7 +47,7 @@ from ..core.scheduler import Batch, Chunk
 from ..sampling.grammar_mask import GrammarRows, MaskStaging, apply_bitmask
 
 from . import graphs
-from .graphs import prefill_graph_seqs, prefill_graph_sizes
+from .graphs import prefill_graph_for, prefill_graph_seqs, prefill_graph_sizes
 from .slot_tables import SlotTables
 from .staging import (DecodeInputs, LogitRules, LogprobRows, Packer, PrefillInputs, SlotUpload, Staging,
                       StepInputs)
@@ -501,8 +501,7 @@ class ModelRunner:
         At least one row of padding: the dummy sequence's."""
         if not self.pad_prefill:
             return 0
-        n, C = sum(c.n for c in chunks) + decodes, len(chunks)
-        return next((t for t in self.pgraph_sizes if t > n and self.pgraph_seqs[t] >= C), 0)
+        return prefill_graph_for(self.pgraph_seqs, sum(c.n for c in chunks) + decodes, len(chunks))
 
     def _decode_tail(self, T: int) -> int:
         """The rows at the end of a prefill graph of T tokens that the decode kernel reads
