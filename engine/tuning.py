@@ -29,9 +29,9 @@ class Tuning:
     prefill_graph_tokens: tuple[int, ...] = (16, 32, 64, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
     # A prefill graph of T tokens holds up to max(prefill_graph_seqs, T //
     # prefill_graph_chunk_tokens) chunks (0: prefill_graph_seqs at every T), at most
-    # max_num_seqs. A burst of short prompts puts 40-150 chunks in a step: at 32 a graph
-    # those steps ran eager, 20-120 ms of host time on an H100 against 8-28 ms from a graph;
-    # 256 chunks at every size cost each smaller step's attention ~0.4-0.8 ms of empty
+    # max_num_seqs. A burst of short prompts puts 33-150 chunks in a step: with 32 slots
+    # those steps run eager, a median 26-38 ms of launch on an H100 against 3-4 ms from a graph;
+    # 256 slots at every size cost each smaller step's attention ~0.4-0.8 ms of empty
     # programs (docs/perf.md "Prefill CUDA graphs").
     prefill_graph_seqs: int = 32
     prefill_graph_chunk_tokens: int = 8

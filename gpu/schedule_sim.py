@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import dataclasses
+import functools
 import json
 import math
 import random
@@ -61,7 +62,7 @@ from zerod.engine.core.kv_pool import KVPool  # noqa: E402
 from zerod.engine.core.request import Request, SamplingParams  # noqa: E402
 from zerod.engine.core.step_trace import step_shape  # noqa: E402
 from zerod.engine.runner.decode_sizes import graph_buckets  # noqa: E402
-from zerod.engine.runner.graphs import prefill_graph_for, prefill_graph_seqs, prefill_graph_sizes  # noqa: E402
+from zerod.engine.runner.graphs import prefill_graph_for, prefill_graph_sizes, prefill_graph_slots  # noqa: E402
 from zerod.engine.spec.hf_config import parse_model_config  # noqa: E402
 from zerod.engine.tuning import Tuning  # noqa: E402
 
@@ -138,12 +139,16 @@ class Graphs:
     max_model_len: int
     max_num_seqs: int
 
+    @functools.cached_property
+    def prompt_slots(self) -> dict[int, int]:
+        """Each prefill graph's token count and chunk slots, as the runner captures them."""
+        return prefill_graph_slots(self.tuning, prefill_graph_sizes(self.tuning, self.budget, self.max_model_len),
+                                   self.max_num_seqs)
+
     def prompt_rows(self, tokens: int, chunks: int) -> int:
         """The prefill graph's token count for these chunks (ModelRunner._prefill_bucket);
         the tokens themselves where none holds them (eager)."""
-        slots = {t: prefill_graph_seqs(self.tuning, t, self.max_num_seqs)
-                 for t in prefill_graph_sizes(self.tuning, self.budget, self.max_model_len)}
-        return prefill_graph_for(slots, tokens, chunks) or tokens
+        return prefill_graph_for(self.prompt_slots, tokens, chunks) or tokens
 
     def decode_rows(self, rows: int) -> int:
         buckets = graph_buckets(self.max_num_seqs)

@@ -39,6 +39,11 @@ def prefill_graph_seqs(tuning: Tuning, T: int, max_num_seqs: int) -> int:
     return min(max(tuning.prefill_graph_seqs, T // per if per else 0), max_num_seqs)
 
 
+def prefill_graph_slots(tuning: Tuning, sizes: list[int], max_num_seqs: int) -> dict[int, int]:
+    """The chunk slots of each prefill graph size (ascending, as prefill_graph_sizes gives)."""
+    return {t: prefill_graph_seqs(tuning, t, max_num_seqs) for t in sizes}
+
+
 def prefill_graph_for(slots: dict[int, int], rows: int, chunks: int) -> int:
     """The smallest prefill graph (slots: its chunk slots per padded token count, in
     ascending order) with a row of padding past `rows` and a slot for each of `chunks`:

@@ -47,7 +47,7 @@ from ..core.scheduler import Batch, Chunk
 from ..sampling.grammar_mask import GrammarRows, MaskStaging, apply_bitmask
 
 from . import graphs
-from .graphs import prefill_graph_for, prefill_graph_seqs, prefill_graph_sizes
+from .graphs import prefill_graph_for, prefill_graph_sizes, prefill_graph_slots
 from .slot_tables import SlotTables
 from .staging import (DecodeInputs, LogitRules, LogprobRows, Packer, PrefillInputs, SlotUpload, Staging,
                       StepInputs)
@@ -86,7 +86,7 @@ class ModelRunner:
         # prefill graph sizes: padded token counts, and the chunks each holds
         self.pgraph_sizes = prefill_graph_sizes(self.tuning, cfg.max_num_batched_tokens, max_model_len,
                                                 S if self.tuning.one_forward_mixed_steps else 0)
-        self.pgraph_seqs = {t: prefill_graph_seqs(self.tuning, t, S) for t in self.pgraph_sizes}
+        self.pgraph_seqs = prefill_graph_slots(self.tuning, self.pgraph_sizes, S)
         G = max(self.pgraph_seqs.values(), default=0)
         T = cfg.prefill_token_cap
         # words: uploads 2.5 per page + 8.5 per request + 451 per logit_bias; prefill 4 per
